@@ -1,0 +1,41 @@
+# MinT: `make run` for the embedded default, `make test` for the whole suite.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+# The suite runs against real PostgreSQL and Redis: these, unless the caller sets them.
+TEST_DATABASE_URL ?= $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/mint)
+TEST_REDIS_URL ?= $(or $(REDIS_URL),redis://127.0.0.1:6379/0)
+
+.PHONY: install run test lint format bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
+	$(PY) -m mint_site.launcher
+
+test: install
+	scripts/services.sh
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: install
+	scripts/services.sh
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m benchmarks
+
+clean:
+	rm -rf var/ .pytest_cache

@@ -1,0 +1,1 @@
+"""Base models, adapters and their revisions (filled in by the lifecycle work)."""

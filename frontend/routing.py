@@ -1,0 +1,3 @@
+"""WebSocket routes, mounted by mint_site.asgi behind origin and session checks."""
+
+websocket_urlpatterns: list = []

@@ -1,0 +1,107 @@
+"""Typed readers for the environment.
+
+Every setting MinT takes from the environment goes through one of these helpers, so
+a bad value stops the process at start-up with a message naming the variable,
+instead of surfacing later as a confusing error deep inside a request.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off.")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not an integer.") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={value} is below its minimum of {minimum}.")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return list(default)
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = os.environ.get(name, default).strip().lower()
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name}={value!r} is not one of {', '.join(choices)}.")
+    return value
+
+
+def parse_database_url(url: str, *, base_dir: Path) -> dict:
+    """Turn `postgres://user:pass@host:port/name` or `sqlite:///path` into a DATABASES entry."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "sqlite":
+        # sqlite:///relative/path and sqlite:////absolute/path, as most tools read them.
+        raw_path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+        if not raw_path:
+            raise ImproperlyConfigured(f"DATABASE_URL={url!r} names no SQLite file.")
+        path = Path(raw_path)
+        if not path.is_absolute():
+            path = base_dir / path
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(path),
+            # Celery workers and the web server write to the same file.
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+        }
+    if scheme in {"postgres", "postgresql", "pgsql"}:
+        name = unquote(parts.path.lstrip("/"))
+        if not name:
+            raise ImproperlyConfigured(f"DATABASE_URL={url!r} names no database.")
+        options = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+        conn_max_age = int(options.pop("conn_max_age", "60"))
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": name,
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(parts.port or ""),
+            "CONN_MAX_AGE": conn_max_age,
+            "CONN_HEALTH_CHECKS": True,
+            "OPTIONS": options,
+        }
+    raise ImproperlyConfigured(
+        f"DATABASE_URL scheme {parts.scheme!r} is not supported; use postgres://… or sqlite:///…."
+    )
+
+
+def check_redis_url(name: str, url: str) -> str:
+    scheme = urlsplit(url).scheme
+    if scheme not in {"redis", "rediss", "unix"}:
+        raise ImproperlyConfigured(f"{name}={url!r} is not a redis://, rediss:// or unix:// URL.")
+    return url

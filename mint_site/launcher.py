@@ -1,0 +1,177 @@
+"""`make run`: MinT's embedded default on one machine.
+
+Starts a private Redis (when REDIS_URL is unset), migrates the database, seeds the
+demo tenant, then runs the ASGI server and a Celery worker until Ctrl-C, which
+stops everything it started. `Supervisor` is also what tests/e2e use to run real
+processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(check: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if check():
+                return
+        time.sleep(interval)
+    raise TimeoutError(f"{what} did not come up within {timeout:.0f} s")
+
+
+def http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310  (local URLs only)
+        return response.status == 200
+
+
+def redis_ok(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+        sock.sendall(b"PING\r\n")
+        return sock.recv(16).startswith(b"+PONG")
+
+
+class Supervisor:
+    """Starts child processes in their own process groups and stops them all, newest first."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.children: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115  (the child owns it)
+        process = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=BASE_DIR,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        self.children.append((name, process))
+        return process
+
+    def dead_child(self) -> tuple[str, int] | None:
+        for name, process in self.children:
+            if process.poll() is not None:
+                return name, process.returncode
+        return None
+
+    def stop(self, name: str, *, timeout: float = 15) -> None:
+        for child_name, process in list(self.children):
+            if child_name == name:
+                _terminate(process, timeout)
+                self.children.remove((child_name, process))
+
+    def stop_all(self, *, timeout: float = 15) -> None:
+        while self.children:
+            _, process = self.children.pop()
+            _terminate(process, timeout)
+
+
+def _terminate(process: subprocess.Popen, timeout: float) -> None:
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def manage(*args: str, env: dict[str, str]) -> str:
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=BASE_DIR, env=env, check=True, capture_output=True, text=True
+    )
+    return result.stdout.strip()
+
+
+def _stop_on_signal(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    env = os.environ.copy()
+    var_dir = Path(env.setdefault("MINT_VAR_DIR", str(BASE_DIR / "var")))
+    host = env.get("MINT_HOST", "127.0.0.1")
+    port = int(env.get("MINT_PORT", "8000"))
+    env.setdefault("DEBUG", "1")
+    supervisor = Supervisor(var_dir / "log")
+    signal.signal(signal.SIGTERM, _stop_on_signal)
+    try:
+        if "REDIS_URL" not in env:
+            redis_port = free_port()
+            supervisor.start(
+                "redis",
+                ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            )
+            wait_for(lambda: redis_ok(redis_port), timeout=15, what="redis-server")
+            env["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
+        print("Migrating the database …", flush=True)
+        manage("migrate", "--noinput", env=env)
+        token = manage("mint_demo", env=env)
+        supervisor.start(
+            "web", [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "mint_site.asgi:application"], env=env
+        )
+        supervisor.start(
+            "worker",
+            [sys.executable, "-m", "celery", "-A", "mint_site", "worker", "-Q", "control", "-c", "2", "-l", "info"],
+            env=env,
+        )
+        base = f"http://{host}:{port}"
+        wait_for(lambda: http_ok(f"{base}/readyz"), timeout=60, what="the web server")
+        print(
+            f"\nMinT is running at {base}/\n"
+            f"  sign in:   {base}/admin/  as demo / mint-demo-password\n"
+            f"  API docs:  {base}/api/docs/\n"
+            f"  demo key:  {token}\n"
+            f'  try:       curl -H "Authorization: Bearer {token}" {base}/api/v1/\n'
+            f"  logs:      {supervisor.log_dir}/\n"
+            f"  Redis:     {env['REDIS_URL']}\n"
+            "Press Ctrl-C to stop.",
+            flush=True,
+        )
+        while True:
+            dead = supervisor.dead_child()
+            if dead is not None:
+                name, code = dead
+                print(f"{name} exited with status {code}; see {supervisor.log_dir}/{name}.log", file=sys.stderr)
+                return 1
+            time.sleep(1)
+    except KeyboardInterrupt:
+        print("\nStopping …", flush=True)
+        return 0
+    except (subprocess.CalledProcessError, TimeoutError) as exc:
+        detail = getattr(exc, "stderr", "") or ""
+        print(f"make run failed: {exc}\n{detail}", file=sys.stderr)
+        return 1
+    finally:
+        supervisor.stop_all()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""MinT settings, read from the environment (see README.md, "Configuration").
+
+The defaults are the embedded set-up of `make run`: SQLite and artifacts under
+`var/`, Redis at REDIS_URL (the launcher starts a private one when it is unset).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from mint_site.env import (
+    check_redis_url,
+    env_bool,
+    env_choice,
+    env_int,
+    env_list,
+    env_str,
+    parse_database_url,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("MINT_VAR_DIR", str(BASE_DIR / "var")))
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = env_str("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG and env_bool("MINT_REQUIRE_SECRET_KEY", False):
+        raise ImproperlyConfigured("SECRET_KEY must be set when MINT_REQUIRE_SECRET_KEY is on.")
+    # Local development only: production deployments set SECRET_KEY (README, Configuration).
+    SECRET_KEY = "mint-insecure-local-development-key"
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", ["http://127.0.0.1:8000", "http://localhost:8000"])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "tenants",
+    "adapters",
+    "serving",
+    "frontend",
+]
+
+MIDDLEWARE = [
+    "mint_site.metrics.RequestMetricsMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "mint_site.urls"
+ASGI_APPLICATION = "mint_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": parse_database_url(env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'mint.sqlite3'}"), base_dir=BASE_DIR)
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = check_redis_url("REDIS_URL", env_str("REDIS_URL", "redis://127.0.0.1:6379/0"))
+
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "mint",
+    }
+}
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": "mint:ch"},
+    }
+}
+
+# Celery: queue "control" for validation/export/reconcile, "node.<name>" per serving node.
+CELERY_BROKER_URL = REDIS_URL
+CELERY_TASK_DEFAULT_QUEUE = "control"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A task that is acked late must finish before Redis hands it to another worker.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("MINT_TASK_VISIBILITY_TIMEOUT", 3600)}
+CELERY_TASK_ALWAYS_EAGER = env_bool("MINT_TASKS_EAGER", False)
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "/admin/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = VAR_DIR / "static"
+WHITENOISE_USE_FINDERS = True  # serve app static files without a collectstatic step locally
+
+# Artifact store: where uploaded adapters and their frozen exports live.
+MINT_STORAGE = env_choice("MINT_STORAGE", "filesystem", ("filesystem", "s3"))
+MINT_ARTIFACT_ROOT = Path(env_str("MINT_ARTIFACT_ROOT", str(VAR_DIR / "artifacts")))
+if MINT_STORAGE == "s3":
+    _artifacts = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": env_str("MINT_S3_BUCKET", ""),
+            "endpoint_url": env_str("MINT_S3_ENDPOINT_URL", "") or None,
+            "region_name": env_str("MINT_S3_REGION", "") or None,
+            "default_acl": None,
+            "file_overwrite": False,
+        },
+    }
+    if not _artifacts["OPTIONS"]["bucket_name"]:
+        raise ImproperlyConfigured("MINT_STORAGE=s3 needs MINT_S3_BUCKET.")
+else:
+    _artifacts = {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(MINT_ARTIFACT_ROOT)},
+    }
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "artifacts": _artifacts,
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tenants.auth.ApiKeyAuthentication",
+        "tenants.auth.TenantSessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": [
+        "rest_framework.parsers.JSONParser",
+        "rest_framework.parsers.MultiPartParser",
+        "rest_framework.parsers.FormParser",
+    ],
+    "EXCEPTION_HANDLER": "mint_site.errors.api_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "mint_site.pagination.CursorPage",
+    "PAGE_SIZE": 50,
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "MinT API",
+    "DESCRIPTION": (
+        "Control plane for LoRA adapter revisions: register, validate, export, approve, "
+        "activate and roll back. Authenticate with `Authorization: Bearer mint_<prefix>_<secret>`."
+    ),
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "APPEND_COMPONENTS": {
+        "securitySchemes": {"ApiKey": {"type": "http", "scheme": "bearer", "bearerFormat": "mint_<prefix>_<secret>"}}
+    },
+    "SECURITY": [{"ApiKey": []}],
+}
+
+# API keys: how often last_used_at may be written for one key.
+MINT_KEY_TOUCH_INTERVAL_S = env_int("MINT_KEY_TOUCH_INTERVAL_S", 60, minimum=1)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("MINT_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,20 @@
+from django.contrib import admin
+from django.urls import include, path
+from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from mint_site import health, metrics
+
+handler404 = "mint_site.errors.json_404"
+handler500 = "mint_site.errors.json_500"
+
+urlpatterns = [
+    path("", RedirectView.as_view(url="/api/docs/", permanent=False)),
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics.metrics_view, name="metrics"),
+    path("admin/", admin.site.urls),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/v1/", include("tenants.urls")),
+]

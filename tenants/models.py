@@ -1,0 +1,121 @@
+"""Tenants, their members and roles, their API keys, and the audit log they share."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+MiB = 1024 * 1024
+
+
+class Tenant(models.Model):
+    """A customer of the platform. Everything a tenant owns is walled off from every other tenant."""
+
+    slug = models.SlugField(max_length=63, unique=True)
+    name = models.CharField(max_length=200)
+    is_active = models.BooleanField(default=True)
+    max_adapters = models.PositiveIntegerField(default=100, help_text="Adapters this tenant may create.")
+    max_ready_revisions = models.PositiveIntegerField(
+        default=16, help_text="Revisions this tenant may keep loaded on serving nodes at once."
+    )
+    rate_limit_rpm = models.PositiveIntegerField(default=600, help_text="Gateway requests per minute.")
+    max_upload_bytes = models.PositiveBigIntegerField(default=512 * MiB, help_text="Largest adapter upload.")
+    four_eyes = models.BooleanField(
+        default=True, help_text="Nobody approves a revision they registered (or that a key they created registered)."
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Role(models.TextChoices):
+    OWNER = "owner", "Owner"
+    APPROVER = "approver", "Approver"
+    DEVELOPER = "developer", "Developer"
+    VIEWER = "viewer", "Viewer"
+
+
+class Membership(models.Model):
+    """A person's role in one tenant. People may belong to several tenants."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="membership_user_tenant_unique"),
+            models.CheckConstraint(condition=models.Q(role__in=Role.values), name="membership_role_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant} as {self.role}"
+
+
+class Scope(models.TextChoices):
+    INFERENCE = "inference", "Inference (OpenAI-compatible gateway)"
+    PIPELINE = "pipeline", "Pipeline (register revisions, read the catalog)"
+    DEPLOY = "deploy", "Deploy (approve, activate, roll back)"
+
+
+class ApiKey(models.Model):
+    """A tenant's API key. The token `mint_<prefix>_<secret>` is shown once; only SHA-256(secret) is kept."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True)
+    key_hash = models.CharField(max_length=64)
+    scopes = models.JSONField(default=list)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "-id"], name="apikey_tenant_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.name} (mint_{self.prefix}_…)"
+
+    @property
+    def state(self) -> str:
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= timezone.now():
+            return "expired"
+        return "active"
+
+
+class AuditEvent(models.Model):
+    """An append-only record of a change: who (a person or a key) did what to which object, before and after."""
+
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="audit_events")
+    actor_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor = models.CharField(max_length=200, help_text="Who acted, as shown to people.")
+    action = models.CharField(max_length=64)
+    target = models.CharField(max_length=200)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["tenant", "-id"], name="audit_tenant_recent"),
+            models.Index(fields=["tenant", "action", "-id"], name="audit_tenant_action"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"

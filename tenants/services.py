@@ -1,0 +1,188 @@
+"""Writes for tenants, members and keys. Each writes its audit event in the same transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from mint_site.errors import Conflict, MintError
+from tenants.access import Actor
+from tenants.keys import new_token
+from tenants.models import ApiKey, AuditEvent, Membership, Role, Scope, Tenant
+
+
+def audit_record(
+    *,
+    tenant: Tenant | None,
+    actor: Actor,
+    action: str,
+    target: str,
+    before: dict[str, Any] | None = None,
+    after: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """Append one audit event. Call it inside the transaction of the change it records."""
+    user = actor.user if actor.user is not None and actor.user.pk is not None else None
+    return AuditEvent.objects.create(
+        tenant=tenant,
+        actor_user=user,
+        actor_key=actor.key,
+        actor=actor.label,
+        action=action,
+        target=target,
+        before=before,
+        after=after,
+    )
+
+
+@transaction.atomic
+def tenant_create(*, slug: str, name: str = "", owner: AbstractBaseUser, by: Actor) -> Tenant:
+    """Create a tenant with `owner` as its first owner."""
+    if Tenant.objects.filter(slug=slug).exists():
+        raise Conflict(f"A tenant with slug {slug!r} already exists.", code="tenant_exists")
+    tenant = Tenant.objects.create(slug=slug, name=name or slug)
+    Membership.objects.create(user=owner, tenant=tenant, role=Role.OWNER)
+    audit_record(
+        tenant=tenant,
+        actor=by,
+        action="tenant.create",
+        target=f"tenant:{slug}",
+        after={"slug": slug, "name": tenant.name, "owner": owner.get_username()},
+    )
+    return tenant
+
+
+@transaction.atomic
+def membership_set(*, tenant: Tenant, user: AbstractBaseUser, role: str, by: Actor) -> Membership:
+    """Add `user` to `tenant` with `role`, or change the role they have."""
+    if role not in Role.values:
+        raise MintError(f"Unknown role {role!r}; use one of {', '.join(Role.values)}.", code="invalid_role")
+    membership = Membership.objects.select_for_update().filter(tenant=tenant, user=user).first()
+    before = {"role": membership.role} if membership else None
+    if membership is None:
+        membership = Membership.objects.create(tenant=tenant, user=user, role=role)
+    elif membership.role != role:
+        _keep_an_owner(tenant=tenant, leaving=membership)
+        membership.role = role
+        membership.save(update_fields=["role"])
+    audit_record(
+        tenant=tenant,
+        actor=by,
+        action="membership.set",
+        target=f"member:{user.get_username()}",
+        before=before,
+        after={"role": role},
+    )
+    return membership
+
+
+@transaction.atomic
+def membership_remove(*, tenant: Tenant, user: AbstractBaseUser, by: Actor) -> None:
+    membership = Membership.objects.select_for_update().filter(tenant=tenant, user=user).first()
+    if membership is None:
+        raise MintError(f"{user.get_username()} is not a member of {tenant.slug}.", code="not_a_member")
+    _keep_an_owner(tenant=tenant, leaving=membership)
+    membership.delete()
+    audit_record(
+        tenant=tenant,
+        actor=by,
+        action="membership.remove",
+        target=f"member:{user.get_username()}",
+        before={"role": membership.role},
+    )
+
+
+def _keep_an_owner(*, tenant: Tenant, leaving: Membership) -> None:
+    if leaving.role != Role.OWNER:
+        return
+    others = Membership.objects.select_for_update().filter(tenant=tenant, role=Role.OWNER).exclude(id=leaving.id)
+    if not others.exists():
+        raise Conflict(f"{tenant.slug} would have no owner left.", code="last_owner")
+
+
+def _clean_scopes(scopes: Iterable[str]) -> list[str]:
+    cleaned = sorted({scope.strip() for scope in scopes if scope.strip()})
+    unknown = [scope for scope in cleaned if scope not in Scope.values]
+    if unknown:
+        raise MintError(
+            f"Unknown scope(s) {', '.join(unknown)}; use {', '.join(Scope.values)}.",
+            code="invalid_scope",
+            detail={"scopes": unknown},
+        )
+    if not cleaned:
+        raise MintError("A key needs at least one scope.", code="invalid_scope")
+    return cleaned
+
+
+@transaction.atomic
+def api_key_create(
+    *,
+    tenant: Tenant,
+    name: str,
+    scopes: Iterable[str],
+    created_by: AbstractBaseUser | None,
+    by: Actor,
+    expires_at: datetime | None = None,
+) -> tuple[ApiKey, str]:
+    """Create a key and return it with its token. The token exists only in this return value."""
+    clean = _clean_scopes(scopes)
+    if expires_at is not None and expires_at <= timezone.now():
+        raise MintError(
+            "expires_at must be in the future.",
+            code="invalid_request",
+            detail={"expires_at": ["must be in the future"]},
+        )
+    token, prefix, key_hash = new_token()
+    key = ApiKey.objects.create(
+        tenant=tenant,
+        name=name,
+        prefix=prefix,
+        key_hash=key_hash,
+        scopes=clean,
+        created_by=created_by,
+        expires_at=expires_at,
+    )
+    audit_record(
+        tenant=tenant,
+        actor=by,
+        action="api_key.create",
+        target=f"api_key:{prefix}",
+        after={"name": name, "scopes": clean, "expires_at": expires_at.isoformat() if expires_at else None},
+    )
+    return key, token
+
+
+@transaction.atomic
+def api_key_revoke(*, key: ApiKey, by: Actor) -> ApiKey:
+    """Revoke a key at once. Revoking a revoked key changes nothing and records nothing."""
+    now = timezone.now()
+    if ApiKey.objects.filter(id=key.id, revoked_at__isnull=True).update(revoked_at=now) == 1:
+        key.revoked_at = now
+        audit_record(
+            tenant=key.tenant,
+            actor=by,
+            action="api_key.revoke",
+            target=f"api_key:{key.prefix}",
+            before={"state": "active"},
+            after={"state": "revoked"},
+        )
+    else:
+        key.refresh_from_db(fields=["revoked_at"])
+    return key
+
+
+def api_key_touch(*, key: ApiKey) -> None:
+    """Record that a key was used, writing at most once per MINT_KEY_TOUCH_INTERVAL_S per key."""
+    now = timezone.now()
+    interval = timedelta(seconds=settings.MINT_KEY_TOUCH_INTERVAL_S)
+    if key.last_used_at is not None and now - key.last_used_at < interval:
+        return
+    stale = Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - interval)
+    if ApiKey.objects.filter(stale, id=key.id).update(last_used_at=now):
+        key.last_used_at = now
