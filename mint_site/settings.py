@@ -131,6 +131,7 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns on every request when it is missing
 WHITENOISE_USE_FINDERS = True  # serve app static files without a collectstatic step locally
 
 # Artifact store: where uploaded adapters and their frozen exports live.

@@ -1,0 +1,82 @@
+"""Fixtures shared by the suite: two tenants, each with one person per role and an outsider."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from rest_framework.test import APIClient
+
+from tenants import services
+from tenants.access import Actor
+from tenants.models import ApiKey, Role, Scope, Tenant
+from tests.factories import MembershipFactory, TenantFactory, UserFactory
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    # Real hashing costs ~0.3 s per user; the suite creates hundreds of users.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@dataclass
+class TenantWorld:
+    tenant: Tenant
+    users: dict[str, object]
+    outsider: object
+    keys: dict[str, tuple[ApiKey, str]] = field(default_factory=dict)
+
+    def key(self, *scopes: str) -> tuple[ApiKey, str]:
+        """A key with exactly these scopes (created by the owner), made once per set of scopes."""
+        name = ",".join(sorted(scopes))
+        if name not in self.keys:
+            self.keys[name] = services.api_key_create(
+                tenant=self.tenant,
+                name=name,
+                scopes=scopes,
+                created_by=self.users[Role.OWNER],
+                by=Actor(user=self.users[Role.OWNER]),
+            )
+        return self.keys[name]
+
+    def client_as(self, principal: str) -> APIClient:
+        """An API client acting as a role (`owner`, …), `outsider`, or `key:<scopes>` (e.g. `key:pipeline`)."""
+        client = APIClient()
+        if principal.startswith("key:"):
+            _, token = self.key(*principal[4:].split(","))
+            client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+        elif principal == "outsider":
+            client.force_login(self.outsider)
+        else:
+            client.force_login(self.users[principal])
+        return client
+
+
+def make_tenant_world(slug: str) -> TenantWorld:
+    tenant = TenantFactory(slug=slug)
+    users = {}
+    for role in Role.values:
+        membership = MembershipFactory(tenant=tenant, role=role, user=UserFactory(username=f"{slug}-{role}"))
+        users[role] = membership.user
+    return TenantWorld(tenant=tenant, users=users, outsider=UserFactory(username=f"{slug}-outsider"))
+
+
+@pytest.fixture
+def tenant_a(db) -> TenantWorld:
+    return make_tenant_world("acme")
+
+
+@pytest.fixture
+def tenant_b(db) -> TenantWorld:
+    return make_tenant_world("globex")
+
+
+ALL_SCOPES = ",".join(Scope.values)
+
+
+def error_of(response) -> dict:
+    """The `error` object of an API error response, after checking the shape every error must have."""
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert {"code", "message"} <= set(body["error"]), body
+    return body["error"]

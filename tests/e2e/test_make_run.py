@@ -1,0 +1,73 @@
+"""`make run`'s launcher on its embedded default: SQLite, a private Redis, web and worker; Ctrl-C stops it all."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+from mint_site.launcher import BASE_DIR, free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def get(url: str, token: str | None = None) -> tuple[int, dict | str]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            body = response.read().decode()
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        body, status = exc.read().decode(), exc.code
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, body
+
+
+def test_launcher_serves_the_demo_and_stops_everything_on_ctrl_c(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env |= {"MINT_VAR_DIR": str(tmp_path / "var"), "MINT_PORT": str(port)}
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "mint_site.launcher"],
+        cwd=BASE_DIR,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output = ""
+    try:
+        deadline = time.monotonic() + 120
+        while "Press Ctrl-C" not in output and time.monotonic() < deadline:
+            line = launcher.stdout.readline()
+            assert line or launcher.poll() is None, output
+            output += line
+        token = re.search(r"demo key:\s+(\S+)", output).group(1)
+        base = f"http://127.0.0.1:{port}"
+
+        children = psutil.Process(launcher.pid).children(recursive=True)
+        names = " ".join(" ".join(c.cmdline()) for c in children)
+        assert "redis-server" in names and "daphne" in names and "celery" in names
+
+        assert get(f"{base}/healthz")[0] == 200
+        assert get(f"{base}/readyz") == (200, {"status": "ok", "checks": {"database": "ok", "redis": "ok"}})
+        status, docs = get(f"{base}/api/docs/")
+        assert status == 200 and "swagger-ui" in docs
+        status, me = get(f"{base}/api/v1/", token)
+        assert status == 200 and me["tenant"] == "demo"
+        assert get(f"{base}/api/v1/")[0] == 401
+        assert (tmp_path / "var" / "mint.sqlite3").exists()
+    finally:
+        launcher.send_signal(signal.SIGINT)
+        launcher.wait(timeout=60)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]

@@ -1,0 +1,96 @@
+"""Tenants are walled off: every tenant route, enumerated from the URL configuration, hides tenant B from A.
+
+New routes are covered automatically. A route with a URL parameter this test does not
+know how to fill with one of tenant B's objects fails the test, so whoever adds the
+route also adds the way to reach tenant B's object here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+import pytest
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from tenants.api_base import TenantApi
+from tests.conftest import ALL_SCOPES, TenantWorld
+
+pytestmark = pytest.mark.django_db
+
+# How to name one of tenant B's objects for each URL parameter.
+B_OBJECT: dict[str, Callable[[TenantWorld], str]] = {
+    "prefix": lambda b: b.key("pipeline")[0].prefix,
+}
+
+PARAM = re.compile(r"<(?:(?P<converter>[^>:]+):)?(?P<name>[^>]+)>")
+
+
+def tenant_routes() -> list[tuple[str, type[TenantApi]]]:
+    found = []
+
+    def walk(patterns, prefix: str) -> None:
+        for entry in patterns:
+            if isinstance(entry, URLResolver):
+                walk(entry.url_patterns, prefix + str(entry.pattern))
+            elif isinstance(entry, URLPattern):
+                view = getattr(entry.callback, "view_class", None)
+                if view is not None and issubclass(view, TenantApi):
+                    found.append(("/" + prefix + str(entry.pattern), view))
+
+    walk(get_resolver().url_patterns, "")
+    return found
+
+
+def handled_methods(view: type[TenantApi]) -> list[str]:
+    return [m.upper() for m in view.http_method_names if m not in ("options", "head") and hasattr(view, m)]
+
+
+def test_routes_are_found():
+    routes = dict(tenant_routes())
+    assert "/api/v1/keys/<str:prefix>/" in routes
+    assert "/api/v1/audit/" in routes
+
+
+@pytest.mark.parametrize("principal", ["owner", f"key:{ALL_SCOPES}"])
+def test_object_routes_answer_404_for_another_tenants_objects(tenant_a, tenant_b, principal):
+    client = tenant_a.client_as(principal)
+    checked = 0
+    for route, view in tenant_routes():
+        params = [m.group("name") for m in PARAM.finditer(route)]
+        if not params:
+            continue
+        missing = [p for p in params if p not in B_OBJECT]
+        assert not missing, f"{route}: add a tenant-B object for {missing} to B_OBJECT"
+        url = PARAM.sub(lambda m: B_OBJECT[m.group("name")](tenant_b), route)
+        missing_url = PARAM.sub("no-such-object", route)
+        for method in handled_methods(view):
+            response = client.generic(method, url, data="{}", content_type="application/json")
+            missing = client.generic(method, missing_url, data="{}", content_type="application/json")
+            where = f"{method} {url} as {principal}"
+            # Another tenant's object looks exactly like a missing one …
+            assert (response.status_code, response.json()) == (missing.status_code, missing.json()), where
+            # … which is a 404, unless the caller may not use this route at all (then 403 for any object).
+            if response.status_code == 403:
+                assert principal.startswith("key:"), where
+                assert response.json()["error"]["code"] == "insufficient_scope", where
+            else:
+                assert response.status_code == 404, f"{where}: {response.status_code}"
+                assert response.json()["error"]["code"] == "not_found"
+            checked += 1
+    assert checked > 0
+
+
+def test_list_routes_never_show_another_tenants_data(tenant_a, tenant_b):
+    b_key, _ = tenant_b.key("pipeline")
+    client = tenant_a.client_as("owner")
+    secrets_of_b = {b_key.prefix, "globex"}
+    for route, view in tenant_routes():
+        if PARAM.search(route) or not hasattr(view, "get"):
+            continue
+        response = client.get(route)
+        assert response.status_code == 200, route
+        text = json.dumps(response.json())
+        leaked = [s for s in secrets_of_b if s in text]
+        assert not leaked, f"{route} shows tenant B's {leaked}"
