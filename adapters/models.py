@@ -1,1 +1,168 @@
-"""Base models, adapters and their revisions (filled in by the lifecycle work)."""
+"""Base models, adapters, their immutable revisions, approvals and aliases."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from adapters.artifacts.spec import BaseModelSpec
+from tenants.models import ApiKey, Tenant
+
+
+class BaseModel(models.Model):
+    """A base model served platform-wide. `config` holds the module shapes adapters are checked against."""
+
+    class Architecture(models.TextChoices):
+        DENSE = "dense", "Dense"
+        MOE = "moe", "Mixture of experts"
+
+    name = models.CharField(max_length=200, unique=True)
+    architecture = models.CharField(max_length=8, choices=Architecture.choices)
+    config = models.JSONField(help_text="Layers, experts and module shapes (see BaseModelSpec).")
+    max_lora_rank = models.PositiveIntegerField(default=64)
+    path = models.CharField(max_length=500, blank=True, help_text="Local model directory, if any.")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def spec(self) -> BaseModelSpec:
+        return BaseModelSpec.from_config(self.config, max_lora_rank=self.max_lora_rank)
+
+
+class Adapter(models.Model):
+    """A policy of one tenant on one base model: a named line of revisions."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="adapters")
+    name = models.CharField(max_length=64)
+    base_model = models.ForeignKey(BaseModel, on_delete=models.PROTECT, related_name="adapters")
+    description = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    # The last revision number handed out; bumped under a row lock so numbers never collide.
+    revision_counter = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="adapter_tenant_name_unique")]
+        indexes = [models.Index(fields=["tenant", "-id"], name="adapter_tenant_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.name}"
+
+
+class RevisionState(models.TextChoices):
+    REGISTERED = "registered", "Registered"
+    VALIDATED = "validated", "Validated"
+    EXPORTED = "exported", "Exported"
+    PENDING_APPROVAL = "pending_approval", "Pending approval"
+    APPROVED = "approved", "Approved"
+    REJECTED = "rejected", "Rejected"
+    FAILED = "failed", "Failed"
+
+
+class AdapterRevision(models.Model):
+    """One immutable version of an adapter, shown as `r<number>`. Its artifact never changes once exported."""
+
+    adapter = models.ForeignKey(Adapter, on_delete=models.CASCADE, related_name="revisions")
+    number = models.PositiveIntegerField()
+    state = models.CharField(max_length=20, choices=RevisionState.choices, default=RevisionState.REGISTERED)
+    source_uri = models.CharField(max_length=500, help_text="Store path of the uploaded artifact.")
+    export_uri = models.CharField(max_length=500, blank=True)
+    sha256 = models.CharField(max_length=64, blank=True, help_text="Digest over the source files.")
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    rank = models.PositiveIntegerField(null=True, blank=True)
+    alpha = models.FloatField(null=True, blank=True)
+    target_modules = models.JSONField(default=list, blank=True)
+    training_step = models.PositiveBigIntegerField(null=True, blank=True)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_by_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    policy_record = models.JSONField(null=True, blank=True)
+    failure_reason = models.TextField(blank=True)
+    failure_code = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    validated_at = models.DateTimeField(null=True, blank=True)
+    exported_at = models.DateTimeField(null=True, blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["adapter", "number"], name="revision_adapter_number_unique"),
+            models.CheckConstraint(condition=Q(state__in=RevisionState.values), name="revision_state_valid"),
+            models.CheckConstraint(condition=Q(number__gte=1), name="revision_number_positive"),
+        ]
+        indexes = [
+            models.Index(fields=["adapter", "-number"], name="revision_adapter_recent"),
+            models.Index(fields=["adapter", "state", "-number"], name="revision_adapter_state"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.adapter}@r{self.number}"
+
+    @property
+    def label(self) -> str:
+        return f"r{self.number}"
+
+
+class Approval(models.Model):
+    """A decision on a pending revision, by a person or a deploy key."""
+
+    class Decision(models.TextChoices):
+        APPROVED = "approved", "Approved"
+        REJECTED = "rejected", "Rejected"
+
+    revision = models.ForeignKey(AdapterRevision, on_delete=models.CASCADE, related_name="approvals")
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_by_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    decision = models.CharField(max_length=8, choices=Decision.choices)
+    comment = models.TextField(blank=True)
+    decided_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.revision} {self.decision}"
+
+
+class Alias(models.Model):
+    """A name that points at a live revision (`production`, `candidate`), and the revision it should point at."""
+
+    PRODUCTION = "production"
+
+    adapter = models.ForeignKey(Adapter, on_delete=models.CASCADE, related_name="aliases")
+    name = models.CharField(max_length=32)
+    revision = models.ForeignKey(
+        AdapterRevision, null=True, blank=True, on_delete=models.PROTECT, related_name="live_aliases"
+    )
+    desired_revision = models.ForeignKey(
+        AdapterRevision, null=True, blank=True, on_delete=models.PROTECT, related_name="desired_aliases"
+    )
+    previous_revision = models.ForeignKey(
+        AdapterRevision,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="What the alias pointed at before its last flip: the default rollback target.",
+    )
+    rollback_pending = models.BooleanField(default=False, help_text="The desired revision is a rollback.")
+    updated_by = models.CharField(max_length=200, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["adapter", "name"], name="alias_adapter_name_unique")]
+        verbose_name_plural = "aliases"
+
+    def __str__(self) -> str:
+        return f"{self.adapter}:{self.name}"
