@@ -114,3 +114,14 @@ def json_404(request, exception=None) -> JsonResponse:
 
 def json_500(request) -> JsonResponse:
     return JsonResponse(error_body("server_error", "The server failed to handle this request."), status=500)
+
+
+class InvalidTransition(Conflict):
+    """A state change asked of an object that is not in a state it can make it from."""
+
+    code = "invalid_transition"
+
+
+class Forbidden(MintError):
+    status_code = status.HTTP_403_FORBIDDEN
+    code = "forbidden"

@@ -198,6 +198,18 @@ SPECTACULAR_SETTINGS = {
     "SECURITY": [{"ApiKey": []}],
 }
 
+# Adapter artifacts: what validation accepts.
+MINT_SAFETENSORS_MAX_HEADER_BYTES = env_int("MINT_SAFETENSORS_MAX_HEADER_BYTES", 64 * 1024 * 1024, minimum=1024)
+MINT_MAX_TENSORS = env_int("MINT_MAX_TENSORS", 200_000, minimum=1)
+MINT_ARCHIVE_MAX_FILES = env_int("MINT_ARCHIVE_MAX_FILES", 100_000, minimum=1)
+MINT_ARCHIVE_MAX_BYTES = env_int("MINT_ARCHIVE_MAX_BYTES", 4 * 1024**3, minimum=1)
+MINT_ARCHIVE_MAX_RATIO = env_int("MINT_ARCHIVE_MAX_RATIO", 200, minimum=1)
+MINT_WORK_DIR = env_str("MINT_WORK_DIR", "") or None  # scratch space for validation/export (default: system temp)
+MINT_TEST_EXPORT_DELAY_MS = env_int("MINT_TEST_EXPORT_DELAY_MS", 0, minimum=0)  # test hook: slows each export file
+# Many-file adapters (one safetensors per tensor) are uploaded as tens of thousands of files.
+DATA_UPLOAD_MAX_NUMBER_FILES = env_int("MINT_UPLOAD_MAX_FILES", 100_000, minimum=1)
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024  # larger uploads spill to temporary files, never whole in memory
+
 # API keys: how often last_used_at may be written for one key.
 MINT_KEY_TOUCH_INTERVAL_S = env_int("MINT_KEY_TOUCH_INTERVAL_S", 60, minimum=1)
 

@@ -14,6 +14,31 @@ from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
 
 @pytest.fixture(autouse=True)
+def _celery_mode(request):
+    """Tasks run in-process, at once, except in tests/e2e/, where real workers take them from Redis."""
+    from mint_site.celery import app
+
+    eager = request.node.get_closest_marker("e2e") is None
+    previous = app.conf.task_always_eager, app.conf.task_eager_propagates
+    app.conf.task_always_eager = eager
+    app.conf.task_eager_propagates = eager
+    yield
+    app.conf.task_always_eager, app.conf.task_eager_propagates = previous
+
+
+@pytest.fixture
+def artifact_root(tmp_path, settings):
+    """A fresh artifact store (a local directory) for one test."""
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    settings.STORAGES = settings.STORAGES | {
+        "artifacts": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(root)}}
+    }
+    settings.MINT_WORK_DIR = None
+    return root
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hashing(settings):
     # Real hashing costs ~0.3 s per user; the suite creates hundreds of users.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

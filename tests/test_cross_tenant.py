@@ -14,14 +14,30 @@ from collections.abc import Callable
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
+from adapters.models import Adapter, AdapterRevision, BaseModel
 from tenants.api_base import TenantApi
 from tests.conftest import ALL_SCOPES, TenantWorld
 
 pytestmark = pytest.mark.django_db
 
+
+def b_revision(b: TenantWorld) -> AdapterRevision:
+    """Tenant B's adapter `globex-only-bot` with a revision r1 (made once)."""
+    base, _ = BaseModel.objects.get_or_create(
+        name="cross-tenant-base", defaults={"architecture": "dense", "config": {}, "max_lora_rank": 16}
+    )
+    adapter, _ = Adapter.objects.get_or_create(tenant=b.tenant, name="globex-only-bot", base_model=base)
+    revision, _ = AdapterRevision.objects.get_or_create(
+        adapter=adapter, number=1, defaults={"state": "approved", "source_uri": "x"}
+    )
+    return revision
+
+
 # How to name one of tenant B's objects for each URL parameter.
 B_OBJECT: dict[str, Callable[[TenantWorld], str]] = {
     "prefix": lambda b: b.key("pipeline")[0].prefix,
+    "name": lambda b: b_revision(b).adapter.name,
+    "number": lambda b: str(b_revision(b).number),
 }
 
 PARAM = re.compile(r"<(?:(?P<converter>[^>:]+):)?(?P<name>[^>]+)>")
@@ -51,6 +67,7 @@ def test_routes_are_found():
     routes = dict(tenant_routes())
     assert "/api/v1/keys/<str:prefix>/" in routes
     assert "/api/v1/audit/" in routes
+    assert "/api/v1/adapters/<str:name>/revisions/<int:number>/approve/" in routes
 
 
 @pytest.mark.parametrize("principal", ["owner", f"key:{ALL_SCOPES}"])
@@ -64,7 +81,7 @@ def test_object_routes_answer_404_for_another_tenants_objects(tenant_a, tenant_b
         missing = [p for p in params if p not in B_OBJECT]
         assert not missing, f"{route}: add a tenant-B object for {missing} to B_OBJECT"
         url = PARAM.sub(lambda m: B_OBJECT[m.group("name")](tenant_b), route)
-        missing_url = PARAM.sub("no-such-object", route)
+        missing_url = PARAM.sub(lambda m: "9999" if m.group("converter") == "int" else "no-such-object", route)
         for method in handled_methods(view):
             response = client.generic(method, url, data="{}", content_type="application/json")
             missing = client.generic(method, missing_url, data="{}", content_type="application/json")
@@ -84,6 +101,7 @@ def test_object_routes_answer_404_for_another_tenants_objects(tenant_a, tenant_b
 
 def test_list_routes_never_show_another_tenants_data(tenant_a, tenant_b):
     b_key, _ = tenant_b.key("pipeline")
+    b_revision(tenant_b)
     client = tenant_a.client_as("owner")
     secrets_of_b = {b_key.prefix, "globex"}
     for route, view in tenant_routes():

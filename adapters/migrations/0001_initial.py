@@ -7,130 +7,270 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('tenants', '0001_initial'),
+        ("tenants", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='BaseModel',
+            name="BaseModel",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=200, unique=True)),
-                ('architecture', models.CharField(choices=[('dense', 'Dense'), ('moe', 'Mixture of experts')], max_length=8)),
-                ('config', models.JSONField(help_text='Layers, experts and module shapes (see BaseModelSpec).')),
-                ('max_lora_rank', models.PositiveIntegerField(default=64)),
-                ('path', models.CharField(blank=True, help_text='Local model directory, if any.', max_length=500)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=200, unique=True)),
+                (
+                    "architecture",
+                    models.CharField(choices=[("dense", "Dense"), ("moe", "Mixture of experts")], max_length=8),
+                ),
+                ("config", models.JSONField(help_text="Layers, experts and module shapes (see BaseModelSpec).")),
+                ("max_lora_rank", models.PositiveIntegerField(default=64)),
+                ("path", models.CharField(blank=True, help_text="Local model directory, if any.", max_length=500)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Adapter',
+            name="Adapter",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64)),
-                ('description', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('revision_counter', models.PositiveIntegerField(default=0)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='adapters', to='tenants.tenant')),
-                ('base_model', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='adapters', to='adapters.basemodel')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=64)),
+                ("description", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("revision_counter", models.PositiveIntegerField(default=0)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="adapters", to="tenants.tenant"
+                    ),
+                ),
+                (
+                    "base_model",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="adapters", to="adapters.basemodel"
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='AdapterRevision',
+            name="AdapterRevision",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveIntegerField()),
-                ('state', models.CharField(choices=[('registered', 'Registered'), ('validated', 'Validated'), ('exported', 'Exported'), ('pending_approval', 'Pending approval'), ('approved', 'Approved'), ('rejected', 'Rejected'), ('failed', 'Failed')], default='registered', max_length=20)),
-                ('source_uri', models.CharField(help_text='Store path of the uploaded artifact.', max_length=500)),
-                ('export_uri', models.CharField(blank=True, max_length=500)),
-                ('sha256', models.CharField(blank=True, help_text='Digest over the source files.', max_length=64)),
-                ('size_bytes', models.PositiveBigIntegerField(default=0)),
-                ('rank', models.PositiveIntegerField(blank=True, null=True)),
-                ('alpha', models.FloatField(blank=True, null=True)),
-                ('target_modules', models.JSONField(blank=True, default=list)),
-                ('training_step', models.PositiveBigIntegerField(blank=True, null=True)),
-                ('policy_record', models.JSONField(blank=True, null=True)),
-                ('failure_reason', models.TextField(blank=True)),
-                ('failure_code', models.CharField(blank=True, max_length=64)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('validated_at', models.DateTimeField(blank=True, null=True)),
-                ('exported_at', models.DateTimeField(blank=True, null=True)),
-                ('decided_at', models.DateTimeField(blank=True, null=True)),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('adapter', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='revisions', to='adapters.adapter')),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('created_by_key', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='tenants.apikey')),
-                ('parent', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='children', to='adapters.adapterrevision')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("number", models.PositiveIntegerField()),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("registered", "Registered"),
+                            ("validated", "Validated"),
+                            ("exported", "Exported"),
+                            ("pending_approval", "Pending approval"),
+                            ("approved", "Approved"),
+                            ("rejected", "Rejected"),
+                            ("failed", "Failed"),
+                        ],
+                        default="registered",
+                        max_length=20,
+                    ),
+                ),
+                ("source_uri", models.CharField(help_text="Store path of the uploaded artifact.", max_length=500)),
+                ("export_uri", models.CharField(blank=True, max_length=500)),
+                ("sha256", models.CharField(blank=True, help_text="Digest over the source files.", max_length=64)),
+                ("size_bytes", models.PositiveBigIntegerField(default=0)),
+                ("rank", models.PositiveIntegerField(blank=True, null=True)),
+                ("alpha", models.FloatField(blank=True, null=True)),
+                ("target_modules", models.JSONField(blank=True, default=list)),
+                ("training_step", models.PositiveBigIntegerField(blank=True, null=True)),
+                ("policy_record", models.JSONField(blank=True, null=True)),
+                ("failure_reason", models.TextField(blank=True)),
+                ("failure_code", models.CharField(blank=True, max_length=64)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("validated_at", models.DateTimeField(blank=True, null=True)),
+                ("exported_at", models.DateTimeField(blank=True, null=True)),
+                ("decided_at", models.DateTimeField(blank=True, null=True)),
+                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "adapter",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="revisions", to="adapters.adapter"
+                    ),
+                ),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "created_by_key",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="tenants.apikey",
+                    ),
+                ),
+                (
+                    "parent",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="children",
+                        to="adapters.adapterrevision",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Alias',
+            name="Alias",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=32)),
-                ('rollback_pending', models.BooleanField(default=False, help_text='The desired revision is a rollback.')),
-                ('updated_by', models.CharField(blank=True, max_length=200)),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('adapter', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='aliases', to='adapters.adapter')),
-                ('desired_revision', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='desired_aliases', to='adapters.adapterrevision')),
-                ('previous_revision', models.ForeignKey(blank=True, help_text='What the alias pointed at before its last flip: the default rollback target.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='adapters.adapterrevision')),
-                ('revision', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='live_aliases', to='adapters.adapterrevision')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=32)),
+                (
+                    "rollback_pending",
+                    models.BooleanField(default=False, help_text="The desired revision is a rollback."),
+                ),
+                ("updated_by", models.CharField(blank=True, max_length=200)),
+                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "adapter",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="aliases", to="adapters.adapter"
+                    ),
+                ),
+                (
+                    "desired_revision",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="desired_aliases",
+                        to="adapters.adapterrevision",
+                    ),
+                ),
+                (
+                    "previous_revision",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="What the alias pointed at before its last flip: the default rollback target.",
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="adapters.adapterrevision",
+                    ),
+                ),
+                (
+                    "revision",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="live_aliases",
+                        to="adapters.adapterrevision",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'aliases',
+                "verbose_name_plural": "aliases",
             },
         ),
         migrations.CreateModel(
-            name='Approval',
+            name="Approval",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('decision', models.CharField(choices=[('approved', 'Approved'), ('rejected', 'Rejected')], max_length=8)),
-                ('comment', models.TextField(blank=True)),
-                ('decided_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('decided_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('decided_by_key', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='tenants.apikey')),
-                ('revision', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='approvals', to='adapters.adapterrevision')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "decision",
+                    models.CharField(choices=[("approved", "Approved"), ("rejected", "Rejected")], max_length=8),
+                ),
+                ("comment", models.TextField(blank=True)),
+                ("decided_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "decided_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "decided_by_key",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="tenants.apikey",
+                    ),
+                ),
+                (
+                    "revision",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="approvals",
+                        to="adapters.adapterrevision",
+                    ),
+                ),
             ],
         ),
         migrations.AddIndex(
-            model_name='adapterrevision',
-            index=models.Index(fields=['adapter', '-number'], name='revision_adapter_recent'),
+            model_name="adapterrevision",
+            index=models.Index(fields=["adapter", "-number"], name="revision_adapter_recent"),
         ),
         migrations.AddIndex(
-            model_name='adapterrevision',
-            index=models.Index(fields=['adapter', 'state', '-number'], name='revision_adapter_state'),
+            model_name="adapterrevision",
+            index=models.Index(fields=["adapter", "state", "-number"], name="revision_adapter_state"),
         ),
         migrations.AddConstraint(
-            model_name='adapterrevision',
-            constraint=models.UniqueConstraint(fields=('adapter', 'number'), name='revision_adapter_number_unique'),
+            model_name="adapterrevision",
+            constraint=models.UniqueConstraint(fields=("adapter", "number"), name="revision_adapter_number_unique"),
         ),
         migrations.AddConstraint(
-            model_name='adapterrevision',
-            constraint=models.CheckConstraint(condition=models.Q(('state__in', ['registered', 'validated', 'exported', 'pending_approval', 'approved', 'rejected', 'failed'])), name='revision_state_valid'),
+            model_name="adapterrevision",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    (
+                        "state__in",
+                        ["registered", "validated", "exported", "pending_approval", "approved", "rejected", "failed"],
+                    )
+                ),
+                name="revision_state_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='adapterrevision',
-            constraint=models.CheckConstraint(condition=models.Q(('number__gte', 1)), name='revision_number_positive'),
+            model_name="adapterrevision",
+            constraint=models.CheckConstraint(condition=models.Q(("number__gte", 1)), name="revision_number_positive"),
         ),
         migrations.AddConstraint(
-            model_name='alias',
-            constraint=models.UniqueConstraint(fields=('adapter', 'name'), name='alias_adapter_name_unique'),
+            model_name="alias",
+            constraint=models.UniqueConstraint(fields=("adapter", "name"), name="alias_adapter_name_unique"),
         ),
         migrations.AddIndex(
-            model_name='adapter',
-            index=models.Index(fields=['tenant', '-id'], name='adapter_tenant_recent'),
+            model_name="adapter",
+            index=models.Index(fields=["tenant", "-id"], name="adapter_tenant_recent"),
         ),
         migrations.AddConstraint(
-            model_name='adapter',
-            constraint=models.UniqueConstraint(fields=('tenant', 'name'), name='adapter_tenant_name_unique'),
+            model_name="adapter",
+            constraint=models.UniqueConstraint(fields=("tenant", "name"), name="adapter_tenant_name_unique"),
         ),
     ]

@@ -6,52 +6,63 @@ import json
 
 import pytest
 
+from adapters.models import Adapter, AdapterRevision, BaseModel
 from tests.conftest import ALL_SCOPES
 
 pytestmark = pytest.mark.django_db
 
 ROLES = ["owner", "approver", "developer", "viewer"]
 KEYS = ["key:pipeline", "key:deploy", "key:inference", f"key:{ALL_SCOPES}"]
+EVERY_KEY = f"key:{ALL_SCOPES}"
+READERS = {"owner", "approver", "developer", "viewer", "key:pipeline", "key:deploy", EVERY_KEY}
+REGISTRARS = {"owner", "approver", "developer", "key:pipeline", EVERY_KEY}
+DECIDERS = {"owner", "approver", "key:deploy", EVERY_KEY}
 
-# (method, path) → the principals that get through; everybody else is refused with 403.
+# (method, path) → (the principals that get through, the state r1 of adapter `bot` starts in, body);
+# everybody else is refused with 403.
 ALLOWED = {
-    ("GET", "/api/v1/"): {
-        "owner",
-        "approver",
-        "developer",
-        "viewer",
-        "key:pipeline",
-        "key:deploy",
-        f"key:{ALL_SCOPES}",
-    },
-    ("GET", "/api/v1/audit/"): {
-        "owner",
-        "approver",
-        "developer",
-        "viewer",
-        "key:pipeline",
-        "key:deploy",
-        f"key:{ALL_SCOPES}",
-    },
-    ("GET", "/api/v1/keys/"): {"owner"},
-    ("POST", "/api/v1/keys/"): {"owner"},
-    ("DELETE", "/api/v1/keys/{prefix}/"): {"owner"},
+    ("GET", "/api/v1/"): (READERS, None, None),
+    ("GET", "/api/v1/audit/"): (READERS, None, None),
+    ("GET", "/api/v1/keys/"): ({"owner"}, None, None),
+    ("POST", "/api/v1/keys/"): ({"owner"}, None, {"name": "new", "scopes": ["inference"]}),
+    ("DELETE", "/api/v1/keys/{prefix}/"): ({"owner"}, None, None),
+    ("GET", "/api/v1/base-models/"): (READERS, None, None),
+    ("GET", "/api/v1/adapters/"): (READERS, None, None),
+    ("POST", "/api/v1/adapters/"): (REGISTRARS, None, {"name": "new-bot", "base_model": "roles-base"}),
+    ("GET", "/api/v1/adapters/bot/"): (READERS, None, None),
+    ("GET", "/api/v1/adapters/bot/revisions/"): (READERS, None, None),
+    ("POST", "/api/v1/adapters/bot/revisions/"): (REGISTRARS, None, {"source_uri": "t/{tenant_id}/incoming/run/"}),
+    ("GET", "/api/v1/adapters/bot/revisions/1/"): (READERS, "exported", None),
+    ("POST", "/api/v1/adapters/bot/revisions/1/request-approval/"): (REGISTRARS, "exported", {}),
+    ("POST", "/api/v1/adapters/bot/revisions/1/approve/"): (DECIDERS, "pending_approval", {}),
+    ("POST", "/api/v1/adapters/bot/revisions/1/reject/"): (DECIDERS, "pending_approval", {}),
+    ("POST", "/api/v1/adapters/bot/activate/"): (DECIDERS, "approved", {"revision": "r1"}),
 }
-SUCCESS = {"GET": 200, "POST": 201, "DELETE": 204}
+SUCCESS = {"GET": 200, "POST": 200, "DELETE": 204}
+CREATES = {"/api/v1/keys/", "/api/v1/adapters/", "/api/v1/adapters/bot/revisions/"}
 
 
 @pytest.mark.parametrize("principal", ROLES + KEYS)
 @pytest.mark.parametrize(("method", "path"), list(ALLOWED))
-def test_role_and_scope_matrix(tenant_a, principal, method, path):
+def test_role_and_scope_matrix(tenant_a, artifact_root, principal, method, path):
+    allowed, state, body = ALLOWED[(method, path)]
     victim, _ = tenant_a.key("inference")
+    base = BaseModel.objects.create(name="roles-base", architecture="dense", config={}, max_lora_rank=16)
+    adapter = Adapter.objects.create(tenant=tenant_a.tenant, name="bot", base_model=base)
+    if state:
+        AdapterRevision.objects.create(adapter=adapter, number=1, state=state, source_uri="x")
+        adapter.revision_counter = 1
+        adapter.save()
+    incoming = artifact_root / f"t/{tenant_a.tenant.id}/incoming/run"
+    incoming.mkdir(parents=True)
+    (incoming / "adapter_config.json").write_text("{}")
+
     url = path.format(prefix=victim.prefix)
-    client = tenant_a.client_as(principal)
-    body = {"name": "new", "scopes": ["inference"]} if method == "POST" else None
-    response = client.generic(
-        method, url, data=None if body is None else json.dumps(body), content_type="application/json"
-    )
-    if principal in ALLOWED[(method, path)]:
-        assert response.status_code == SUCCESS[method], response.content
+    data = None if body is None else json.dumps(body).replace("{tenant_id}", str(tenant_a.tenant.id))
+    response = tenant_a.client_as(principal).generic(method, url, data=data, content_type="application/json")
+    if principal in allowed:
+        expected = 201 if method == "POST" and path in CREATES else SUCCESS[method]
+        assert response.status_code == expected, response.content
     else:
         assert response.status_code == 403, response.content
         assert response.json()["error"]["code"] in {"forbidden", "insufficient_scope"}

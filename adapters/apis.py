@@ -1,0 +1,297 @@
+"""REST API for adapters and revisions (DESIGN.md §6). Thin: parse, call one service or selector, serialize."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.response import Response
+
+from adapters import selectors, services
+from adapters.models import Adapter, AdapterRevision, BaseModel
+from adapters.serializers import (
+    ActivateSerializer,
+    AdapterCreateSerializer,
+    AdapterDetailSerializer,
+    AdapterSerializer,
+    AliasSerializer,
+    BaseModelSerializer,
+    DecisionSerializer,
+    RevisionDetailSerializer,
+    RevisionRegisterSerializer,
+    RevisionSerializer,
+    RollbackSerializer,
+)
+from mint_site.errors import MintError, NotFound, PayloadTooLarge
+from tenants.access import Capability
+from tenants.api_base import TenantApi
+
+MULTIPART_SLACK = 64 * 1024  # boundaries and form fields around the files
+
+
+class BaseModelListApi(TenantApi):
+    """Base models adapters can be created on (platform-wide; staff add them with `mint_base_model add`)."""
+
+    queryset = BaseModel.objects.all()
+    serializer_class = BaseModelSerializer
+    pagination_class = None
+
+    def get_queryset(self):
+        return selectors.base_model_list()  # platform-wide: not narrowed by tenant
+
+    def get(self, request):
+        return Response(BaseModelSerializer(self.get_queryset(), many=True).data)
+
+
+class AdapterApiMixin:
+    def get_adapter(self, name: str) -> Adapter:
+        adapter = (
+            Adapter.objects.filter(tenant=self.request.tenant, name=name).select_related("tenant", "base_model").first()
+        )
+        if adapter is None:
+            raise NotFound("Not found.")
+        return adapter
+
+    def get_revision(self, name: str, number: int) -> AdapterRevision:
+        revision = selectors.revision_get(adapter=self.get_adapter(name), number=number)
+        if revision is None:
+            raise NotFound("Not found.")
+        return revision
+
+
+class AdapterListCreateApi(TenantApi):
+    """The tenant's adapters, newest first; create one on a base model."""
+
+    queryset = Adapter.objects.all()
+    serializer_class = AdapterSerializer
+    capabilities = {"GET": Capability.READ, "POST": Capability.REGISTER}
+
+    def get_base_queryset(self):
+        return selectors.adapter_list(tenant=self.tenant)
+
+    def get(self, request):
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(AdapterSerializer(page, many=True).data)
+
+    @extend_schema(
+        request=AdapterCreateSerializer,
+        responses={201: AdapterSerializer},
+        examples=[
+            OpenApiExample(
+                "create",
+                value={"name": "support-bot", "base_model": "tiny-llama", "description": "Tier-1 support replies"},
+                request_only=True,
+            )
+        ],
+    )
+    def post(self, request):
+        payload = AdapterCreateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        base_model = selectors.base_model_by_name(payload.validated_data["base_model"])
+        if base_model is None:
+            raise MintError(
+                f"base_model: no base model named {payload.validated_data['base_model']!r}; "
+                "see GET /api/v1/base-models/.",
+                code="unknown_base_model",
+            )
+        adapter = services.adapter_create(
+            tenant=self.tenant,
+            name=payload.validated_data["name"],
+            base_model=base_model,
+            description=payload.validated_data["description"],
+            by=request.access.actor,
+        )
+        return Response(AdapterSerializer(adapter).data, status=status.HTTP_201_CREATED)
+
+
+class AdapterDetailApi(TenantApi):
+    """One adapter with its aliases and latest revisions."""
+
+    queryset = Adapter.objects.all()
+    serializer_class = AdapterDetailSerializer
+
+    def get_base_queryset(self):
+        return selectors.adapter_list(tenant=self.tenant)
+
+    def get(self, request, name: str):
+        adapter = self.get_tenant_object(name=name)
+        context = {"latest_revisions": selectors.latest_revisions(adapter=adapter)}
+        return Response(AdapterDetailSerializer(adapter, context=context).data)
+
+
+class RevisionListRegisterApi(AdapterApiMixin, TenantApi):
+    """List an adapter's revisions (filter `?state=a,b`) or register a new one.
+
+    Register with multipart `files` (adapter_config.json + adapter_model.safetensors, or one
+    safetensors per tensor), one multipart `archive` (.tar, .tar.gz or .zip of those), or JSON
+    `{"source_uri": "t/<tenant_id>/incoming/…"}` naming an artifact already in the store.
+    The answer is immediate (`registered`); validation and export follow in the background.
+    """
+
+    queryset = AdapterRevision.objects.all()
+    serializer_class = RevisionSerializer
+    tenant_field = "adapter__tenant"
+    parser_classes = [MultiPartParser, JSONParser]
+    capabilities = {"GET": Capability.READ, "POST": Capability.REGISTER}
+
+    @extend_schema(parameters=[OpenApiParameter("state", str, description="Comma-separated states")])
+    def get(self, request, name: str):
+        adapter = self.get_adapter(name)
+        revisions = selectors.revision_list(adapter=adapter, state=request.query_params.get("state"))
+        page = self.paginate_queryset(revisions)
+        return self.get_paginated_response(RevisionSerializer(page, many=True).data)
+
+    @extend_schema(
+        request={
+            "multipart/form-data": {
+                "type": "object",
+                "properties": {
+                    "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                    "archive": {"type": "string", "format": "binary"},
+                    "training_step": {"type": "integer"},
+                    "parent": {"type": "integer"},
+                },
+            },
+            "application/json": RevisionRegisterSerializer,
+        },
+        responses={201: RevisionSerializer},
+        examples=[
+            OpenApiExample(
+                "from the store",
+                value={"source_uri": "t/1/incoming/run-42/", "training_step": 1200, "parent": 3},
+                request_only=True,
+            )
+        ],
+    )
+    def post(self, request, name: str):
+        adapter = self.get_adapter(name)
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        if declared > adapter.tenant.max_upload_bytes + MULTIPART_SLACK:
+            # Refused before the body is read: nothing is stored.
+            raise PayloadTooLarge(
+                f"The upload ({declared} bytes) is over this tenant's limit of {adapter.tenant.max_upload_bytes} bytes."
+            )
+        files = request.FILES.getlist("files") + request.FILES.getlist("archive")
+        fields = {k: v for k, v in request.data.items() if k not in ("files", "archive")}
+        meta = RevisionRegisterSerializer(data=fields)
+        meta.is_valid(raise_exception=True)
+        revision = services.revision_register(
+            adapter=adapter,
+            by=request.access.actor,
+            files=files,
+            source_uri=meta.validated_data.get("source_uri"),
+            training_step=meta.validated_data.get("training_step"),
+            parent_number=meta.validated_data.get("parent"),
+        )
+        return Response(RevisionSerializer(revision).data, status=status.HTTP_201_CREATED)
+
+
+class RevisionDetailApi(AdapterApiMixin, TenantApi):
+    """One revision: state, policy record, approvals, failure reason."""
+
+    queryset = AdapterRevision.objects.all()
+    serializer_class = RevisionDetailSerializer
+    tenant_field = "adapter__tenant"
+
+    def get(self, request, name: str, number: int):
+        return Response(RevisionDetailSerializer(self.get_revision(name, number)).data)
+
+
+class _RevisionActionApi(AdapterApiMixin, TenantApi):
+    queryset = AdapterRevision.objects.all()
+    serializer_class = RevisionDetailSerializer
+    tenant_field = "adapter__tenant"
+
+
+class RevisionRequestApprovalApi(_RevisionActionApi):
+    """exported → pending_approval."""
+
+    capabilities = {"POST": Capability.REGISTER}
+
+    @extend_schema(request=None, responses={200: RevisionDetailSerializer})
+    def post(self, request, name: str, number: int):
+        revision = services.revision_request_approval(revision=self.get_revision(name, number), by=request.access.actor)
+        return Response(RevisionDetailSerializer(self.get_revision(name, revision.number)).data)
+
+
+class RevisionApproveApi(_RevisionActionApi):
+    """pending_approval → approved. Four-eyes: not by whoever registered it (nor a key they created)."""
+
+    capabilities = {"POST": Capability.DECIDE}
+
+    @extend_schema(request=DecisionSerializer, responses={200: RevisionDetailSerializer})
+    def post(self, request, name: str, number: int):
+        payload = DecisionSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        revision = services.revision_approve(
+            revision=self.get_revision(name, number), by=request.access.actor, comment=payload.validated_data["comment"]
+        )
+        return Response(RevisionDetailSerializer(self.get_revision(name, revision.number)).data)
+
+
+class RevisionRejectApi(_RevisionActionApi):
+    """pending_approval → rejected."""
+
+    capabilities = {"POST": Capability.DECIDE}
+
+    @extend_schema(request=DecisionSerializer, responses={200: RevisionDetailSerializer})
+    def post(self, request, name: str, number: int):
+        payload = DecisionSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        revision = services.revision_reject(
+            revision=self.get_revision(name, number), by=request.access.actor, comment=payload.validated_data["comment"]
+        )
+        return Response(RevisionDetailSerializer(self.get_revision(name, revision.number)).data)
+
+
+class AdapterActivateApi(AdapterApiMixin, TenantApi):
+    """Set an alias's desired revision (`production` by default). It flips once the revision is ready to serve."""
+
+    queryset = Adapter.objects.all()
+    serializer_class = AliasSerializer
+    capabilities = {"POST": Capability.DECIDE}
+
+    @extend_schema(
+        request=ActivateSerializer,
+        responses={200: AliasSerializer},
+        examples=[OpenApiExample("activate", value={"revision": "r4"}, request_only=True)],
+    )
+    def post(self, request, name: str):
+        adapter = self.get_adapter(name)
+        payload = ActivateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        revision = self._revision(adapter, payload.validated_data["revision"])
+        alias = services.revision_activate(
+            adapter=adapter, revision=revision, by=request.access.actor, alias=payload.validated_data["alias"]
+        )
+        return Response(AliasSerializer(alias).data)
+
+    @staticmethod
+    def _revision(adapter: Adapter, number: int) -> AdapterRevision:
+        revision = selectors.revision_get(adapter=adapter, number=number)
+        if revision is None:
+            raise MintError(f"revision: {adapter.name} has no r{number}.", detail={"revision": [f"no r{number}"]})
+        return revision
+
+
+class AdapterRollbackApi(AdapterActivateApi):
+    """Roll an alias back to the revision live before (or to a given approved revision)."""
+
+    @extend_schema(
+        request=RollbackSerializer,
+        responses={200: AliasSerializer},
+        examples=[
+            OpenApiExample("previous", value={}, request_only=True),
+            OpenApiExample("to r2", value={"revision": "r2"}, request_only=True),
+        ],
+    )
+    def post(self, request, name: str):
+        adapter = self.get_adapter(name)
+        payload = RollbackSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        number = payload.validated_data.get("revision")
+        revision = self._revision(adapter, number) if number else None
+        alias = services.revision_rollback(
+            adapter=adapter, by=request.access.actor, revision=revision, alias=payload.validated_data["alias"]
+        )
+        return Response(AliasSerializer(alias).data)

@@ -1,0 +1,96 @@
+"""Writing a validated adapter in the layout the engine loads: PEFT adapter_config.json + one safetensors.
+
+The output depends only on the adapter's config and tensor bytes, never on file names,
+timestamps or the input layout, so exporting the same revision again gives byte-identical
+files and a re-export can be checked against the hashes recorded the first time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from adapters.artifacts.safetensors_io import SafetensorsHeader, read_header, tensor_bytes, write_safetensors
+from adapters.artifacts.validate import CONFIG_NAME, PEFT_TENSOR_FILE, ValidatedAdapter
+
+HASH_CHUNK_BYTES = 1024 * 1024
+# PEFT and transformers write this; some loaders check it.
+SAFETENSORS_METADATA = {"format": "pt"}
+
+
+@dataclass(frozen=True)
+class ExportedFile:
+    """One file of an export, as recorded in policy_record.json."""
+
+    name: str
+    sha256: str
+    size_bytes: int
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def engine_config(adapter: ValidatedAdapter) -> dict:
+    """The adapter_config.json to export: the uploaded one with rank, alpha, type and targets made exact."""
+    config = dict(adapter.config)
+    alpha = adapter.alpha
+    config["r"] = adapter.rank
+    config["lora_alpha"] = int(alpha) if float(alpha).is_integer() else alpha
+    config["peft_type"] = "LORA"
+    config["target_modules"] = list(adapter.target_modules)
+    return config
+
+
+def write_engine_layout(adapter: ValidatedAdapter, dest: Path) -> list[ExportedFile]:
+    """Write adapter_config.json and adapter_model.safetensors into `dest`; return them sorted by name.
+
+    Tensors are copied with their names sorted, one at a time, as raw bytes (bit-identical,
+    whatever the input layout). Each file is written to a temporary name and renamed, so a
+    crash never leaves a half-written file under its final name. policy_record.json is the
+    caller's.
+    """
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+
+    config_bytes = (json.dumps(engine_config(adapter), sort_keys=True, indent=2) + "\n").encode("utf-8")
+    _write_atomic(dest / CONFIG_NAME, config_bytes)
+
+    # The headers were checked by validation; a header can be no longer than its file.
+    headers = [read_header(path, max_header_bytes=path.stat().st_size) for path in adapter.tensor_files]
+    source: dict[str, SafetensorsHeader] = {name: header for header in headers for name in header.tensors}
+
+    def tensors() -> Iterator[tuple[str, str, tuple[int, ...], bytes]]:
+        for name in sorted(source):
+            header = source[name]
+            info = header.tensors[name]
+            yield name, info.dtype, info.shape, tensor_bytes(header, name)
+
+    write_safetensors(dest / PEFT_TENSOR_FILE, tensors(), metadata=SAFETENSORS_METADATA)
+
+    return [
+        ExportedFile(name=name, sha256=sha256_file(dest / name), size_bytes=(dest / name).stat().st_size)
+        for name in sorted((CONFIG_NAME, PEFT_TENSOR_FILE))
+    ]
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise

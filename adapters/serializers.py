@@ -1,0 +1,171 @@
+from __future__ import annotations
+
+import re
+
+from rest_framework import serializers
+
+from adapters.models import Adapter, AdapterRevision, Alias, Approval, BaseModel
+
+ADAPTER_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+
+
+def _label(revision: AdapterRevision | None) -> str | None:
+    return f"r{revision.number}" if revision is not None else None
+
+
+class BaseModelSerializer(serializers.ModelSerializer):
+    num_layers = serializers.IntegerField(source="config.num_layers", read_only=True)
+    num_experts = serializers.IntegerField(source="config.num_experts", read_only=True)
+
+    class Meta:
+        model = BaseModel
+        fields = ["name", "architecture", "max_lora_rank", "num_layers", "num_experts"]
+
+
+class AliasSerializer(serializers.ModelSerializer):
+    revision = serializers.SerializerMethodField()
+    desired_revision = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Alias
+        fields = ["name", "revision", "desired_revision", "rollback_pending", "updated_by", "updated_at"]
+
+    def get_revision(self, alias: Alias) -> str | None:
+        return _label(alias.revision)
+
+    def get_desired_revision(self, alias: Alias) -> str | None:
+        return _label(alias.desired_revision)
+
+
+class AdapterSerializer(serializers.ModelSerializer):
+    base_model = serializers.CharField(source="base_model.name")
+    aliases = AliasSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Adapter
+        fields = ["name", "base_model", "description", "created_at", "revision_counter", "aliases"]
+
+
+class AdapterCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=64)
+    base_model = serializers.CharField(max_length=200)
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+
+    def validate_name(self, value: str) -> str:
+        if not ADAPTER_NAME.match(value):
+            raise serializers.ValidationError(
+                "Use 1-64 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit."
+            )
+        return value
+
+
+class RevisionSerializer(serializers.ModelSerializer):
+    revision = serializers.SerializerMethodField()
+    parent = serializers.SerializerMethodField()
+    registered_by = serializers.SerializerMethodField()
+    failure = serializers.SerializerMethodField()
+
+    class Meta:
+        model = AdapterRevision
+        fields = [
+            "number",
+            "revision",
+            "state",
+            "rank",
+            "alpha",
+            "target_modules",
+            "training_step",
+            "parent",
+            "size_bytes",
+            "sha256",
+            "registered_by",
+            "created_at",
+            "validated_at",
+            "exported_at",
+            "decided_at",
+            "updated_at",
+            "failure",
+        ]
+
+    def get_revision(self, revision: AdapterRevision) -> str:
+        return f"r{revision.number}"
+
+    def get_parent(self, revision: AdapterRevision) -> str | None:
+        return _label(revision.parent)
+
+    def get_registered_by(self, revision: AdapterRevision) -> str | None:
+        if revision.created_by_key is not None:
+            return f"key:{revision.created_by_key.prefix}"
+        return revision.created_by.get_username() if revision.created_by else None
+
+    def get_failure(self, revision: AdapterRevision) -> dict | None:
+        if not revision.failure_code and not revision.failure_reason:
+            return None
+        return {"code": revision.failure_code, "reason": revision.failure_reason}
+
+
+class ApprovalSerializer(serializers.ModelSerializer):
+    decided_by = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Approval
+        fields = ["decision", "decided_by", "comment", "decided_at"]
+
+    def get_decided_by(self, approval: Approval) -> str | None:
+        if approval.decided_by_key is not None:
+            return f"key:{approval.decided_by_key.prefix}"
+        return approval.decided_by.get_username() if approval.decided_by else None
+
+
+class RevisionDetailSerializer(RevisionSerializer):
+    approvals = ApprovalSerializer(many=True, read_only=True)
+
+    class Meta(RevisionSerializer.Meta):
+        fields = [*RevisionSerializer.Meta.fields, "export_uri", "policy_record", "approvals"]
+
+
+class AdapterDetailSerializer(AdapterSerializer):
+    latest_revisions = serializers.SerializerMethodField()
+
+    class Meta(AdapterSerializer.Meta):
+        fields = [*AdapterSerializer.Meta.fields, "latest_revisions"]
+
+    def get_latest_revisions(self, adapter: Adapter) -> list[dict]:
+        return RevisionSerializer(self.context["latest_revisions"], many=True).data
+
+
+class RevisionRegisterSerializer(serializers.Serializer):
+    """Metadata sent with a registration, as multipart fields or JSON."""
+
+    source_uri = serializers.CharField(required=False, max_length=500)
+    training_step = serializers.IntegerField(required=False, min_value=0, allow_null=True)
+    parent = serializers.IntegerField(required=False, min_value=1, allow_null=True, help_text="Parent number (n of rn)")
+
+
+class RevisionNumberField(serializers.Field):
+    """A revision as 3, "3" or "r3"."""
+
+    default_error_messages = {"invalid": 'Name a revision as a number or as r<number>, e.g. 3 or "r3".'}
+
+    def to_internal_value(self, data) -> int:
+        text = str(data).strip().removeprefix("r")
+        if not text.isdigit() or int(text) < 1:
+            self.fail("invalid")
+        return int(text)
+
+    def to_representation(self, value: int) -> str:
+        return f"r{value}"
+
+
+class DecisionSerializer(serializers.Serializer):
+    comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+
+
+class ActivateSerializer(serializers.Serializer):
+    revision = RevisionNumberField()
+    alias = serializers.RegexField(r"^[a-z][a-z0-9_-]{0,31}$", required=False, default=Alias.PRODUCTION)
+
+
+class RollbackSerializer(serializers.Serializer):
+    revision = RevisionNumberField(required=False, allow_null=True)
+    alias = serializers.RegexField(r"^[a-z][a-z0-9_-]{0,31}$", required=False, default=Alias.PRODUCTION)

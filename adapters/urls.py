@@ -1,0 +1,26 @@
+from django.urls import path
+
+from adapters import apis
+
+urlpatterns = [
+    path("base-models/", apis.BaseModelListApi.as_view(), name="base-models"),
+    path("adapters/", apis.AdapterListCreateApi.as_view(), name="adapters"),
+    path("adapters/<str:name>/", apis.AdapterDetailApi.as_view(), name="adapter-detail"),
+    path("adapters/<str:name>/activate/", apis.AdapterActivateApi.as_view(), name="adapter-activate"),
+    path("adapters/<str:name>/rollback/", apis.AdapterRollbackApi.as_view(), name="adapter-rollback"),
+    path("adapters/<str:name>/revisions/", apis.RevisionListRegisterApi.as_view(), name="revisions"),
+    path("adapters/<str:name>/revisions/<int:number>/", apis.RevisionDetailApi.as_view(), name="revision-detail"),
+    path(
+        "adapters/<str:name>/revisions/<int:number>/request-approval/",
+        apis.RevisionRequestApprovalApi.as_view(),
+        name="revision-request-approval",
+    ),
+    path(
+        "adapters/<str:name>/revisions/<int:number>/approve/",
+        apis.RevisionApproveApi.as_view(),
+        name="revision-approve",
+    ),
+    path(
+        "adapters/<str:name>/revisions/<int:number>/reject/", apis.RevisionRejectApi.as_view(), name="revision-reject"
+    ),
+]

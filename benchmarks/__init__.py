@@ -1,0 +1,1 @@
+"""Benchmarks: one script per figure (`python -m benchmarks.<name>`), JSON results in benchmarks/results/."""

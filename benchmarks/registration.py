@@ -1,0 +1,156 @@
+"""Registration latency over HTTP against PostgreSQL, with 1 and 16 concurrent clients.
+
+(a) `source_uri`: the artifact is already in the store; registration only records it.
+(b) a 10 MB multipart upload, streamed into the store.
+The MinT paper reports 1.66 s to register a revision; the target for (a) is p95 < 50 ms.
+
+    python -m benchmarks.registration [--quick]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from benchmarks.common import (
+    BASE_DIR,
+    bench_database_url,
+    manage,
+    parser,
+    recreate_database,
+    summary_ms,
+    wait_http,
+    write_result,
+)
+from mint_site.launcher import Supervisor, free_port
+
+SETUP = """
+import json, os
+from adapters.models import Adapter, BaseModel
+from tenants import services
+from tenants.access import Actor
+from tenants.management.commands._util import get_or_create_user
+owner, _ = get_or_create_user("bench-owner")
+tenant = services.tenant_create(slug="bench", owner=owner, by=Actor.system())
+base = BaseModel.objects.create(name="bench-base", architecture="dense", max_lora_rank=16, config={
+    "architecture": "dense", "num_layers": 2, "num_experts": 0,
+    "module_shapes": {"q_proj": [64, 64], "v_proj": [64, 32]}, "expert_module_shapes": {}})
+for i in range(32):
+    Adapter.objects.create(tenant=tenant, name=f"bot-{i}", base_model=base)
+_, token = services.api_key_create(tenant=tenant, name="bench", scopes=["pipeline"], created_by=owner,
+                                   by=Actor.system())
+print(json.dumps({"token": token, "tenant_id": tenant.id}))
+"""
+
+
+def run(clients: int, requests_per_client: int, send) -> list[float]:
+    timings: list[float] = []
+    lock = threading.Lock()
+
+    def client(index: int) -> None:
+        with httpx.Client(timeout=60) as http:
+            for i in range(requests_per_client):
+                started = time.perf_counter()
+                response = send(http, index, i)
+                elapsed = time.perf_counter() - started
+                if response.status_code != 201:
+                    raise RuntimeError(f"registration failed: {response.status_code} {response.text[:300]}")
+                with lock:
+                    timings.append(elapsed)
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))
+    return timings
+
+
+def main() -> int:
+    args = parser(__doc__).parse_args()
+    work = Path(tempfile.mkdtemp(prefix="mint-bench-registration-"))
+    db_url = bench_database_url("mint_bench_registration")
+    recreate_database(db_url)
+    env = os.environ | {
+        "DATABASE_URL": db_url,
+        "MINT_VAR_DIR": str(work / "var"),
+        "MINT_ARTIFACT_ROOT": str(work / "artifacts"),
+        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0] + "/14",
+        "MINT_LOG_LEVEL": "WARNING",
+    }
+    manage("migrate", "--noinput", env=env)
+    setup = json.loads(
+        subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", SETUP],
+            cwd=BASE_DIR,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    token, tenant_id = setup["token"], setup["tenant_id"]
+    incoming = work / "artifacts" / f"t/{tenant_id}/incoming/run"
+    incoming.mkdir(parents=True)
+    (incoming / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 4}')
+    (incoming / "adapter_model.safetensors").write_bytes(os.urandom(1024))
+    upload = os.urandom(10 * 1024 * 1024)
+
+    port = free_port()
+    supervisor = Supervisor(work / "log")
+    try:
+        supervisor.start(
+            "web",
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "mint_site.asgi:application"],
+            env=env,
+        )
+        base = f"http://127.0.0.1:{port}"
+        wait_http(f"{base}/healthz")
+        headers = {"Authorization": f"Bearer {token}"}
+
+        def by_uri(http, index, i):
+            return http.post(
+                f"{base}/api/v1/adapters/bot-{index}/revisions/",
+                headers=headers,
+                json={"source_uri": f"t/{tenant_id}/incoming/run/", "training_step": i},
+            )
+
+        def by_upload(http, index, i):
+            files = [("files", ("adapter_model.safetensors", upload)), ("files", ("adapter_config.json", b"{}"))]
+            return http.post(f"{base}/api/v1/adapters/bot-{index}/revisions/", headers=headers, files=files)
+
+        per_client = 5 if args.quick else 100
+        uploads_per_client = 2 if args.quick else 10
+        run(1, 3, by_uri)  # warm up connections and caches
+        figures = {
+            "source_uri": {
+                "clients_1": summary_ms(run(1, per_client * 4, by_uri)),
+                "clients_16": summary_ms(run(16, per_client, by_uri)),
+            },
+            "upload_10mb": {
+                "clients_1": summary_ms(run(1, uploads_per_client * 2, by_upload)),
+                "clients_16": summary_ms(run(16, uploads_per_client, by_upload)),
+            },
+        }
+    finally:
+        supervisor.stop_all()
+        shutil.rmtree(work, ignore_errors=True)
+    figures["paper"] = {"register_s": 1.66}
+    figures["target"] = {"source_uri_clients_1_p95_ms": 50}
+    figures["server"] = "daphne, one process"
+    path = write_result("registration", figures, quick=args.quick, out_dir=args.out)
+    print(path.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
