@@ -1,9 +1,12 @@
-"""Serving nodes and what they hold."""
+"""Serving nodes and what they hold: one `Placement` per (node, revision)."""
 
 from __future__ import annotations
 
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
+
+from adapters.models import AdapterRevision, BaseModel
 
 
 class AgentPing(models.Model):
@@ -16,3 +19,106 @@ class AgentPing(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hostname} on {self.queue}"
+
+
+class NodeState(models.TextChoices):
+    UP = "up", "Up"
+    DOWN = "down", "Down"
+    DRAINING = "draining", "Draining"
+
+
+class ServingNode(models.Model):
+    """A vLLM server with one base model resident, and the node agent (queue `node.<name>`) next to it."""
+
+    name = models.SlugField(max_length=63, unique=True)
+    base_model = models.ForeignKey(BaseModel, on_delete=models.PROTECT, related_name="nodes")
+    url = models.URLField(help_text="The vLLM OpenAI server, e.g. http://10.0.0.5:8000 (private network).")
+    served_model_name = models.CharField(max_length=200, help_text="The base model's name in that vLLM server.")
+    state = models.CharField(max_length=10, choices=NodeState.choices, default=NodeState.DOWN)
+    gpu_slots = models.PositiveIntegerField(help_text="vLLM --max-loras: adapters active in one batch.")
+    cpu_slots = models.PositiveIntegerField(help_text="vLLM --max-cpu-loras: adapters loaded on the node.")
+    max_lora_rank = models.PositiveIntegerField(default=16, help_text="vLLM --max-lora-rank.")
+    engine_flags = models.JSONField(default=list, blank=True, help_text="Extra vLLM flags this node runs with.")
+    cache_dir = models.CharField(max_length=500, help_text="Node-local directory the agent copies adapters into.")
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    engine_version = models.CharField(max_length=64, blank=True)
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.CheckConstraint(condition=Q(state__in=NodeState.values), name="node_state_valid")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def queue(self) -> str:
+        from mint_site.celery import node_queue
+
+        return node_queue(self.name)
+
+
+class PlacementState(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    LOADING = "loading", "Loading"
+    WARMING = "warming", "Warming"
+    READY = "ready", "Ready"
+    FAILED = "failed", "Failed"
+    EVICTING = "evicting", "Evicting"
+
+
+class Priority(models.IntegerChoices):
+    """Admission order: rollback > activation > cold request > speculative."""
+
+    SPECULATIVE = 10, "Speculative"
+    COLD_REQUEST = 20, "Cold request"
+    ACTIVATION = 30, "Activation"
+    ROLLBACK = 40, "Rollback"
+
+
+ACTIVE_STATES = (PlacementState.LOADING, PlacementState.WARMING)
+# Placements that take one of the node's cpu_slots.
+HOLDING_STATES = (PlacementState.QUEUED, PlacementState.LOADING, PlacementState.WARMING, PlacementState.READY,
+                  PlacementState.EVICTING)
+
+
+class Placement(models.Model):
+    """One revision on one node: queued → loading → warming → ready (or failed). Only `ready` is routed to."""
+
+    node = models.ForeignKey(ServingNode, on_delete=models.CASCADE, related_name="placements")
+    revision = models.ForeignKey(AdapterRevision, on_delete=models.CASCADE, related_name="placements")
+    state = models.CharField(max_length=10, choices=PlacementState.choices, default=PlacementState.QUEUED)
+    priority = models.PositiveSmallIntegerField(choices=Priority.choices, default=Priority.ACTIVATION)
+    queued_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    loaded_at = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    load_ms = models.FloatField(null=True, blank=True)
+    warm_ms = models.FloatField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    failure_reason = models.TextField(blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node", "revision"], name="placement_node_revision_unique"),
+            models.CheckConstraint(condition=Q(state__in=PlacementState.values), name="placement_state_valid"),
+        ]
+        indexes = [
+            models.Index(fields=["node", "state", "-priority", "queued_at"], name="placement_admission"),
+            models.Index(fields=["revision", "state"], name="placement_revision_state"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.revision} on {self.node}: {self.state}"
+
+    @property
+    def lora_name(self) -> str:
+        return lora_name(self.revision)
+
+
+def lora_name(revision: AdapterRevision) -> str:
+    """The immutable vLLM LoRA name of a revision; never reused (vLLM caches by name)."""
+    return f"t{revision.adapter.tenant_id}-a{revision.adapter_id}-r{revision.number}"
