@@ -223,6 +223,15 @@ def revision_register(
     return revision
 
 
+def _notify_serving(alias_id: int) -> None:
+    """Tell the serving plane an alias wants a new revision (by task name: adapters does not import serving)."""
+    from celery import current_app
+
+    task = current_app.tasks.get("serving.tasks.alias_converge")
+    if task is not None:
+        task.delay(alias_id=alias_id)
+
+
 def _enqueue(task_name: str, revision_id: int) -> None:
     from adapters import tasks  # tasks import services; import late to keep the module graph one-way
 
@@ -425,6 +434,7 @@ def revision_activate(
         before=before,
         after={"revision": _label(target.revision), "desired": _label(revision)},
     )
+    transaction.on_commit(lambda: _notify_serving(target.id))
     return target
 
 
@@ -468,6 +478,7 @@ def revision_rollback(
     )
     if not export_is_complete(goal):
         transaction.on_commit(lambda: _enqueue("revision_export", goal.id))
+    transaction.on_commit(lambda: _notify_serving(target.id))
     return target
 
 

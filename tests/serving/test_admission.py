@@ -1,0 +1,181 @@
+"""Admission: priority order, the per-node cold-load limit under concurrent claimers, eviction, reconcile."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from unittest import mock
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from adapters.models import Alias
+from serving import services
+from serving.models import NodeState, Placement, Priority
+from tests.serving.conftest import make_live, place
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def sent():
+    """The tasks admission would send to node agents, recorded instead of sent."""
+    with mock.patch("serving.services._send") as send:
+        yield send
+
+
+def test_admission_order_is_rollback_activation_cold_speculative_then_fifo(node, make_revision, settings):
+    settings.MINT_NODE_COLD_LOADS = 1
+    order = [Priority.SPECULATIVE, Priority.COLD_REQUEST, Priority.ACTIVATION, Priority.ROLLBACK, Priority.ACTIVATION]
+    placements = [place(node, make_revision(i + 1), "queued", priority=p) for i, p in enumerate(order)]
+    admitted = []
+    for _ in placements:
+        (claimed,) = services.admit(node_id=node.id)
+        admitted.append(claimed)
+        Placement.objects.filter(id=claimed).update(state="ready")
+    expected = [placements[3], placements[2], placements[4], placements[1], placements[0]]
+    assert admitted == [p.id for p in expected]
+
+
+def test_admission_respects_the_cold_load_limit(node, make_revision, settings, sent):
+    settings.MINT_NODE_COLD_LOADS = 2
+    for i in range(5):
+        place(node, make_revision(i + 1), "queued")
+    assert len(services.admit(node_id=node.id)) == 2
+    assert services.admit(node_id=node.id) == []
+    assert Placement.objects.filter(state="loading").count() == 2
+
+
+def test_admission_skips_nodes_that_are_not_up(node, make_revision):
+    place(node, make_revision(1), "queued")
+    for state in (NodeState.DOWN, NodeState.DRAINING):
+        node.state = state
+        node.save()
+        assert services.admit(node_id=node.id) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_per_node_limit_holds_under_concurrent_claimers(node, make_revision, settings, sent):
+    assert connection.vendor == "postgresql"
+    settings.MINT_NODE_COLD_LOADS = 2
+    for i in range(12):
+        place(node, make_revision(i + 1), "queued")
+    barrier = threading.Barrier(8)
+    claimed: list[int] = []
+
+    def claimer() -> None:
+        try:
+            barrier.wait()
+            claimed.extend(services.admit(node_id=node.id))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claimer) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(claimed) == len(set(claimed)) == 2
+    assert Placement.objects.filter(state="loading").count() == 2
+    assert sent.call_count == 2
+
+
+def test_request_places_on_a_node_with_room_and_queues_admission(node, make_revision, sent):
+    with mock.patch("serving.services.admit"):
+        placement = services.placement_request(revision=make_revision(1), priority=Priority.ACTIVATION)
+    assert placement.node == node and placement.state == "queued"
+
+
+def test_request_again_keeps_one_placement_with_the_higher_priority(node, make_revision):
+    revision = make_revision(1)
+    first = services.placement_request(revision=revision, priority=Priority.COLD_REQUEST)
+    Placement.objects.filter(id=first.id).update(state="queued")
+    again = services.placement_request(revision=revision, priority=Priority.ROLLBACK)
+    assert again.id == first.id
+    assert Placement.objects.get(id=first.id).priority == Priority.ROLLBACK
+    assert Placement.objects.count() == 1
+
+
+def test_no_up_node_means_no_placement(node, make_revision):
+    node.state = NodeState.DOWN
+    node.save()
+    assert services.placement_request(revision=make_revision(1), priority=Priority.ACTIVATION) is None
+
+
+def test_eviction_takes_the_least_recently_used_unprotected_placement(
+    node, make_revision, sent, django_capture_on_commit_callbacks
+):
+    now = timezone.now()
+    live, old, recent = make_revision(1), make_revision(2), make_revision(3)
+    make_live(live)
+    place(node, live, "ready", last_used_at=now - timedelta(hours=5))  # oldest, but live
+    old_placement = place(node, old, "ready", last_used_at=now - timedelta(hours=1))
+    place(node, recent, "ready", last_used_at=now)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        newcomer = services.placement_request(revision=make_revision(4), priority=Priority.ACTIVATION)
+    assert newcomer is not None
+    assert Placement.objects.get(id=old_placement.id).state == "evicting"
+    unloads = [c for c in sent.call_args_list if c.args[0] == "serving.tasks.placement_unload"]
+    assert [c.kwargs["placement_id"] for c in unloads] == [old_placement.id]
+
+
+def test_the_previous_live_revision_is_protected_during_its_grace(node, make_revision, settings):
+    now = timezone.now()
+    previous, live, other = make_revision(1), make_revision(2), make_revision(3)
+    alias = make_live(live)
+    Alias.objects.filter(id=alias.id).update(previous_revision=previous, updated_at=now)
+    place(node, previous, "ready", last_used_at=now - timedelta(hours=2))
+    other_placement = place(node, other, "ready", last_used_at=now - timedelta(hours=1))
+    assert services.eviction_victim(node, protected=services.protected_revision_ids()) == other_placement
+
+    settings.MINT_ROLLBACK_GRACE_S = 60
+    Alias.objects.filter(id=alias.id).update(updated_at=now - timedelta(minutes=5))
+    victim = services.eviction_victim(node, protected=services.protected_revision_ids())
+    assert victim.revision == previous
+
+
+def test_a_full_node_of_protected_adapters_refuses(node, make_revision):
+    for i in range(3):
+        revision = make_revision(i + 1)
+        make_live(revision) if i == 0 else Alias.objects.create(
+            adapter=revision.adapter, name=f"a{i}", revision=revision, desired_revision=revision
+        )
+        place(node, revision, "ready")
+    assert services.placement_request(revision=make_revision(9), priority=Priority.ACTIVATION) is None
+
+
+def test_ready_placement_flips_the_alias_that_wants_it(node, make_revision):
+    old, new = make_revision(1), make_revision(2)
+    make_live(old, desired=new)
+    placement = place(node, new, "warming")
+    assert services.placement_ready(placement=placement, warm_ms=12.0)
+    alias = Alias.objects.get()
+    assert (alias.revision, alias.previous_revision) == (new, old)
+
+
+def test_failed_prewarm_is_retried_then_marked_failed(node, make_revision, settings):
+    settings.MINT_PREWARM_ATTEMPTS = 2
+    placement = place(node, make_revision(1), "loading", attempts=1)
+    assert services.placement_failed(placement=placement, reason="boom") == "queued"
+    placement.refresh_from_db()
+    Placement.objects.filter(id=placement.id).update(state="loading", attempts=2)
+    placement.refresh_from_db()
+    assert services.placement_failed(placement=placement, reason="boom again") == "failed"
+    assert Placement.objects.get(id=placement.id).failure_reason == "boom again"
+
+
+def test_reconcile_requeues_lost_live_placements_and_forgets_the_rest(node, make_revision):
+    from serving.models import lora_name
+
+    live, idle, present = make_revision(1), make_revision(2), make_revision(3)
+    make_live(live)
+    lost_live = place(node, live, "ready")
+    lost_idle = place(node, idle, "ready")
+    kept = place(node, present, "ready")
+    result = services.node_reconcile(node=node, loaded={"test-dense", lora_name(present)})
+    assert result == {"requeued": 1, "forgotten": 1}
+    assert Placement.objects.get(id=lost_live.id).state in ("queued", "loading")
+    assert not Placement.objects.filter(id=lost_idle.id).exists()
+    assert Placement.objects.get(id=kept.id).state == "ready"
