@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 from django.db import connection
 
-from mint_site.launcher import BASE_DIR, Supervisor
+from mint_site.launcher import BASE_DIR, Supervisor, free_port, http_ok, wait_for
 
 
 def database_url_of_test_db() -> str:
@@ -55,6 +56,98 @@ def start_worker(supervisor, transactional_db):
         return supervisor.start(name, argv, env=env)
 
     return start
+
+
+@pytest.fixture
+def start_web(supervisor, transactional_db):
+    """Start the real ASGI server (daphne) against the test database. Returns its base URL."""
+
+    def start(extra_env: dict[str, str] | None = None) -> str:
+        port = free_port()
+        env = os.environ | {"DATABASE_URL": database_url_of_test_db()} | (extra_env or {})
+        supervisor.start(
+            "web",
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "mint_site.asgi:application"],
+            env=env,
+        )
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: http_ok(f"{base}/healthz"), timeout=60, what="daphne")
+        return base
+
+    return start
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    from adapters.tiny import make_tiny_model
+
+    return make_tiny_model("dense", tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+def make_peft_adapter(model_dir: Path, dest: Path, *, seed: int) -> Path:
+    """A LoRA adapter made by the `peft` library for the tiny model, with random (non-zero) weights."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False)
+    get_peft_model(model, config).save_pretrained(dest)
+    return dest
+
+
+class Engine:
+    """One real vLLM CPU server for the whole test session (it takes about a minute to start)."""
+
+    def __init__(self, supervisor: Supervisor, model_dir: Path):
+        self.supervisor = supervisor
+        self.model_dir = model_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        from serving.local_node import start_engine
+
+        start_engine(
+            self.supervisor,
+            "vllm",
+            model_dir=self.model_dir,
+            port=self.port,
+            served_name="tiny-llama",
+            max_loras=4,
+            max_cpu_loras=8,
+            max_lora_rank=16,
+        )
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        from serving.local_node import STARTUP_TIMEOUT_S
+
+        wait_for(lambda: http_ok(f"{self.url}/health"), timeout=max(timeout, STARTUP_TIMEOUT_S), what="vLLM")
+
+    def kill(self) -> None:
+        for name, process in list(self.supervisor.children):
+            if name == "vllm":
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                self.supervisor.children.remove((name, process))
+
+    def log(self) -> str:
+        return log_of(self.supervisor, "vllm")[-5000:]
+
+
+@pytest.fixture(scope="session")
+def engine(tmp_path_factory, tiny_llama_dir):
+    sup = Supervisor(tmp_path_factory.mktemp("engine") / "log")
+    eng = Engine(sup, tiny_llama_dir)
+    eng.start()
+    try:
+        eng.wait_ready()
+    except TimeoutError:
+        sup.stop_all()
+        raise AssertionError(f"vLLM did not start:\n{eng.log()}") from None
+    yield eng
+    sup.stop_all()
 
 
 def log_of(supervisor: Supervisor, name: str) -> str:

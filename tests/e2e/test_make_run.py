@@ -36,7 +36,8 @@ def get(url: str, token: str | None = None) -> tuple[int, dict | str]:
 def test_launcher_serves_the_demo_and_stops_everything_on_ctrl_c(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env |= {"MINT_VAR_DIR": str(tmp_path / "var"), "MINT_PORT": str(port)}
+    # The vLLM node is exercised by test_serving.py; here the launcher's own services are checked.
+    env |= {"MINT_VAR_DIR": str(tmp_path / "var"), "MINT_PORT": str(port), "MINT_LOCAL_NODE": "0"}
     launcher = subprocess.Popen(
         [sys.executable, "-m", "mint_site.launcher"],
         cwd=BASE_DIR,

@@ -5,34 +5,14 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 
 from adapters.base_models import base_model_upsert
 from adapters.models import Adapter, AdapterRevision, Alias
-from adapters.tiny import make_tiny_model
 from tenants.access import Actor
 from tests.adapters.conftest import uploads_of
-from tests.e2e.conftest import log_of
+from tests.e2e.conftest import log_of, make_peft_adapter
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="session")
-def tiny_llama_dir(tmp_path_factory):
-    return make_tiny_model("dense", tmp_path_factory.mktemp("models") / "tiny-llama")
-
-
-def peft_adapter(model_dir, dest, *, seed: int):
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    peft_model = get_peft_model(
-        model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False)
-    )
-    peft_model.save_pretrained(dest)
-    return dest
 
 
 def test_peft_adapter_goes_from_upload_to_an_activated_alias(
@@ -40,7 +20,7 @@ def test_peft_adapter_goes_from_upload_to_an_activated_alias(
 ):
     base = base_model_upsert(name="tiny-llama", path=tiny_llama_dir, max_lora_rank=16, by=Actor.system())
     adapter = Adapter.objects.create(tenant=tenant_a.tenant, name="support-bot", base_model=base)
-    adapter_dir = peft_adapter(tiny_llama_dir, tmp_path / "peft", seed=1)
+    adapter_dir = make_peft_adapter(tiny_llama_dir, tmp_path / "peft", seed=1)
     start_worker("control", extra_env={"MINT_ARTIFACT_ROOT": str(artifact_root)})
 
     developer = tenant_a.client_as("key:pipeline")

@@ -1,0 +1,53 @@
+"""Platform API for staff: serving nodes. Not tenant data, so not on the tenant base class."""
+
+from __future__ import annotations
+
+from django.db.models import Count, Q
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.generics import GenericAPIView
+from rest_framework.permissions import IsAdminUser
+from rest_framework.response import Response
+
+from adapters.selectors import base_model_by_name
+from mint_site.errors import MintError
+from serving import services
+from serving.models import PlacementState, ServingNode
+from serving.serializers import ServingNodeCreateSerializer, ServingNodeSerializer
+from tenants.access import Actor
+
+
+class PlatformApi(GenericAPIView):
+    """Base for platform endpoints: signed-in staff only (API keys belong to tenants and never pass)."""
+
+    authentication_classes = [SessionAuthentication]
+    permission_classes = [IsAdminUser]
+
+
+class ServingNodeListCreateApi(PlatformApi):
+    """Serving nodes with their load; register one (it starts `down` until a heartbeat reaches it)."""
+
+    serializer_class = ServingNodeSerializer
+
+    def get_queryset(self):
+        return ServingNode.objects.select_related("base_model").annotate(
+            loaded=Count("placements", filter=Q(placements__state=PlacementState.READY)),
+            queued=Count("placements", filter=Q(placements__state=PlacementState.QUEUED)),
+        )
+
+    def get(self, request):
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(ServingNodeSerializer(page, many=True).data)
+
+    @extend_schema(request=ServingNodeCreateSerializer, responses={201: ServingNodeSerializer})
+    def post(self, request):
+        payload = ServingNodeCreateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        base = base_model_by_name(data.pop("base_model"))
+        if base is None:
+            raise MintError("base_model: no such base model.", code="unknown_base_model")
+        data["served_model_name"] = data["served_model_name"] or base.name
+        node = services.node_register(base_model=base, by=Actor(user=request.user), **data)
+        return Response(ServingNodeSerializer(self.get_queryset().get(id=node.id)).data, status=status.HTTP_201_CREATED)
