@@ -179,3 +179,13 @@ def test_reconcile_requeues_lost_live_placements_and_forgets_the_rest(node, make
     assert Placement.objects.get(id=lost_live.id).state in ("queued", "loading")
     assert not Placement.objects.filter(id=lost_idle.id).exists()
     assert Placement.objects.get(id=kept.id).state == "ready"
+
+
+def test_metrics_show_placements_by_state(node, make_revision, client):
+    place(node, make_revision(1), "ready", load_ms=12.5, warm_ms=40.0)
+    place(node, make_revision(2), "queued")
+    text = client.get("/metrics").content.decode()
+    assert 'mint_placements{node="node-1",state="ready"} 1.0' in text
+    assert 'mint_admission_queue_depth{node="node-1"} 1.0' in text
+    assert 'mint_placement_load_ms{node="node-1",stat="avg"} 12.5' in text
+    assert 'mint_node_up{node="node-1",state="up"} 1.0' in text
