@@ -12,6 +12,8 @@ from tenants.access import Actor
 from tenants.models import ApiKey, Role, Scope, Tenant
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
+pytest_plugins = ["tests.adapters.fixtures"]
+
 
 @pytest.fixture(autouse=True)
 def _celery_mode(request):

@@ -7,8 +7,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from adapters.models import AdapterRevision
 from tenants.models import AuditEvent
-from tests.adapters.conftest import uploads_of
 from tests.adapters.corpus import BAD_CASES, make_bad_adapter
+from tests.adapters.fixtures import uploads_of
 
 pytestmark = pytest.mark.django_db
 

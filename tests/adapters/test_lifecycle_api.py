@@ -13,8 +13,8 @@ from adapters import services
 from adapters.models import Adapter, AdapterRevision, Alias, Approval
 from tenants.access import Actor
 from tenants.models import AuditEvent
-from tests.adapters.conftest import uploads_of
 from tests.adapters.corpus import TINY_DENSE, TINY_MOE, make_archive, write_lora_adapter
+from tests.adapters.fixtures import uploads_of
 from tests.conftest import error_of
 
 pytestmark = pytest.mark.django_db(transaction=False)

@@ -8,7 +8,7 @@ import pytest
 
 from adapters import store, tasks
 from adapters.models import AdapterRevision
-from tests.adapters.conftest import uploads_of
+from tests.adapters.fixtures import uploads_of
 
 pytestmark = pytest.mark.django_db
 

@@ -13,8 +13,8 @@ import pytest
 from adapters.models import Adapter, AdapterRevision, Alias, BaseModel
 from mint_site.celery import app as celery_app
 from tenants.models import AuditEvent
-from tests.adapters.conftest import spec_config, uploads_of
 from tests.adapters.corpus import TINY_DENSE, write_lora_adapter
+from tests.adapters.fixtures import spec_config, uploads_of
 from tests.e2e.conftest import log_of
 
 pytestmark = pytest.mark.e2e

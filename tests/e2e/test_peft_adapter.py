@@ -9,7 +9,7 @@ import pytest
 from adapters.base_models import base_model_upsert
 from adapters.models import Adapter, AdapterRevision, Alias
 from tenants.access import Actor
-from tests.adapters.conftest import uploads_of
+from tests.adapters.fixtures import uploads_of
 from tests.e2e.conftest import log_of, make_peft_adapter
 
 pytestmark = pytest.mark.e2e

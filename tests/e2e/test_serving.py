@@ -17,7 +17,7 @@ from adapters.models import Adapter, AdapterRevision, Alias
 from serving import services as serving_services
 from serving.models import NodeState, Placement, ServingNode
 from tenants.access import Actor
-from tests.adapters.conftest import uploads_of
+from tests.adapters.fixtures import uploads_of
 from tests.e2e.conftest import log_of, make_peft_adapter
 
 pytestmark = pytest.mark.e2e

@@ -6,11 +6,10 @@ import pytest
 
 from adapters.models import AdapterRevision, Alias
 from serving.models import NodeState, Placement, ServingNode
-from tests.adapters.conftest import adapter_a, dense_base  # noqa: F401  (fixtures)
 
 
 @pytest.fixture
-def node(dense_base, tmp_path) -> ServingNode:  # noqa: F811
+def node(dense_base, tmp_path) -> ServingNode:
     return ServingNode.objects.create(
         name="node-1",
         base_model=dense_base,
@@ -24,7 +23,7 @@ def node(dense_base, tmp_path) -> ServingNode:  # noqa: F811
 
 
 @pytest.fixture
-def make_revision(adapter_a):  # noqa: F811
+def make_revision(adapter_a):
     def make(number: int, state: str = "approved") -> AdapterRevision:
         return AdapterRevision.objects.create(adapter=adapter_a, number=number, state=state, source_uri="x")
 

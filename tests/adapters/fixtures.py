@@ -1,4 +1,4 @@
-"""Fixtures for the adapter lifecycle: base models on the test specs, adapters, uploads."""
+"""Fixtures (loaded for the whole suite) for the adapter lifecycle: base models on the test specs, adapters, uploads."""
 
 from __future__ import annotations
 

@@ -1,0 +1,107 @@
+"""The node agent's two-phase prewarm, with vLLM faked at its HTTP edge only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+from adapters.models import AdapterRevision
+from serving import tasks
+from serving.models import Placement, lora_name
+from serving.vllm import VllmError
+from tests.adapters.fixtures import uploads_of
+from tests.serving.conftest import place
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def exported(tenant_a, adapter_a, good_adapter_dir, artifact_root, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        tenant_a.client_as("developer").post(
+            "/api/v1/adapters/support-bot/revisions/", {"files": uploads_of(good_adapter_dir)}, format="multipart"
+        )
+    revision = AdapterRevision.objects.get(number=1)
+    assert revision.state == "exported"
+    AdapterRevision.objects.filter(id=revision.id).update(state="approved")
+    revision.refresh_from_db()
+    return revision
+
+
+@pytest.fixture
+def engine():
+    with mock.patch("serving.tasks.VllmClient") as factory:
+        client = factory.return_value.__enter__.return_value
+        client.complete.return_value = " hello"
+        yield client
+
+
+def test_prewarm_fetches_verifies_loads_and_warms(node, exported, engine):
+    placement = place(node, exported, "loading", attempts=1)
+    tasks.placement_prewarm(placement_id=placement.id)
+
+    name = lora_name(exported)
+    cached = Path(node.cache_dir) / name
+    assert sorted(p.name for p in cached.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    engine.load_lora.assert_called_once_with(name, str(cached))
+    engine.complete.assert_called_once_with(name, tasks.WARMUP_PROMPT, max_tokens=1)
+    placement.refresh_from_db()
+    assert placement.state == "ready"
+    assert placement.load_ms > 0 and placement.warm_ms >= 0 and placement.ready_at is not None
+
+
+def test_prewarm_is_idempotent(node, exported, engine):
+    placement = place(node, exported, "ready")
+    tasks.placement_prewarm(placement_id=placement.id)
+    tasks.placement_prewarm(placement_id=999_999)
+    engine.load_lora.assert_not_called()
+
+
+def test_a_refused_load_is_retried_then_fails_with_the_reason(node, exported, engine, settings):
+    settings.MINT_PREWARM_ATTEMPTS = 2
+    engine.load_lora.side_effect = VllmError("load t1: rank 64 above --max-lora-rank 16", status=500)
+    placement = place(node, exported, "loading", attempts=1)
+    with mock.patch("serving.services._send"):
+        tasks.placement_prewarm(placement_id=placement.id)
+        placement.refresh_from_db()
+        assert placement.state in ("queued", "loading")  # queued again, maybe already re-admitted
+        Placement.objects.filter(id=placement.id).update(state="loading", attempts=2)
+        tasks.placement_prewarm(placement_id=placement.id)
+    placement.refresh_from_db()
+    assert placement.state == "failed"
+    assert "max-lora-rank" in placement.failure_reason
+
+
+def test_a_failed_warm_up_never_makes_the_placement_ready(node, exported, engine, settings):
+    settings.MINT_PREWARM_ATTEMPTS = 1
+    engine.complete.side_effect = VllmError("warm-up of t1: The model does not exist.", status=404)
+    placement = place(node, exported, "loading", attempts=1)
+    tasks.placement_prewarm(placement_id=placement.id)
+    placement.refresh_from_db()
+    assert placement.state == "failed" and placement.load_ms is not None
+
+
+def test_an_export_that_does_not_match_its_hashes_is_never_loaded(node, exported, engine, artifact_root, settings):
+    settings.MINT_PREWARM_ATTEMPTS = 1
+    tampered = artifact_root / exported.export_uri / "adapter_model.safetensors"
+    tampered.write_bytes(tampered.read_bytes()[:-4] + b"\0\0\0\0")
+    placement = place(node, exported, "loading", attempts=1)
+    tasks.placement_prewarm(placement_id=placement.id)
+    placement.refresh_from_db()
+    assert placement.state == "failed" and "SHA-256" in placement.failure_reason
+    engine.load_lora.assert_not_called()
+    assert not (Path(node.cache_dir) / lora_name(exported)).exists()
+
+
+def test_files_already_under_a_loaded_name_are_never_rewritten(node, exported, engine, settings):
+    settings.MINT_PREWARM_ATTEMPTS = 1
+    cached = Path(node.cache_dir) / lora_name(exported)
+    cached.mkdir(parents=True)
+    (cached / "adapter_config.json").write_text("{}")
+    placement = place(node, exported, "loading", attempts=1)
+    tasks.placement_prewarm(placement_id=placement.id)
+    placement.refresh_from_db()
+    assert placement.state == "failed" and "refusing" in placement.failure_reason
+    assert (cached / "adapter_config.json").read_text() == "{}"
