@@ -574,3 +574,47 @@ def parameter_count(model_dir: Path) -> int:
                     count *= dim
                 total += count
     return total
+
+
+def make_tiny_lora(
+    spec,
+    dest: Path,
+    *,
+    rank: int = 8,
+    alpha: float = 16.0,
+    targets: tuple[str, ...] = ("q_proj", "v_proj"),
+    seed: int = 0,
+) -> Path:
+    """A PEFT-layout LoRA adapter with random weights for a base model of `spec` (a BaseModelSpec).
+
+    For trying the platform without a trainer: `manage.py mint_demo_adapter` writes one.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(spec.num_layers):
+        for module in targets:
+            in_features, out_features = spec.module_shapes[module]
+            group = "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            prefix = f"base_model.model.model.layers.{layer}.{group}.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, in_features, generator=generator) / rank
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(out_features, rank, generator=generator)
+    dest.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()},
+        str(dest / "adapter_model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    config = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": alpha,
+        "target_modules": sorted(targets),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "task_type": "CAUSAL_LM",
+    }
+    (dest / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return dest

@@ -76,3 +76,15 @@ def test_validate_is_idempotent(
     from tenants.models import AuditEvent
 
     assert AuditEvent.objects.filter(action="revision.export").count() == 1
+
+
+def test_demo_adapter_command_writes_a_valid_adapter(dense_base, tmp_path):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from adapters.artifacts.validate import validate_adapter_dir
+
+    call_command("mint_demo_adapter", "--base-model", "test-dense", "--out", str(tmp_path / "a"), stdout=StringIO())
+    checked = validate_adapter_dir(tmp_path / "a", dense_base.spec)
+    assert (checked.rank, checked.target_modules) == (8, ["q_proj", "v_proj"])

@@ -24,6 +24,8 @@ class Command(BaseCommand):
         demo = Tenant.objects.filter(slug=tenant).first()
         if demo is None:
             demo = services.tenant_create(slug=tenant, name="Demo", owner=user, by=Actor.system())
+            # One person walks the whole loop in the demo; real tenants keep four-eyes on.
+            Tenant.objects.filter(id=demo.id).update(four_eyes=False)
         for old in ApiKey.objects.filter(tenant=demo, name=DEMO_KEY_NAME, revoked_at__isnull=True):
             services.api_key_revoke(key=old, by=Actor.system())
         _, token = services.api_key_create(
