@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 
+from asgiref.sync import iscoroutinefunction
 from django.http import HttpResponse
+from django.utils.decorators import sync_and_async_middleware
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 HTTP_REQUESTS = Counter(
@@ -24,17 +26,32 @@ def _route(request) -> str:
     return match.route if match is not None and match.route else "unmatched"
 
 
-class RequestMetricsMiddleware:
-    def __init__(self, get_response):
-        self.get_response = get_response
+def _observe(request, response, started: float) -> None:
+    route = _route(request)
+    HTTP_REQUESTS.labels(route, request.method, str(response.status_code)).inc()
+    HTTP_LATENCY.labels(route).observe(time.perf_counter() - started)
 
-    def __call__(self, request):
-        started = time.perf_counter()
-        response = self.get_response(request)
-        route = _route(request)
-        HTTP_REQUESTS.labels(route, request.method, str(response.status_code)).inc()
-        HTTP_LATENCY.labels(route).observe(time.perf_counter() - started)
-        return response
+
+@sync_and_async_middleware
+def RequestMetricsMiddleware(get_response):  # noqa: N802  (Django middleware factory)
+    """Counts and times every request by URL pattern; async-capable so gateway views stay on the event loop."""
+    if iscoroutinefunction(get_response):
+
+        async def middleware(request):
+            started = time.perf_counter()
+            response = await get_response(request)
+            _observe(request, response, started)
+            return response
+
+    else:
+
+        def middleware(request):
+            started = time.perf_counter()
+            response = get_response(request)
+            _observe(request, response, started)
+            return response
+
+    return middleware
 
 
 def metrics_view(request) -> HttpResponse:

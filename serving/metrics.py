@@ -16,6 +16,19 @@ log = logging.getLogger(__name__)
 
 
 class ServingCollector(Collector):
+    def describe(self):
+        # Without this, registering the collector would call collect(), querying the database at start-up.
+        return [
+            GaugeMetricFamily(name, doc)
+            for name, doc in (
+                ("mint_placements", "Placements by node and state."),
+                ("mint_admission_queue_depth", "Placements queued for admission."),
+                ("mint_node_up", "1 when the node is up, 0 otherwise."),
+                ("mint_placement_load_ms", "Phase-1 (fetch + load) time of ready placements."),
+                ("mint_placement_warm_ms", "Phase-2 (warm-up completion) time of ready placements."),
+            )
+        ]
+
     def collect(self):
         from serving.models import Placement, PlacementState, ServingNode
 

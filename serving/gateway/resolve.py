@@ -1,0 +1,393 @@
+"""From a bearer token and a `model` string to a tenant, a revision and the nodes that serve it.
+
+Both lookups are cached in-process for a short TTL so that a steady stream of requests
+for a ready adapter does no database query at all; a change (a revoked key, an alias
+flip, a placement becoming ready) is seen within that TTL. Misses run the ORM through
+`sync_to_async`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connections
+from django.utils import timezone
+
+from adapters.models import Adapter, AdapterRevision, Alias, RevisionState
+from serving.gateway import GatewayError, spawn
+from serving.models import NodeState, Placement, PlacementState, Priority, lora_name
+from tenants.access import Capability, key_access
+from tenants.auth import KeyRefused, authenticate_token
+from tenants.models import Scope
+
+log = logging.getLogger(__name__)
+
+# The same rules as adapter and alias names in the REST API (adapters/serializers.py).
+_ADAPTER = r"[a-z0-9][a-z0-9._-]{0,63}"
+_MODEL_RE = re.compile(
+    rf"^(?P<adapter>{_ADAPTER})(?::(?P<alias>[a-z][a-z0-9_-]{{0,31}})|@r(?P<number>[1-9][0-9]{{0,9}}))?$"
+)
+
+# A bound on each cache, so a flood of random tokens or model names cannot grow memory without limit.
+_MAX_ENTRIES = 10_000
+
+
+def cache_ttl() -> float:
+    return float(getattr(settings, "MINT_GATEWAY_CACHE_S", 1.0))
+
+
+def key_cache_ttl() -> float:
+    return float(getattr(settings, "MINT_GATEWAY_KEY_CACHE_S", 5.0))
+
+
+def not_ready_retry_after() -> int:
+    return int(getattr(settings, "MINT_GATEWAY_NOT_READY_RETRY_S", 5))
+
+
+class _TTLCache:
+    """A dict whose entries expire; process-local, shared by every event loop of the process."""
+
+    def __init__(self) -> None:
+        self._entries: dict[Any, tuple[float, Any]] = {}
+
+    def get(self, key: Any) -> tuple[bool, Any]:
+        entry = self._entries.get(key)
+        if entry is None:
+            return False, None
+        expires, value = entry
+        if expires <= time.monotonic():
+            self._entries.pop(key, None)
+            return False, None
+        return True, value
+
+    def put(self, key: Any, value: Any, ttl: float) -> None:
+        if len(self._entries) >= _MAX_ENTRIES:
+            now = time.monotonic()
+            self._entries = {k: e for k, e in self._entries.items() if e[0] > now}
+            if len(self._entries) >= _MAX_ENTRIES:
+                self._entries.clear()
+        self._entries[key] = (time.monotonic() + ttl, value)
+
+    def pop(self, key: Any) -> None:
+        self._entries.pop(key, None)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys
+
+
+@dataclass(frozen=True)
+class Caller:
+    """What the gateway needs to know about a live key, without holding ORM objects across requests."""
+
+    key_id: int
+    key_prefix: str
+    scopes: tuple[str, ...]
+    can_infer: bool
+    expires_at: datetime | None
+    tenant_id: int
+    tenant_slug: str
+    rate_limit_rpm: int
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    code: str
+    message: str
+
+
+_keys = _TTLCache()
+
+
+def _authenticate_sync(token: str) -> Caller:
+    key = authenticate_token(token)  # checks the secret, revocation, expiry, tenant; touches last_used_at
+    return Caller(
+        key_id=key.id,
+        key_prefix=key.prefix,
+        scopes=tuple(key.scopes),
+        can_infer=key_access(key).can(Capability.INFERENCE),
+        expires_at=key.expires_at,
+        tenant_id=key.tenant_id,
+        tenant_slug=key.tenant.slug,
+        rate_limit_rpm=key.tenant.rate_limit_rpm,
+    )
+
+
+async def authenticate(authorization: str) -> Caller:
+    """The caller an `Authorization` header names, or a 401/403 `GatewayError`.
+
+    Cached by the token's SHA-256 (never the token itself) for MINT_GATEWAY_KEY_CACHE_S:
+    a revoked key is refused within that time. Refusals are cached too, so a client
+    hammering with a bad key costs one query per TTL, not one per request.
+    """
+    kind, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if kind.lower() != "bearer" or not token:
+        raise GatewayError(
+            401, "missing_api_key", "Send an API key with scope inference as `Authorization: Bearer mint_…`."
+        )
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    hit, cached = _keys.get(digest)
+    if not hit:
+        try:
+            cached = await sync_to_async(_authenticate_sync)(token)
+        except KeyRefused as refused:
+            codes = refused.get_codes()
+            cached = _Refusal(codes if isinstance(codes, str) else "invalid_api_key", str(refused.detail))
+        _keys.put(digest, cached, key_cache_ttl())
+    if isinstance(cached, _Refusal):
+        # A fresh exception each time: re-raising one cached instance would grow its traceback forever.
+        raise GatewayError(401, cached.code, cached.message)
+    caller: Caller = cached
+    if caller.expires_at is not None and caller.expires_at <= timezone.now():
+        _keys.pop(digest)
+        raise GatewayError(
+            401,
+            "api_key_expired",
+            f"The API key mint_{caller.key_prefix}_… expired at {caller.expires_at.isoformat()}.",
+        )
+    if not caller.can_infer:
+        raise GatewayError(
+            403,
+            "insufficient_scope",
+            f"This key's scopes ({', '.join(caller.scopes) or 'none'}) do not allow inference; "
+            f"it needs a key with scope {Scope.INFERENCE}.",
+        )
+    return caller
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A parsed `model` string: `<adapter>`, `<adapter>:<alias>` or `<adapter>@r<n>`."""
+
+    adapter: str
+    alias: str | None = None
+    number: int | None = None
+
+    @property
+    def alias_name(self) -> str | None:
+        """The alias this names (`production` for a bare adapter), or None for a pinned revision."""
+        if self.number is not None:
+            return None
+        return self.alias or Alias.PRODUCTION
+
+
+def parse_model(value: Any) -> ModelRef:
+    """Parse a `model` string, or raise a 400 `GatewayError` that says what the forms are."""
+    if not isinstance(value, str) or not value:
+        raise GatewayError(400, "missing_model", "The request body must name a `model` (a string).")
+    match = _MODEL_RE.match(value)
+    if match is None:
+        raise GatewayError(
+            400,
+            "invalid_model",
+            f"`model` {value[:200]!r} is not valid: use <adapter>, <adapter>:<alias> or <adapter>@r<n>.",
+        )
+    number = match.group("number")
+    return ModelRef(adapter=match.group("adapter"), alias=match.group("alias"), number=int(number) if number else None)
+
+
+def model_not_found(model: str) -> GatewayError:
+    # The same answer whether the adapter does not exist or belongs to another tenant.
+    return GatewayError(
+        404, "model_not_found", f"The model {model[:200]!r} does not exist or you have no access to it."
+    )
+
+
+@dataclass(frozen=True)
+class Target:
+    """One ready placement of a revision: where to send a request and under which LoRA name."""
+
+    placement_id: int
+    node_name: str
+    node_url: str
+    lora_name: str
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """A revision a model string points at now, and its ready placements (possibly none)."""
+
+    adapter_id: int
+    adapter_name: str
+    revision_id: int
+    revision_number: int
+    lora_name: str
+    targets: tuple[Target, ...]
+
+
+class _NotFound(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class _AliasNotLive:
+    adapter_name: str
+    alias: str
+
+
+_resolutions = _TTLCache()
+_prewarmed = _TTLCache()  # revision id → True while a cold-request prewarm was asked for within the TTL
+
+
+def _resolve_sync(tenant_id: int, ref: ModelRef) -> Resolution | _AliasNotLive | None:
+    adapter = Adapter.objects.filter(tenant_id=tenant_id, name=ref.adapter).only("id", "name", "tenant_id").first()
+    if adapter is None:
+        return None
+    if ref.number is not None:
+        revision = AdapterRevision.objects.filter(
+            adapter=adapter, number=ref.number, state=RevisionState.APPROVED
+        ).first()
+        if revision is None:
+            return None
+    else:
+        alias = Alias.objects.filter(adapter=adapter, name=ref.alias_name).select_related("revision").first()
+        if alias is None or alias.revision is None:
+            return _AliasNotLive(adapter_name=adapter.name, alias=ref.alias_name)
+        revision = alias.revision
+    revision.adapter = adapter  # lora_name() reads the tenant through it; no extra query
+    name = lora_name(revision)
+    placements = (
+        Placement.objects.filter(revision=revision, state=PlacementState.READY, node__state=NodeState.UP)
+        .select_related("node")
+        .order_by("id")
+    )
+    targets = tuple(
+        Target(placement_id=p.id, node_name=p.node.name, node_url=p.node.url.rstrip("/"), lora_name=name)
+        for p in placements
+    )
+    return Resolution(
+        adapter_id=adapter.id,
+        adapter_name=adapter.name,
+        revision_id=revision.id,
+        revision_number=revision.number,
+        lora_name=name,
+        targets=targets,
+    )
+
+
+class NotReady(GatewayError):
+    """503 adapter_not_ready; carries the adapter name for metrics."""
+
+    def __init__(self, message: str, *, adapter_name: str):
+        super().__init__(503, "adapter_not_ready", message, headers={"Retry-After": str(not_ready_retry_after())})
+        self.adapter_name = adapter_name
+
+
+async def resolve(tenant_id: int, ref: ModelRef, model: str) -> Resolution:
+    """The revision `ref` names for this tenant and its ready targets, or a 404/503 `GatewayError`.
+
+    A revision with no ready placement answers 503 at once and asks (at most once per
+    revision per TTL, in the background) for a cold-request prewarm: no request ever
+    waits on a load.
+    """
+    key = (tenant_id, ref)
+    hit, found = _resolutions.get(key)
+    if not hit:
+        found = await sync_to_async(_resolve_sync)(tenant_id, ref)
+        _resolutions.put(key, found, cache_ttl())
+    if found is None:
+        raise model_not_found(model)
+    if isinstance(found, _AliasNotLive):
+        raise NotReady(
+            f"Adapter {found.adapter_name!r} has no live revision under alias {found.alias!r} yet.",
+            adapter_name=found.adapter_name,
+        )
+    if not found.targets:
+        schedule_prewarm(found.revision_id)
+        raise NotReady(
+            f"Revision r{found.revision_number} of adapter {found.adapter_name!r} is not loaded yet; "
+            "it is being prepared, retry shortly.",
+            adapter_name=found.adapter_name,
+        )
+    return found
+
+
+def forget(tenant_id: int, ref: ModelRef) -> None:
+    """Drop a cached resolution (a node said it does not hold the adapter after all)."""
+    _resolutions.pop((tenant_id, ref))
+
+
+def schedule_prewarm(revision_id: int) -> bool:
+    """Ask for a cold-request placement of a revision in the background, at most once per TTL. True if asked."""
+    hit, _ = _prewarmed.get(revision_id)
+    if hit:
+        return False
+    _prewarmed.put(revision_id, True, cache_ttl())
+    spawn(sync_to_async(_prewarm_sync, thread_sensitive=False)(revision_id), name=f"prewarm r{revision_id}")
+    return True
+
+
+def _prewarm_sync(revision_id: int) -> None:
+    from serving import services  # looked up at call time: the service may be patched or still being written
+
+    try:
+        revision = AdapterRevision.objects.select_related("adapter").filter(id=revision_id).first()
+        if revision is None:
+            return
+        services.placement_request(revision=revision, priority=Priority.COLD_REQUEST)
+    except Exception:
+        # The 503 already went out; the next cold request after the TTL asks again.
+        log.exception("cold-request prewarm of revision %s failed", revision_id)
+    finally:
+        # A pool thread outside any request: close its connection now, or CONN_MAX_AGE would keep it open there.
+        connections.close_all()
+
+
+# ---------------------------------------------------------------------------------------------
+# The model list
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    id: str
+    created: int
+
+
+_model_lists = _TTLCache()
+
+
+def _model_list_sync(tenant_id: int) -> tuple[ModelEntry, ...]:
+    aliases = (
+        Alias.objects.filter(adapter__tenant_id=tenant_id, revision__isnull=False)
+        .select_related("adapter")
+        .only("name", "adapter__name", "adapter__created_at")
+    )
+    entries = [
+        ModelEntry(
+            id=a.adapter.name if a.name == Alias.PRODUCTION else f"{a.adapter.name}:{a.name}",
+            created=int(a.adapter.created_at.timestamp()),
+        )
+        for a in aliases
+    ]
+    return tuple(sorted(entries, key=lambda e: e.id))
+
+
+async def model_list(tenant_id: int) -> tuple[ModelEntry, ...]:
+    """The tenant's servable model ids: each adapter with a live production alias, plus `<adapter>:<alias>`."""
+    hit, entries = _model_lists.get(tenant_id)
+    if not hit:
+        entries = await sync_to_async(_model_list_sync)(tenant_id)
+        _model_lists.put(tenant_id, entries, cache_ttl())
+    return entries
+
+
+def clear() -> None:
+    """Forget every cached key, resolution, model list and prewarm mark (tests)."""
+    for cache in (_keys, _resolutions, _prewarmed, _model_lists):
+        cache.clear()
