@@ -33,7 +33,7 @@ def _observe(request, response, started: float) -> None:
 
 
 @sync_and_async_middleware
-def RequestMetricsMiddleware(get_response):  # noqa: N802  (Django middleware factory)
+def RequestMetricsMiddleware(get_response):
     """Counts and times every request by URL pattern; async-capable so gateway views stay on the event loop."""
     if iscoroutinefunction(get_response):
 
