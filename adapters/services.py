@@ -224,12 +224,13 @@ def revision_register(
 
 
 def _notify_serving(alias_id: int) -> None:
-    """Tell the serving plane an alias wants a new revision (by task name: adapters does not import serving)."""
-    from celery import current_app
+    """Tell the serving plane an alias wants a new revision. Looked up by name: adapters does not import serving."""
+    from importlib import import_module
 
-    task = current_app.tasks.get("serving.tasks.alias_converge")
-    if task is not None:
-        task.delay(alias_id=alias_id)
+    from django.apps import apps
+
+    if apps.is_installed("serving"):
+        import_module("serving.tasks").alias_converge.delay(alias_id=alias_id)
 
 
 def _enqueue(task_name: str, revision_id: int) -> None:

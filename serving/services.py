@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, F, Q
@@ -37,7 +36,9 @@ P = PlacementState
 
 
 def _send(task: str, *, queue: str | None = None, countdown: float | None = None, **kwargs) -> None:
-    current_app.tasks[task].apply_async(kwargs=kwargs, queue=queue, countdown=countdown)
+    from serving import tasks  # tasks import this module; import them when sending
+
+    getattr(tasks, task.rsplit(".", 1)[-1]).apply_async(kwargs=kwargs, queue=queue, countdown=countdown)
 
 
 # ---------------------------------------------------------------- nodes

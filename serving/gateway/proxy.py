@@ -94,7 +94,8 @@ def _releaser(placement_id: int) -> Callable[[], None]:
 async def forward(*, path: str, body: dict[str, Any], resolution: Resolution, model: str) -> HttpResponse:
     """Send a completion request to a ready node and relay its answer, or raise a 502/503/504 `GatewayError`.
 
-    A failure before any byte came back is retried once on another ready target.
+    A failure before any byte came back is retried once on another ready target; when no target
+    can be reached at all the answer is 503 adapter_not_ready, like for any adapter not ready.
     """
     payload = json.dumps({**body, "model": resolution.lora_name}, ensure_ascii=False).encode()
     tried: set[int] = set()
@@ -134,7 +135,13 @@ async def forward(*, path: str, body: dict[str, Any], resolution: Resolution, mo
             release()
             await upstream.aclose()
             raise
-    raise GatewayError(502, "upstream_unavailable", "No serving node of this model could be reached; retry shortly.")
+    # Every ready node refused the connection (an engine died before the heartbeat saw it): for the
+    # caller that is an adapter not ready yet, and the heartbeat takes the node out of routing.
+    raise NotReady(
+        f"Revision r{resolution.revision_number} of adapter {resolution.adapter_name!r} has no reachable node "
+        "right now; retry shortly.",
+        adapter_name=resolution.adapter_name,
+    )
 
 
 async def _relay(

@@ -31,7 +31,7 @@ def supervisor(tmp_path: Path):
 def start_worker(supervisor, transactional_db):
     """Start a real Celery worker process on the given queues, against the test database."""
 
-    def start(*queues: str, name: str = "worker", extra_env: dict[str, str] | None = None):
+    def start(*queues: str, name: str = "worker", extra_env: dict[str, str] | None = None, beat: bool = False):
         env = os.environ | {"DATABASE_URL": database_url_of_test_db()} | (extra_env or {})
         argv = [
             sys.executable,
@@ -53,6 +53,8 @@ def start_worker(supervisor, transactional_db):
             "--without-mingle",
             "--without-gossip",
         ]
+        if beat:  # the heartbeat schedule, embedded in this worker
+            argv += ["-B", "--schedule", str(supervisor.log_dir / f"{name}-beat-schedule")]
         return supervisor.start(name, argv, env=env)
 
     return start

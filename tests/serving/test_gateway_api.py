@@ -546,16 +546,15 @@ def test_connection_error_on_the_first_target_retries_once_on_the_second(world):
     assert proxy.inflight[world.placement.id] == 0 and proxy.inflight[second.id] == 1
 
 
-def test_all_targets_unreachable_is_502(world):
+def test_all_targets_unreachable_is_not_ready(world):
     world.second_placement()
     world.vllm.down.update({"node-a.test", "node-b.test"})
 
     answer = complete(world.token)
 
-    assert answer.status == 502
+    assert answer.status == 503
     error = answer.error()
-    assert error["code"] == "upstream_unavailable"
-    assert error["type"] == "server_error"
+    assert error["code"] == "adapter_not_ready"
     assert "node-" not in error["message"]
     assert dict(proxy.inflight) == {}
 
@@ -566,7 +565,7 @@ def test_a_single_unreachable_target_is_not_retried_on_itself(world):
     transport = httpx.MockTransport(lambda request: attempts.append(request) or world.vllm(request))
     proxy.set_transport(transport)
 
-    assert complete(world.token).status == 502
+    assert complete(world.token).status == 503
     assert len(attempts) == 1
 
 
