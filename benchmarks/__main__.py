@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-BENCHMARKS = ["registration"]
+BENCHMARKS = ["registration", "gateway_overhead", "readiness_isolation"]
 
 
 def main() -> int:

@@ -1,0 +1,134 @@
+"""Readiness isolation: steady traffic on warm adapters while 32 new revisions are activated.
+
+Reports the steady traffic's p95 during the activations ÷ before (target ≤ 1.05: existing
+tenants unaffected) and each new adapter's first-request latency ÷ its warm latency
+(target ≤ 1.1: no cold load on the request path, because requests only reach ready placements).
+
+    python -m benchmarks.readiness_isolation [--quick]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import threading
+import time
+
+import httpx
+
+from benchmarks.common import parser, percentile, summary_ms, write_result
+from benchmarks.stack import Stack
+
+BODY = {"prompt": "Hello world", "max_tokens": 4, "temperature": 0}
+
+
+class Steady(threading.Thread):
+    """One client sending requests round-robin to warm adapters, recording (time, latency)."""
+
+    def __init__(self, url: str, token: str, models: list[str]):
+        super().__init__(daemon=True)
+        self.url, self.models = url, models
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.samples: list[tuple[float, float]] = []
+        self.errors = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(timeout=60) as http:
+            i = 0
+            while not self.stop.is_set():
+                started = time.perf_counter()
+                response = http.post(
+                    self.url, json=BODY | {"model": self.models[i % len(self.models)]}, headers=self.headers
+                )
+                elapsed = time.perf_counter() - started
+                if response.status_code == 200:
+                    self.samples.append((time.monotonic(), elapsed))
+                else:
+                    self.errors += 1
+                i += 1
+
+    def between(self, start: float, end: float) -> list[float]:
+        return [latency for at, latency in self.samples if start <= at < end]
+
+
+def first_and_warm(url: str, token: str, model: str, timeout: float = 120) -> tuple[float, float]:
+    """Latency of the first successful request to `model`, and the median of the next five."""
+    headers = {"Authorization": f"Bearer {token}"}
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=60) as http:
+        while time.monotonic() < deadline:
+            started = time.perf_counter()
+            response = http.post(url, json=BODY | {"model": model}, headers=headers)
+            first = time.perf_counter() - started
+            if response.status_code == 200:
+                warm = []
+                for _ in range(5):
+                    started = time.perf_counter()
+                    http.post(url, json=BODY | {"model": model}, headers=headers).raise_for_status()
+                    warm.append(time.perf_counter() - started)
+                return first, statistics.median(warm)
+            if response.status_code != 503:
+                raise RuntimeError(f"{model}: {response.status_code} {response.text[:200]}")
+            time.sleep(0.2)
+    raise TimeoutError(f"{model} never became ready")
+
+
+def main() -> int:
+    args = parser(__doc__).parse_args()
+    new_count = 4 if args.quick else 32
+    window = 3.0 if args.quick else 20.0
+    with Stack("readiness", cpu_slots=new_count + 8) as stack:
+        tenant, token = stack.tenant()
+        warm_models = []
+        for i in range(3):
+            adapter, revision = stack.approved_revision(tenant, f"steady-{i}", seed=100 + i)
+            stack.activate(adapter, revision)
+            stack.wait_live(adapter, revision)
+            warm_models.append(adapter.name)
+        fresh = [stack.approved_revision(tenant, f"new-{i}", seed=i) for i in range(new_count)]
+
+        url = f"{stack.web_url}/v1/completions"
+        steady = Steady(url, token, warm_models)
+        steady.start()
+        time.sleep(2.0)  # let the steady client settle
+        before_start = time.monotonic()
+        time.sleep(window)
+        during_start = time.monotonic()
+        for adapter, revision in fresh:
+            stack.activate(adapter, revision)
+        for adapter, revision in fresh:
+            stack.wait_live(adapter, revision, timeout=600)
+        during_end = max(time.monotonic(), during_start + 1.0)
+        steady.stop.set()
+        steady.join()
+        before = steady.between(before_start, during_start)
+        during = steady.between(during_start, during_end)
+
+        ratios = []
+        for adapter, _ in fresh:
+            first, warm = first_and_warm(url, token, adapter.name)
+            ratios.append(first / warm)
+
+    figures = {
+        "warm_adapters": len(warm_models),
+        "activated": new_count,
+        "activation_window_s": round(during_end - during_start, 2),
+        "steady_before": summary_ms(before),
+        "steady_during": summary_ms(during),
+        "steady_p95_ratio": round(percentile(during, 95) / percentile(before, 95), 4),
+        "steady_errors": steady.errors,
+        "first_over_warm": {
+            "median": round(statistics.median(ratios), 4),
+            "max": round(max(ratios), 4),
+            "p95": round(percentile(ratios, 95), 4),
+        },
+        "target": {"steady_p95_ratio": 1.05, "first_over_warm": 1.1},
+    }
+    path = write_result("readiness_isolation", figures, quick=args.quick, out_dir=args.out)
+    print(path.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""A private MinT serving stack for the serving benchmarks: its own PostgreSQL database and Redis
+database, a vLLM CPU engine on the generated tiny Llama, daphne, and one worker (control + node agent
++ beat). The benchmark process itself talks to the database through the ORM.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import bench_database_url, recreate_database, wait_http
+from mint_site.launcher import Supervisor, free_port
+
+NODE = "bench"
+
+
+class Stack:
+    def __init__(self, name: str, *, cpu_slots: int = 48, max_loras: int = 4):
+        self.work = Path(tempfile.mkdtemp(prefix=f"mint-bench-{name}-"))
+        self.db_url = bench_database_url(f"mint_bench_{name}")
+        redis = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0]
+        self.env = os.environ | {
+            "DATABASE_URL": self.db_url,
+            "REDIS_URL": f"{redis}/13",
+            "MINT_VAR_DIR": str(self.work / "var"),
+            "MINT_ARTIFACT_ROOT": str(self.work / "artifacts"),
+            "MINT_HEARTBEAT_S": "1",
+            "MINT_LOG_LEVEL": "WARNING",
+            "MINT_GATEWAY_CACHE_S": "1.0",
+        }
+        self.cpu_slots, self.max_loras = cpu_slots, max_loras
+        self.supervisor = Supervisor(self.work / "log")
+        self.vllm_url = self.web_url = ""
+
+    def __enter__(self) -> Stack:
+        recreate_database(self.db_url)
+        os.environ.update({k: v for k, v in self.env.items() if k.startswith(("DATABASE_URL", "REDIS_URL", "MINT_"))})
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mint_site.settings")
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        from mint_site.celery import app
+
+        with app.connection_for_write() as conn:
+            conn.default_channel.client.flushdb()
+        self._start()
+        return self
+
+    def _start(self) -> None:
+        from adapters.base_models import base_model_upsert
+        from adapters.tiny import make_tiny_model
+        from serving import services
+        from serving.local_node import start_engine
+        from tenants.access import Actor
+
+        model_dir = make_tiny_model("dense", self.work / "models" / "tiny-llama")
+        self.base = base_model_upsert(name="tiny-llama", path=model_dir, max_lora_rank=16, by=Actor.system())
+        vllm_port, web_port = free_port(), free_port()
+        start_engine(
+            self.supervisor,
+            "vllm",
+            model_dir=model_dir,
+            port=vllm_port,
+            served_name="tiny-llama",
+            max_loras=self.max_loras,
+            max_cpu_loras=self.cpu_slots,
+            max_lora_rank=16,
+        )
+        self.vllm_url, self.web_url = f"http://127.0.0.1:{vllm_port}", f"http://127.0.0.1:{web_port}"
+        services.node_register(
+            name=NODE,
+            base_model=self.base,
+            url=self.vllm_url,
+            served_model_name="tiny-llama",
+            gpu_slots=self.max_loras,
+            cpu_slots=self.cpu_slots,
+            max_lora_rank=16,
+            cache_dir=str(self.work / "node-cache"),
+            by=Actor.system(),
+        )
+        self.supervisor.start(
+            "web",
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port), "mint_site.asgi:application"],
+            env=self.env,
+        )
+        self.supervisor.start(
+            "worker",
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "mint_site",
+                "worker",
+                "-Q",
+                f"control,node.{NODE}",
+                "-c",
+                "2",
+                "-l",
+                "warning",
+                "-B",
+                "--schedule",
+                str(self.work / "beat-schedule"),
+            ],
+            env=self.env,
+        )
+        wait_http(f"{self.vllm_url}/health", timeout=400)
+        wait_http(f"{self.web_url}/healthz", timeout=60)
+        from serving.models import ServingNode
+
+        self.wait(lambda: ServingNode.objects.get(name=NODE).state == "up", what="node up", timeout=60)
+
+    def __exit__(self, *exc) -> None:
+        self.supervisor.stop_all()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    @staticmethod
+    def wait(predicate, *, what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"timed out waiting for {what}")
+
+    def tenant(self, slug: str = "bench"):
+        """A tenant (four-eyes relaxed, no rate limit to speak of) and an all-scope key token."""
+        from tenants import services
+        from tenants.access import Actor
+        from tenants.management.commands._util import get_or_create_user
+        from tenants.models import Tenant
+
+        owner, _ = get_or_create_user(f"{slug}-owner")
+        tenant = services.tenant_create(slug=slug, owner=owner, by=Actor.system())
+        Tenant.objects.filter(id=tenant.id).update(four_eyes=False, rate_limit_rpm=1_000_000, max_adapters=10_000)
+        tenant.refresh_from_db()
+        _, token = services.api_key_create(
+            tenant=tenant, name="bench", scopes=["inference", "pipeline", "deploy"], created_by=owner, by=Actor.system()
+        )
+        return tenant, token
+
+    def approved_revision(self, tenant, name: str, *, seed: int):
+        """An adapter with one revision taken through validation and export by the worker, then approved."""
+        from adapters import services
+        from adapters.models import Adapter, AdapterRevision
+        from adapters.tiny import make_tiny_lora
+        from tenants.access import Actor
+
+        adapter = Adapter.objects.filter(tenant=tenant, name=name).first() or services.adapter_create(
+            tenant=tenant, name=name, base_model=self.base, description="", by=Actor.system()
+        )
+        incoming = self.work / "artifacts" / f"t/{tenant.id}/incoming/{name}-{seed}"
+        make_tiny_lora(self.base.spec, incoming, rank=8, seed=seed)
+        revision = services.revision_register(
+            adapter=adapter, by=Actor.system(), source_uri=f"t/{tenant.id}/incoming/{name}-{seed}/"
+        )
+        self.wait(
+            lambda: AdapterRevision.objects.get(id=revision.id).state in ("exported", "failed"),
+            what=f"{name} exported",
+            timeout=120,
+        )
+        revision.refresh_from_db()
+        services.revision_request_approval(revision=revision, by=Actor.system())
+        services.revision_approve(revision=revision, by=Actor.system())
+        return adapter, revision
+
+    def activate(self, adapter, revision) -> None:
+        from adapters import services
+        from tenants.access import Actor
+
+        services.revision_activate(adapter=adapter, revision=revision, by=Actor.system())
+
+    def wait_live(self, adapter, revision, timeout: float = 120) -> None:
+        from adapters.models import Alias
+
+        self.wait(
+            lambda: Alias.objects.filter(adapter=adapter, revision=revision).exists(),
+            what=f"{adapter.name} live",
+            timeout=timeout,
+        )
