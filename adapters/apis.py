@@ -214,34 +214,30 @@ class RevisionRequestApprovalApi(_RevisionActionApi):
         return Response(RevisionDetailSerializer(self.get_revision(name, revision.number)).data)
 
 
-class RevisionApproveApi(_RevisionActionApi):
+class _RevisionDecisionApi(_RevisionActionApi):
+    capabilities = {"POST": Capability.DECIDE}
+    decide = None  # the service deciding
+
+    @extend_schema(request=DecisionSerializer, responses={200: RevisionDetailSerializer})
+    def post(self, request, name: str, number: int):
+        payload = DecisionSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        revision = type(self).decide(
+            revision=self.get_revision(name, number), by=request.access.actor, comment=payload.validated_data["comment"]
+        )
+        return Response(RevisionDetailSerializer(self.get_revision(name, revision.number)).data)
+
+
+class RevisionApproveApi(_RevisionDecisionApi):
     """pending_approval → approved. Four-eyes: not by whoever registered it (nor a key they created)."""
 
-    capabilities = {"POST": Capability.DECIDE}
-
-    @extend_schema(request=DecisionSerializer, responses={200: RevisionDetailSerializer})
-    def post(self, request, name: str, number: int):
-        payload = DecisionSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        revision = services.revision_approve(
-            revision=self.get_revision(name, number), by=request.access.actor, comment=payload.validated_data["comment"]
-        )
-        return Response(RevisionDetailSerializer(self.get_revision(name, revision.number)).data)
+    decide = services.revision_approve
 
 
-class RevisionRejectApi(_RevisionActionApi):
+class RevisionRejectApi(_RevisionDecisionApi):
     """pending_approval → rejected."""
 
-    capabilities = {"POST": Capability.DECIDE}
-
-    @extend_schema(request=DecisionSerializer, responses={200: RevisionDetailSerializer})
-    def post(self, request, name: str, number: int):
-        payload = DecisionSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        revision = services.revision_reject(
-            revision=self.get_revision(name, number), by=request.access.actor, comment=payload.validated_data["comment"]
-        )
-        return Response(RevisionDetailSerializer(self.get_revision(name, revision.number)).data)
+    decide = services.revision_reject
 
 
 class AdapterActivateApi(AdapterApiMixin, TenantApi):

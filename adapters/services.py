@@ -410,6 +410,24 @@ def _label(revision: AdapterRevision | None) -> str | None:
     return f"r{revision.number}" if revision is not None else None
 
 
+def _set_desired(target: Alias, revision: AdapterRevision, *, rollback: bool, by: Actor) -> None:
+    """Point a locked alias's desired revision at `revision`, and audit it as an activation or a rollback."""
+    before = {"revision": _label(target.revision), "desired": _label(target.desired_revision)}
+    target.desired_revision = revision
+    target.rollback_pending = rollback
+    target.updated_by = by.label
+    target.updated_at = timezone.now()
+    target.save(update_fields=["desired_revision", "rollback_pending", "updated_by", "updated_at"])
+    audit_record(
+        tenant=target.adapter.tenant,
+        actor=by,
+        action="alias.rollback" if rollback else "alias.activate",
+        target=f"alias:{target.adapter.name}:{target.name}",
+        before=before,
+        after={"revision": _label(target.revision), "desired": _label(revision)},
+    )
+
+
 @transaction.atomic
 def revision_activate(
     *, adapter: Adapter, revision: AdapterRevision, by: Actor, alias: str = Alias.PRODUCTION
@@ -421,20 +439,7 @@ def revision_activate(
             detail={"state": revision.state},
         )
     target = _locked_alias(adapter, alias, create=True)
-    before = {"revision": _label(target.revision), "desired": _label(target.desired_revision)}
-    target.desired_revision = revision
-    target.rollback_pending = False
-    target.updated_by = by.label
-    target.updated_at = timezone.now()
-    target.save(update_fields=["desired_revision", "rollback_pending", "updated_by", "updated_at"])
-    audit_record(
-        tenant=adapter.tenant,
-        actor=by,
-        action="alias.activate",
-        target=f"alias:{adapter.name}:{alias}",
-        before=before,
-        after={"revision": _label(target.revision), "desired": _label(revision)},
-    )
+    _set_desired(target, revision, rollback=False, by=by)
     transaction.on_commit(lambda: _notify_serving(target.id))
     return target
 
@@ -463,20 +468,7 @@ def revision_rollback(
         raise InvalidTransition(
             f"r{goal.number} is {goal.state}; rollback needs an approved revision.", detail={"state": goal.state}
         )
-    before = {"revision": _label(target.revision), "desired": _label(target.desired_revision)}
-    target.desired_revision = goal
-    target.rollback_pending = True
-    target.updated_by = by.label
-    target.updated_at = timezone.now()
-    target.save(update_fields=["desired_revision", "rollback_pending", "updated_by", "updated_at"])
-    audit_record(
-        tenant=adapter.tenant,
-        actor=by,
-        action="alias.rollback",
-        target=f"alias:{adapter.name}:{alias}",
-        before=before,
-        after={"revision": _label(target.revision), "desired": _label(goal)},
-    )
+    _set_desired(target, goal, rollback=True, by=by)
     if not export_is_complete(goal):
         transaction.on_commit(lambda: _enqueue("revision_export", goal.id))
     transaction.on_commit(lambda: _notify_serving(target.id))
