@@ -55,7 +55,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "mint_site.metrics.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "mint_site.static.StaticFilesMiddleware",  # WhiteNoise for /static/ only; keeps the rest async
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

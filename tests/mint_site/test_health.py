@@ -50,3 +50,19 @@ def test_unknown_api_route_is_a_json_404(client):
     response = client.get("/api/v1/no-such-thing/")
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "not_found"
+
+
+def test_static_files_are_served(client):
+    response = client.get("/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js")
+    assert response.status_code == 200
+    assert b"".join(response.streaming_content)[:100]
+
+
+def test_async_requests_stay_on_the_event_loop():
+    """No synchronous-only middleware: the async gateway must not be pushed into a thread per request."""
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    for path in settings.MIDDLEWARE:
+        middleware = import_string(path)
+        assert getattr(middleware, "async_capable", False), f"{path} is sync-only"
