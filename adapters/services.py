@@ -20,6 +20,7 @@ from adapters.models import Adapter, AdapterRevision, Alias, Approval, BaseModel
 from adapters.models import RevisionState as S
 from mint_site.errors import Conflict, Forbidden, InvalidTransition, MintError, NotFound, PayloadTooLarge, QuotaExceeded
 from tenants.access import Actor
+from tenants.events import live_event
 from tenants.models import Tenant
 from tenants.services import audit_record
 
@@ -63,6 +64,18 @@ def _transition(
         target=_target(revision),
         before={"state": before},
         after={"state": to, **(extra_after or {})},
+    )
+    failure = (
+        {"failure_code": revision.failure_code, "failure_reason": revision.failure_reason} if to == S.FAILED else {}
+    )
+    live_event(
+        tenant_id=revision.adapter.tenant_id,
+        type="revision.state",
+        id=revision.id,
+        state=to,
+        adapter=revision.adapter.name,
+        revision=f"r{revision.number}",
+        **failure,
     )
     return revision
 
@@ -501,5 +514,14 @@ def alias_flip(
         target=f"alias:{adapter.name}:{alias}",
         before=before,
         after={"revision": _label(revision)},
+    )
+    live_event(
+        tenant_id=adapter.tenant_id,
+        type="alias.flip",
+        id=target.id,
+        state="live",
+        adapter=adapter.name,
+        alias=alias,
+        revision=_label(revision),
     )
     return target

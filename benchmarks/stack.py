@@ -18,6 +18,25 @@ from mint_site.launcher import Supervisor, free_port
 NODE = "bench"
 
 
+def web_server_argv(port: int) -> list[str]:
+    """The ASGI server under test: MINT_ASGI_SERVER=daphne (default) or uvicorn."""
+    if os.environ.get("MINT_ASGI_SERVER", "daphne") == "uvicorn":
+        return [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "mint_site.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+        ]
+    return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "mint_site.asgi:application"]
+
+
 class Stack:
     def __init__(self, name: str, *, cpu_slots: int = 48, max_loras: int = 4):
         self.work = Path(tempfile.mkdtemp(prefix=f"mint-bench-{name}-"))

@@ -29,6 +29,7 @@ from serving.models import (
     ServingNode,
 )
 from tenants.access import Actor
+from tenants.events import live_event
 from tenants.services import audit_record
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,7 @@ def node_set_state(*, node: ServingNode, state: str, by: Actor, engine_version: 
             before={"state": before},
             after={"state": state},
         )
+        live_event(tenant_id=None, type="node.state", id=node.id, state=state, node=node.name)
     return bool(changed)
 
 
@@ -143,6 +145,22 @@ def eviction_victim(node: ServingNode, *, protected: set[int]) -> Placement | No
     )
 
 
+def _placement_event(
+    placement_id: int, *, state: str, revision: AdapterRevision, node: ServingNode, **fields: float | None
+) -> None:
+    """Tell the revision's tenant (and staff) that a placement moved. `revision.adapter` must be loaded."""
+    live_event(
+        tenant_id=revision.adapter.tenant_id,
+        type="placement.state",
+        id=placement_id,
+        state=state,
+        adapter=revision.adapter.name,
+        revision=f"r{revision.number}",
+        node=node.name,
+        **{name: value for name, value in fields.items() if value is not None},
+    )
+
+
 def placement_request(*, revision: AdapterRevision, priority: int) -> Placement | None:
     """Ask for `revision` to be loaded on a node of its base model (queued for admission).
 
@@ -162,6 +180,7 @@ def placement_request(*, revision: AdapterRevision, priority: int) -> Placement 
             if existing.state == P.FAILED:
                 existing.state, existing.attempts, existing.failure_reason = P.QUEUED, 0, ""
                 existing.queued_at = timezone.now()
+                _placement_event(existing.id, state=P.QUEUED, revision=revision, node=existing.node)
             existing.priority = max(existing.priority, priority)
             existing.updated_at = timezone.now()
             existing.save(update_fields=["state", "attempts", "failure_reason", "queued_at", "priority", "updated_at"])
@@ -190,6 +209,7 @@ def placement_request(*, revision: AdapterRevision, priority: int) -> Placement 
                     state=P.EVICTING, updated_at=timezone.now()
                 )
             placement = Placement.objects.create(node=locked, revision=revision, priority=priority)
+            _placement_event(placement.id, state=placement.state, revision=revision, node=locked)
             if victim is not None:
                 transaction.on_commit(
                     lambda v=victim, q=locked.queue: _send("serving.tasks.placement_unload", queue=q, placement_id=v.id)
@@ -220,6 +240,9 @@ def admit(*, node_id: int) -> list[int]:
         Placement.objects.filter(id__in=claimed).update(
             state=P.LOADING, started_at=now, updated_at=now, attempts=F("attempts") + 1
         )
+        if claimed:
+            for placement in Placement.objects.filter(id__in=claimed).select_related("revision__adapter"):
+                _placement_event(placement.id, state=P.LOADING, revision=placement.revision, node=node)
         for placement_id in claimed:
             transaction.on_commit(
                 lambda p=placement_id, q=node.queue: _send("serving.tasks.placement_prewarm", queue=q, placement_id=p)
@@ -229,7 +252,22 @@ def admit(*, node_id: int) -> list[int]:
 
 def _move(placement: Placement, *, sources: tuple[str, ...], to: str, **fields) -> bool:
     now = timezone.now()
-    return bool(Placement.objects.filter(id=placement.id, state__in=sources).update(state=to, updated_at=now, **fields))
+    moved = bool(
+        Placement.objects.filter(id=placement.id, state__in=sources).update(state=to, updated_at=now, **fields)
+    )
+    if moved:
+        placement.state, placement.updated_at = to, now
+        for name, value in fields.items():
+            setattr(placement, name, value)
+        _placement_event(
+            placement.id,
+            state=to,
+            revision=placement.revision,
+            node=placement.node,
+            load_ms=placement.load_ms,
+            warm_ms=placement.warm_ms,
+        )
+    return moved
 
 
 def placement_loaded(*, placement: Placement, load_ms: float) -> bool:
@@ -324,13 +362,17 @@ def node_reconcile(*, node: ServingNode, loaded: set[str]) -> dict[str, int]:
                     updated_at=now,
                     failure_reason="lost by the engine (restart)",
                 )
+                _placement_event(placement.id, state=P.QUEUED, revision=placement.revision, node=node)
                 requeued += 1
             else:
                 placement.delete()
                 forgotten += 1
         stuck = now - timedelta(seconds=settings.MINT_PREWARM_TIMEOUT_S)
-        requeued += placements.filter(state=P.LOADING, started_at__lt=stuck).update(
+        timed_out = list(placements.filter(state=P.LOADING, started_at__lt=stuck).select_for_update(of=("self",)))
+        requeued += Placement.objects.filter(id__in=[p.id for p in timed_out]).update(
             state=P.QUEUED, updated_at=now, failure_reason="prewarm timed out"
         )
+        for placement in timed_out:
+            _placement_event(placement.id, state=P.QUEUED, revision=placement.revision, node=node)
     admit(node_id=node.id)
     return {"requeued": requeued, "forgotten": forgotten}

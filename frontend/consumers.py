@@ -1,0 +1,68 @@
+"""WebSocket consumers for the dashboard."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from tenants import selectors
+from tenants.auth import SESSION_TENANT_KEY
+from tenants.events import PLATFORM_GROUP, tenant_group
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+
+
+class LiveEventsConsumer(AsyncJsonWebsocketConsumer):
+    """`ws/live/`: the live events of one tenant (`?tenant=<slug>`, the session's, or the only one), plus
+    the platform's for staff. Refuses anonymous users (4401) and non-members (4403)."""
+
+    groups_joined: list[str]
+
+    async def connect(self) -> None:
+        self.groups_joined = []
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        named, tenant_id = await self._tenant(user)
+        if tenant_id is None and (named or not user.is_staff):
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        groups = ([tenant_group(tenant_id)] if tenant_id is not None else []) + (
+            [PLATFORM_GROUP] if user.is_staff else []
+        )
+        for group in groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+            self.groups_joined.append(group)
+        await self.accept()  # once accepted, no event is missed
+
+    @database_sync_to_async
+    def _tenant(self, user) -> tuple[bool, int | None]:
+        """Whether a tenant was named, and the id of the one this connection follows (None: not a member).
+
+        Staff who name no tenant and have no single membership follow the platform group only.
+        """
+        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        session = self.scope.get("session")
+        slug = (query.get("tenant") or [None])[0] or (session.get(SESSION_TENANT_KEY) if session else None)
+        memberships = selectors.memberships_of(user=user)
+        if slug:
+            # The same answer whether the tenant exists or not.
+            return True, next((m.tenant_id for m in memberships if m.tenant.slug == slug), None)
+        return False, memberships[0].tenant_id if len(memberships) == 1 else None
+
+    async def disconnect(self, code: int) -> None:
+        for group in getattr(self, "groups_joined", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
+        self.groups_joined = []
+
+    async def receive_json(self, content: Any, **kwargs) -> None:
+        if isinstance(content, dict) and content.get("type") == "ping":
+            await self.send_json({"type": "pong"})
+
+    async def live_event(self, message: dict[str, Any]) -> None:
+        await self.send_json(message["event"])
