@@ -83,7 +83,7 @@ def main() -> int:
         "MINT_VAR_DIR": str(work / "var"),
         "MINT_ARTIFACT_ROOT": str(work / "artifacts"),
         "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0] + "/14",
-        "MINT_LOG_LEVEL": "WARNING",
+        "MINT_LOG_LEVEL": "ERROR",
     }
     manage("migrate", "--noinput", env=env)
     setup = json.loads(
@@ -141,6 +141,10 @@ def main() -> int:
                 "clients_16": summary_ms(run(16, uploads_per_client, by_upload)),
             },
         }
+    except RuntimeError:
+        log = supervisor.log_dir / "web.log"
+        print(log.read_text(errors="replace")[-6000:] if log.exists() else "(no web log)", file=sys.stderr)
+        raise
     finally:
         supervisor.stop_all()
         shutil.rmtree(work, ignore_errors=True)

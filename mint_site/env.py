@@ -83,7 +83,13 @@ def parse_database_url(url: str, *, base_dir: Path) -> dict:
         if not name:
             raise ImproperlyConfigured(f"DATABASE_URL={url!r} names no database.")
         options = {key: values[-1] for key, values in parse_qs(parts.query).items()}
-        conn_max_age = int(options.pop("conn_max_age", "60"))
+        # Under ASGI every request runs its sync code in a thread of its own, so persistent
+        # connections would pile up one per thread: connections come from a pool instead
+        # (psycopg_pool), returned at the end of each request. `?pool=0` turns it off.
+        conn_max_age = int(options.pop("conn_max_age", "0"))
+        pool_size = int(options.pop("pool_max_size", "10"))
+        if options.pop("pool", "1") != "0":
+            options["pool"] = {"min_size": 1, "max_size": pool_size, "timeout": 10}
         return {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": name,

@@ -54,7 +54,8 @@ def test_parse_postgres_url():
         "5433",
         "mint",
     )
-    assert db["OPTIONS"] == {"sslmode": "require"}
+    assert db["OPTIONS"] == {"sslmode": "require", "pool": {"min_size": 1, "max_size": 10, "timeout": 10}}
+    assert "pool" not in parse_database_url("postgres://u@h/mint?pool=0", base_dir=Path("/srv"))["OPTIONS"]
 
 
 def test_parse_sqlite_urls():
