@@ -92,10 +92,12 @@ def node_register(
 
 
 @transaction.atomic
-def node_set_state(*, node: ServingNode, state: str, by: Actor, engine_version: str = "") -> bool:
-    """Record a node's state (from a heartbeat or staff). Returns whether it changed."""
+def node_set_state(
+    *, node: ServingNode, state: str, by: Actor, engine_version: str = "", heartbeat: bool = False
+) -> bool:
+    """Record a node's state (from a heartbeat, or staff draining it). Returns whether it changed."""
     now = timezone.now()
-    fields = {"last_heartbeat_at": now} if by.user is None and by.key is None else {}
+    fields: dict = {"last_heartbeat_at": now} if heartbeat else {}
     if engine_version:
         fields["engine_version"] = engine_version
     changed = (

@@ -160,12 +160,16 @@ def nodes_heartbeat(self) -> None:
             version = engine.version() if healthy else ""
         if not healthy:
             if node.state != NodeState.DOWN:
-                services.node_set_state(node=node, state=NodeState.DOWN, by=Actor.system())
+                services.node_set_state(node=node, state=NodeState.DOWN, by=Actor.system(), heartbeat=True)
             continue
         if node.state == NodeState.DOWN:
-            services.node_set_state(node=node, state=NodeState.UP, by=Actor.system(), engine_version=version)
+            services.node_set_state(
+                node=node, state=NodeState.UP, by=Actor.system(), engine_version=version, heartbeat=True
+            )
         else:
-            services.node_set_state(node=node, state=node.state, by=Actor.system(), engine_version=version)
+            services.node_set_state(
+                node=node, state=node.state, by=Actor.system(), engine_version=version, heartbeat=True
+            )
         if node.state == NodeState.UP:
             result = services.node_reconcile(node=node, loaded=loaded or set())
             if any(result.values()):

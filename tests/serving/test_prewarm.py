@@ -105,3 +105,37 @@ def test_files_already_under_a_loaded_name_are_never_rewritten(node, exported, e
     placement.refresh_from_db()
     assert placement.state == "failed" and "refusing" in placement.failure_reason
     assert (cached / "adapter_config.json").read_text() == "{}"
+
+
+def test_heartbeat_marks_nodes_up_and_down_and_reconciles(node, make_revision, engine):
+    from serving.models import NodeState, ServingNode
+
+    ServingNode.objects.filter(id=node.id).update(state=NodeState.DOWN)
+    engine.health.return_value = True
+    engine.models.return_value = ["test-dense"]
+    engine.version.return_value = "0.32.0"
+    live = make_revision(1)
+    from tests.serving.conftest import make_live
+
+    make_live(live)
+    lost = place(node, live, "ready")
+    with mock.patch("serving.services._send"):
+        tasks.nodes_heartbeat()
+    node.refresh_from_db()
+    assert (node.state, node.engine_version) == ("up", "0.32.0") and node.last_heartbeat_at is not None
+    assert Placement.objects.get(id=lost.id).state in ("queued", "loading")  # lost by the engine: re-prewarmed
+
+    engine.health.return_value = False
+    tasks.nodes_heartbeat()
+    node.refresh_from_db()
+    assert node.state == "down"
+
+
+def test_draining_is_not_a_heartbeat(node):
+    from serving import services
+    from serving.models import NodeState
+    from tenants.access import Actor
+
+    assert services.node_set_state(node=node, state=NodeState.DRAINING, by=Actor.system())
+    node.refresh_from_db()
+    assert node.state == "draining" and node.last_heartbeat_at is None
