@@ -32,7 +32,7 @@ from benchmarks.common import (
     wait_http,
     write_result,
 )
-from mint_site.launcher import Supervisor, free_port
+from mint_site.launcher import Supervisor, free_port, web_argv
 
 SETUP = """
 import json, os
@@ -108,11 +108,7 @@ def main() -> int:
     port = free_port()
     supervisor = Supervisor(work / "log")
     try:
-        supervisor.start(
-            "web",
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "mint_site.asgi:application"],
-            env=env,
-        )
+        supervisor.start("web", web_argv("127.0.0.1", port), env=env)
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/healthz")
         headers = {"Authorization": f"Bearer {token}"}

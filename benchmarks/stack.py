@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import bench_database_url, recreate_database, wait_http
-from mint_site.launcher import Supervisor, free_port
+from mint_site.launcher import Supervisor, free_port, web_argv, worker_argv
 
 NODE = "bench"
 
@@ -34,7 +34,7 @@ def web_server_argv(port: int) -> list[str]:
             "--log-level",
             "warning",
         ]
-    return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "mint_site.asgi:application"]
+    return web_argv("127.0.0.1", port)
 
 
 class Stack:
@@ -111,23 +111,7 @@ class Stack:
         )
         self.supervisor.start(
             "worker",
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "mint_site",
-                "worker",
-                "-Q",
-                f"control,node.{NODE}",
-                "-c",
-                "2",
-                "-l",
-                "warning",
-                "-B",
-                "--schedule",
-                str(self.work / "beat-schedule"),
-            ],
+            worker_argv(f"control,node.{NODE}", beat_schedule=self.work / "beat-schedule", log_level="warning"),
             env=self.env,
         )
         wait_http(f"{self.vllm_url}/health", timeout=400)

@@ -103,6 +103,40 @@ def _terminate(process: subprocess.Popen, timeout: float) -> None:
         process.wait()
 
 
+def web_argv(host: str, port: int) -> list[str]:
+    """The ASGI server (daphne) serving HTTP and WebSockets."""
+    return [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "mint_site.asgi:application"]
+
+
+def worker_argv(
+    queues: str,
+    *,
+    concurrency: int = 2,
+    beat_schedule: Path | None = None,
+    log_level: str = "info",
+    extra: tuple[str, ...] = (),
+) -> list[str]:
+    """A Celery worker on `queues` (comma-separated), with the beat scheduler embedded when given a schedule file."""
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "mint_site",
+        "worker",
+        "-Q",
+        queues,
+        "-c",
+        str(concurrency),
+        "-l",
+        log_level,
+        *extra,
+    ]
+    if beat_schedule is not None:
+        argv += ["-B", "--schedule", str(beat_schedule)]
+    return argv
+
+
 def manage(*args: str, env: dict[str, str]) -> str:
     result = subprocess.run(
         [sys.executable, "manage.py", *args], cwd=BASE_DIR, env=env, check=True, capture_output=True, text=True
@@ -182,28 +216,10 @@ def main() -> int:
         manage("mint_make_tiny_model", env=env)
         token = manage("mint_demo", env=env)
         node_note = start_local_node(supervisor, env, var_dir)
-        supervisor.start(
-            "web", [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "mint_site.asgi:application"], env=env
-        )
+        supervisor.start("web", web_argv(host, port), env=env)
         supervisor.start(
             "worker",
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "mint_site",
-                "worker",
-                "-Q",
-                f"control,node.{LOCAL_NODE}",
-                "-c",
-                "2",
-                "-l",
-                "info",
-                "-B",
-                "--schedule",
-                str(var_dir / "celerybeat-schedule"),
-            ],
+            worker_argv(f"control,node.{LOCAL_NODE}", beat_schedule=var_dir / "celerybeat-schedule"),
             env=env,
         )
         base = f"http://{host}:{port}"
