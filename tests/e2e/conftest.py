@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 from django.db import connection
 
-from mint_site.launcher import BASE_DIR, Supervisor, free_port, http_ok, wait_for
+from mint_site.launcher import BASE_DIR, Supervisor, free_port, http_ok, wait_for, web_argv, worker_argv
 
 
 def database_url_of_test_db() -> str:
@@ -33,28 +32,12 @@ def start_worker(supervisor, transactional_db):
 
     def start(*queues: str, name: str = "worker", extra_env: dict[str, str] | None = None, beat: bool = False):
         env = os.environ | {"DATABASE_URL": database_url_of_test_db()} | (extra_env or {})
-        argv = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "mint_site",
-            "worker",
-            "-Q",
+        argv = worker_argv(
             ",".join(queues),
-            "-c",
-            "1",
-            "--pool",
-            "solo",
-            "-l",
-            "info",
-            "-n",
-            f"{name}@%h",
-            "--without-mingle",
-            "--without-gossip",
-        ]
-        if beat:  # the heartbeat schedule, embedded in this worker
-            argv += ["-B", "--schedule", str(supervisor.log_dir / f"{name}-beat-schedule")]
+            concurrency=1,
+            beat_schedule=supervisor.log_dir / f"{name}-beat-schedule" if beat else None,
+            extra=("--pool", "solo", "-n", f"{name}@%h", "--without-mingle", "--without-gossip"),
+        )
         return supervisor.start(name, argv, env=env)
 
     return start
@@ -67,11 +50,7 @@ def start_web(supervisor, transactional_db):
     def start(extra_env: dict[str, str] | None = None) -> str:
         port = free_port()
         env = os.environ | {"DATABASE_URL": database_url_of_test_db()} | (extra_env or {})
-        supervisor.start(
-            "web",
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "mint_site.asgi:application"],
-            env=env,
-        )
+        supervisor.start("web", web_argv("127.0.0.1", port), env=env)
         base = f"http://127.0.0.1:{port}"
         wait_for(lambda: http_ok(f"{base}/healthz"), timeout=60, what="daphne")
         return base
