@@ -146,7 +146,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     figures["paper"] = {"register_s": 1.66}
     figures["target"] = {"source_uri_clients_1_p95_ms": 50}
-    figures["server"] = "daphne, one process"
+    figures["server"] = "uvicorn, one process"
     path = write_result("registration", figures, quick=args.quick, out_dir=args.out)
     print(path.read_text())
     return 0

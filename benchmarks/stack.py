@@ -1,5 +1,5 @@
 """A private MinT serving stack for the serving benchmarks: its own PostgreSQL database and Redis
-database, a vLLM CPU engine on the generated tiny Llama, daphne, and one worker (control + node agent
+database, a vLLM CPU engine on the generated tiny Llama, the web server, and one worker (control + node agent
 + beat). The benchmark process itself talks to the database through the ORM.
 """
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -16,25 +15,6 @@ from benchmarks.common import bench_database_url, recreate_database, wait_http
 from mint_site.launcher import Supervisor, free_port, web_argv, worker_argv
 
 NODE = "bench"
-
-
-def web_server_argv(port: int) -> list[str]:
-    """The ASGI server under test: MINT_ASGI_SERVER=daphne (default) or uvicorn."""
-    if os.environ.get("MINT_ASGI_SERVER", "daphne") == "uvicorn":
-        return [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "mint_site.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--no-access-log",
-            "--log-level",
-            "warning",
-        ]
-    return web_argv("127.0.0.1", port)
 
 
 class Stack:
@@ -104,11 +84,7 @@ class Stack:
             cache_dir=str(self.work / "node-cache"),
             by=Actor.system(),
         )
-        self.supervisor.start(
-            "web",
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port), "mint_site.asgi:application"],
-            env=self.env,
-        )
+        self.supervisor.start("web", web_argv("127.0.0.1", web_port), env=self.env)
         self.supervisor.start(
             "worker",
             worker_argv(f"control,node.{NODE}", beat_schedule=self.work / "beat-schedule", log_level="warning"),

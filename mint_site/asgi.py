@@ -1,4 +1,7 @@
-"""ASGI entry point: Django for HTTP, Channels for WebSockets (served by daphne)."""
+"""ASGI entry point: the gateway for `/v1/`, Django for the rest of HTTP, Channels for WebSockets.
+
+Served by uvicorn (mint_site.launcher.web_argv); any ASGI server that speaks WebSockets works.
+"""
 
 import os
 
@@ -12,10 +15,13 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from frontend.routing import websocket_urlpatterns  # noqa: E402
+from serving.gateway.asgi import with_gateway  # noqa: E402
 
-application = ProtocolTypeRouter(
-    {
-        "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
-    }
+application = with_gateway(
+    ProtocolTypeRouter(
+        {
+            "http": django_asgi_app,
+            "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        }
+    )
 )

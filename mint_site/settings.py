@@ -35,7 +35,6 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "t
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", ["http://127.0.0.1:8000", "http://localhost:8000"])
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -122,7 +121,9 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "frontend:login"
+LOGIN_REDIRECT_URL = "frontend:overview"
+LOGOUT_REDIRECT_URL = "frontend:login"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -206,6 +207,7 @@ MINT_ARCHIVE_MAX_BYTES = env_int("MINT_ARCHIVE_MAX_BYTES", 4 * 1024**3, minimum=
 MINT_ARCHIVE_MAX_RATIO = env_int("MINT_ARCHIVE_MAX_RATIO", 200, minimum=1)
 MINT_WORK_DIR = env_str("MINT_WORK_DIR", "") or None  # scratch space for validation/export (default: system temp)
 MINT_TEST_EXPORT_DELAY_MS = env_int("MINT_TEST_EXPORT_DELAY_MS", 0, minimum=0)  # test hook: slows each export file
+MINT_TEST_PREWARM_DELAY_MS = env_int("MINT_TEST_PREWARM_DELAY_MS", 0, minimum=0)  # test hook: holds each prewarm phase
 # Many-file adapters (one safetensors per tensor) are uploaded as tens of thousands of files.
 DATA_UPLOAD_MAX_NUMBER_FILES = env_int("MINT_UPLOAD_MAX_FILES", 100_000, minimum=1)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024  # larger uploads spill to temporary files, never whole in memory

@@ -18,6 +18,5 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/v1/", include("tenants.urls")),
     path("api/v1/", include("adapters.urls")),
-    path("v1/", include("serving.gateway.urls")),
     path("api/v1/", include("serving.urls")),
 ]

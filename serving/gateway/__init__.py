@@ -1,20 +1,25 @@
 """The OpenAI-compatible gateway: `/v1/models`, `/v1/completions`, `/v1/chat/completions`.
 
-Async end to end: the hot path of a request for a ready adapter does no database query
-(key and model resolutions are cached in-process for a second or so), one Redis round
-trip for the rate limit, and one pooled HTTP call to a vLLM node. Bookkeeping (usage
-timestamps, cold-request prewarms) runs as background tasks that a request never awaits.
+A plain ASGI application (serving/gateway/asgi.py) that mint_site/asgi.py puts in front of
+Django for `/v1/`: a request for a ready adapter never goes through Django's request
+machinery (middleware, signals, thread hops), does no database query (key and model
+resolutions are cached in-process for a second or so), one Redis round trip for the rate
+limit, and one pooled HTTP call to a vLLM node. Bookkeeping (usage timestamps, cold-request
+prewarms) runs as background tasks that a request never awaits.
 
-This module holds what the other modules share: the error every refusal is raised as, and
-the helper that runs background work. It imports nothing from Django at module level.
+This module holds what the other modules share: the reply every handler returns, the error
+every refusal is raised as, and the helper that runs background work. It imports nothing
+from Django at module level.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import logging
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -29,6 +34,30 @@ ERROR_TYPES = {
     413: "invalid_request_error",
     429: "rate_limit_error",
 }
+
+
+@dataclass
+class Reply:
+    """An HTTP answer: a status, headers and either a whole body or a stream of chunks.
+
+    `close` runs once the answer is over, sent or not (the client may have gone away): it
+    releases what the stream holds upstream.
+    """
+
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+    stream: AsyncIterator[bytes] | None = None
+    close: Callable[[], Awaitable[None]] | None = None
+
+    @classmethod
+    def json(cls, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Reply:
+        body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+        return cls(status, body, headers=headers or {})
+
+    def json_body(self) -> Any:
+        return json.loads(self.body)
 
 
 class GatewayError(Exception):
@@ -52,13 +81,8 @@ class GatewayError(Exception):
         body["error"]["type"] = self.type
         return body
 
-    def response(self):
-        from django.http import JsonResponse
-
-        response = JsonResponse(self.body(), status=self.status)
-        for name, value in self.headers.items():
-            response[name] = value
-        return response
+    def reply(self) -> Reply:
+        return Reply.json(self.body(), self.status, dict(self.headers))
 
 
 # Strong references: the event loop keeps only weak ones, and a task that is garbage

@@ -19,9 +19,8 @@ from typing import Any
 
 import httpx
 from django.conf import settings
-from django.http import HttpResponse, StreamingHttpResponse
 
-from serving.gateway import GatewayError, spawn, usage
+from serving.gateway import GatewayError, Reply, usage
 from serving.gateway.metrics import UPSTREAM_ERRORS
 from serving.gateway.resolve import NotReady, Resolution, Target
 
@@ -91,7 +90,7 @@ def _releaser(placement_id: int) -> Callable[[], None]:
     return release
 
 
-async def forward(*, path: str, body: dict[str, Any], resolution: Resolution, model: str) -> HttpResponse:
+async def forward(*, path: str, body: dict[str, Any], resolution: Resolution, model: str) -> Reply:
     """Send a completion request to a ready node and relay its answer, or raise a 502/503/504 `GatewayError`.
 
     A failure before any byte came back is retried once on another ready target; when no target
@@ -146,15 +145,19 @@ async def forward(*, path: str, body: dict[str, Any], resolution: Resolution, mo
 
 async def _relay(
     upstream: httpx.Response, *, release: Callable[[], None], target: Target, resolution: Resolution, model: str
-) -> HttpResponse:
+) -> Reply:
     lora = resolution.lora_name
     streaming = upstream.status_code == 200 and upstream.headers.get("content-type", "").startswith("text/event-stream")
     if streaming:
         relay = _SSERelay(upstream, release=release, lora=lora, model=model, node_name=target.node_name)
-        response = StreamingHttpResponse(relay, content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"  # proxies in front must not hold events back
-        return response
+        return Reply(
+            200,
+            content_type="text/event-stream",
+            # Proxies in front must not hold events back.
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            stream=relay.events(),
+            close=relay.finish,
+        )
     try:
         content = await upstream.aread()
     except httpx.TimeoutException:
@@ -173,7 +176,7 @@ async def _relay(
         except ValueError:
             UPSTREAM_ERRORS.labels(target.node_name).inc()
             raise GatewayError(502, "upstream_error", "The serving node answered with malformed JSON.") from None
-        return _json(_rewrite(data, lora=lora, model=model), status)
+        return Reply.json(_rewrite(data, lora=lora, model=model), status)
     if status == 404:
         # The node does not hold the LoRA after all (it restarted): the reconciler will notice;
         # meanwhile the caller retries like for any cold adapter.
@@ -185,7 +188,7 @@ async def _relay(
         )
     if status in _CALLER_ERRORS:
         message = _upstream_message(content) or "The serving node refused the request."
-        return GatewayError(status, "invalid_request", message.replace(lora, model)).response()
+        return GatewayError(status, "invalid_request", message.replace(lora, model)).reply()
     UPSTREAM_ERRORS.labels(target.node_name).inc()
     log.warning("gateway: node %s answered %s: %s", target.node_name, status, content[:500])
     raise GatewayError(502, "upstream_error", f"The serving node failed (HTTP {status}).")
@@ -212,16 +215,10 @@ def _rewrite(data: Any, *, lora: str, model: str) -> Any:
     return data
 
 
-def _json(data: Any, status: int = 200) -> HttpResponse:
-    return HttpResponse(
-        json.dumps(data, ensure_ascii=False, separators=(",", ":")), status=status, content_type="application/json"
-    )
-
-
 class _SSERelay:
     """The body of a streamed answer: vLLM's events, one by one, with `model` renamed in each.
 
-    Django calls `close()` when the response is over, also when the client went away
+    The server calls `finish()` when the answer is over, also when the client went away
     before or during the stream; the upstream response is then closed and the in-flight
     count released, whichever of the two paths gets there first.
     """
@@ -232,13 +229,9 @@ class _SSERelay:
         self._lora = lora
         self._model = model
         self._node_name = node_name
-        self._loop = asyncio.get_running_loop()
         self._finished = False
 
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._events()
-
-    async def _events(self) -> AsyncIterator[bytes]:
+    async def events(self) -> AsyncIterator[bytes]:
         event: list[str] = []
         try:
             async for line in self._upstream.aiter_lines():
@@ -257,7 +250,7 @@ class _SSERelay:
             error = GatewayError(502, "upstream_error", "The serving node broke off the stream.").body()
             yield f"data: {json.dumps(error)}\n\n".encode()
         finally:
-            await self._finish()
+            await self.finish()
 
     def _line(self, line: str) -> str:
         if not line.startswith("data:"):
@@ -272,21 +265,12 @@ class _SSERelay:
         data = _rewrite(data, lora=self._lora, model=self._model)
         return "data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
-    async def _finish(self) -> None:
+    async def finish(self) -> None:
         if self._finished:
             return
         self._finished = True
         self._release()
         await self._upstream.aclose()
-
-    def close(self) -> None:
-        """Django's end-of-response hook; may run in another thread, so hand the work to the loop."""
-        if self._finished:
-            return
-        try:
-            self._loop.call_soon_threadsafe(lambda: spawn(self._finish(), name="close upstream stream"))
-        except RuntimeError:  # the loop is closed: nothing left to close on it
-            self._finished = True
 
 
 async def aclose() -> None:

@@ -1,8 +1,15 @@
-"""Per-tenant request rate limit: a fixed one-minute window counted in Redis (INCR + EXPIRE).
+"""Per-tenant request rate limit: a fixed one-minute window, counted here and shared through Redis.
 
-Every gateway process shares the count, so the limit holds however many processes serve.
-A fixed window lets a burst of up to twice the limit straddle a minute boundary; that is the
-accepted price of one round trip per request.
+A request never waits on Redis. Each gateway process counts its own requests in memory
+and decides on `known + pending`: the window's total as Redis last reported it plus this
+process's requests not yet sent there. A background task adds the pending counts to Redis
+(INCRBY + EXPIRE, one pipeline for every tenant at once) and reads back the totals, which
+include every other process's requests. So the limit holds exactly within one process and,
+across processes, as of each process's last flush (a few milliseconds behind under load).
+A fixed window lets a burst of up to twice the limit straddle a minute boundary; that is
+the accepted price of counting this cheaply.
+
+When Redis is unreachable, each process keeps limiting on its own count and logs the failure.
 """
 
 from __future__ import annotations
@@ -12,23 +19,37 @@ import logging
 import math
 import time
 import weakref
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from django.conf import settings
 from redis.exceptions import RedisError
 
+from serving.gateway import spawn
+
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "mint:gw:rl"
 WINDOW_S = 60
-# After a failure, do not try Redis again for this long: a dead Redis must not add a
-# connect timeout to every request.
+# After a failure, do not try Redis again for this long: a dead Redis must not cost a
+# connect timeout on every flush.
 _BREAKER_S = 5.0
 _SOCKET_TIMEOUT_S = 0.5
 
 # One client (and connection pool) per event loop: redis.asyncio connections belong to the loop that opened them.
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, aioredis.Redis]] = weakref.WeakKeyDictionary()
 _skip_until = 0.0
+
+
+@dataclass
+class _Count:
+    known: int = 0  # the window's total across processes, as of the last flush
+    pending: int = 0  # this process's requests not yet added in Redis
+
+
+# (tenant id, window) → count. Only the current and the previous window are kept.
+_counts: dict[tuple[int, int], _Count] = {}
+_flushing: set[asyncio.AbstractEventLoop] = set()
 
 
 def key_for(tenant_id: int, window: int) -> str:
@@ -47,32 +68,50 @@ def _client() -> aioredis.Redis:
     return client
 
 
-async def hit(tenant_id: int, limit_rpm: int) -> int | None:
+def hit(tenant_id: int, limit_rpm: int) -> int | None:
     """Count one request of a tenant. None if it is allowed, else the seconds until the window resets.
 
-    Fails open: when Redis is unreachable or errors, the request is allowed and the failure
-    logged. Refusing all inference because the limiter's store is down would turn a
-    Redis outage into a full serving outage; the limit is a fairness guard, not a security
-    boundary (keys and tenant isolation are checked against the database).
+    Refused requests are not counted. Schedules a flush to Redis on the running loop.
     """
-    global _skip_until
-    if time.monotonic() < _skip_until:
-        return None
     now = time.time()
     window = int(now // WINDOW_S)
-    key = key_for(tenant_id, window)
+    count = _counts.get((tenant_id, window))
+    if count is None:
+        for stale in [k for k in _counts if k[1] < window - 1]:
+            del _counts[stale]
+        count = _counts[(tenant_id, window)] = _Count()
+    if count.known + count.pending >= limit_rpm:
+        return max(1, math.ceil((window + 1) * WINDOW_S - now))
+    count.pending += 1
+    loop = asyncio.get_running_loop()
+    if loop not in _flushing:
+        _flushing.add(loop)
+        spawn(_flush(loop), name="rate limit flush")
+    return None
+
+
+async def _flush(loop: asyncio.AbstractEventLoop) -> None:
+    """Add every pending count to Redis and learn the totals; repeats while requests keep coming."""
+    global _skip_until
     try:
-        async with _client().pipeline(transaction=True) as pipe:
-            pipe.incr(key)
-            pipe.expire(key, WINDOW_S + 1)
-            count, _ = await pipe.execute()
-    except (TimeoutError, RedisError, OSError) as exc:
-        _skip_until = time.monotonic() + _BREAKER_S
-        log.warning("gateway rate limit: Redis unavailable (%s); allowing requests for %.0f s", exc, _BREAKER_S)
-        return None
-    if int(count) <= limit_rpm:
-        return None
-    return max(1, math.ceil((window + 1) * WINDOW_S - now))
+        while batch := [(key, count, count.pending) for key, count in _counts.items() if count.pending]:
+            if time.monotonic() < _skip_until:
+                return
+            try:
+                async with _client().pipeline(transaction=False) as pipe:
+                    for (tenant_id, window), _, pending in batch:
+                        pipe.incrby(key_for(tenant_id, window), pending)
+                        pipe.expire(key_for(tenant_id, window), WINDOW_S + 1)
+                    results = await pipe.execute()
+            except (TimeoutError, RedisError, OSError) as exc:
+                _skip_until = time.monotonic() + _BREAKER_S
+                log.warning("gateway rate limit: Redis unavailable (%s); local counts for %.0f s", exc, _BREAKER_S)
+                return
+            for (_, count, pending), total in zip(batch, results[::2], strict=True):
+                count.pending -= pending
+                count.known = int(total)  # everyone's requests, this process's flushed ones included
+    finally:
+        _flushing.discard(loop)
 
 
 async def aclose() -> None:
@@ -82,7 +121,9 @@ async def aclose() -> None:
 
 
 def clear() -> None:
-    """Forget the clients and the breaker (tests)."""
+    """Forget the counts, the clients and the breaker (tests)."""
     global _skip_until
+    _counts.clear()
+    _flushing.clear()
     _clients.clear()
     _skip_until = 0.0

@@ -58,7 +58,7 @@ def test_launcher_serves_the_demo_and_stops_everything_on_ctrl_c(tmp_path):
 
         children = psutil.Process(launcher.pid).children(recursive=True)
         names = " ".join(" ".join(c.cmdline()) for c in children)
-        assert "redis-server" in names and "daphne" in names and "celery" in names
+        assert "redis-server" in names and "uvicorn" in names and "celery" in names
 
         assert get(f"{base}/healthz")[0] == 200
         assert get(f"{base}/readyz") == (200, {"status": "ok", "checks": {"database": "ok", "redis": "ok"}})

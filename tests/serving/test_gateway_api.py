@@ -1,8 +1,10 @@
-"""The OpenAI-compatible gateway, driven through Django's AsyncClient with vLLM faked at the HTTP edge."""
+"""The OpenAI-compatible gateway, driven through the site's ASGI application with vLLM faked at the HTTP edge."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
@@ -13,7 +15,6 @@ import redis
 from asgiref.sync import async_to_sync
 from django.conf import settings as django_settings
 from django.db import connection
-from django.test import AsyncClient
 from django.test.utils import CaptureQueriesContext
 from prometheus_client import REGISTRY
 
@@ -201,21 +202,24 @@ class Answer:
         return body["error"]
 
 
+def _site() -> httpx.AsyncClient:
+    from mint_site.asgi import application
+
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=application), base_url="http://testserver")
+
+
 async def _call(method: str, path: str, token: str | None = None, body: Any = None) -> Answer:
-    client = AsyncClient()
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    if method == "GET":
-        response = await client.get(path, headers=headers)
-    else:
-        data = body if isinstance(body, (str, bytes)) else json.dumps(body)
-        response = await client.post(path, data=data, content_type="application/json", headers=headers)
-    if response.streaming:
-        content = b"".join([chunk async for chunk in response.streaming_content])
-    else:
-        content = response.content
+    async with _site() as client:
+        if method == "GET":
+            response = await client.get(path, headers=headers)
+        else:
+            data = body if isinstance(body, (str, bytes)) else json.dumps(body)
+            response = await client.post(path, content=data, headers=headers | {"content-type": "application/json"})
     await drain()  # background work (prewarm, usage flush) the request started
     await _close_clients()
-    return Answer(response.status_code, response.headers, content, response.streaming)
+    streaming = response.headers.get("content-type", "").startswith("text/event-stream")
+    return Answer(response.status_code, response.headers, response.content, streaming)
 
 
 async def _close_clients() -> None:
@@ -309,23 +313,39 @@ def test_stream_closed_by_the_client_closes_upstream_and_releases_the_slot(world
     token = world.token
 
     async def scenario():
-        response = await AsyncClient().post(
-            "/v1/completions",
-            data=json.dumps({"model": "support-bot", "prompt": "Hi", "stream": True}),
-            content_type="application/json",
-            headers={"Authorization": f"Bearer {token}"},
-        )
-        assert response.status_code == 200
-        assert proxy.inflight[world.placement.id] == 1
-        chunks = aiter(response.streaming_content)
-        first = await anext(chunks)
-        await chunks.aclose()  # the client went away after one event
+        # Driven at the ASGI level: the client disconnects once the first event has arrived.
+        from mint_site.asgi import application
+
+        body = json.dumps({"model": "support-bot", "prompt": "Hi", "stream": True}).encode()
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/completions",
+            "headers": [(b"authorization", f"Bearer {token}".encode()), (b"content-type", b"application/json")],
+        }
+        inbox: asyncio.Queue = asyncio.Queue()
+        inbox.put_nowait({"type": "http.request", "body": body, "more_body": False})
+        sent: list[dict] = []
+        in_flight_at_first_event = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+            if message["type"] == "http.response.body" and message.get("body"):
+                in_flight_at_first_event.append(proxy.inflight[world.placement.id])
+                inbox.put_nowait({"type": "http.disconnect"})  # the client goes away
+            await asyncio.sleep(0)  # a real server's send yields to the loop
+
+        await asyncio.wait_for(application(scope, inbox.get, send), timeout=10)
         await drain()
         await _close_clients()
-        return first
+        return sent, in_flight_at_first_event
 
-    first = async_to_sync(scenario)()
-    assert json.loads(first.decode().removeprefix("data: "))["model"] == "support-bot"
+    sent, in_flight = async_to_sync(scenario)()
+    assert sent[0]["status"] == 200
+    bodies = [m["body"] for m in sent if m["type"] == "http.response.body" and m.get("body")]
+    assert len(bodies) == 1  # nothing more was sent after the client left
+    assert json.loads(bodies[0].decode().removeprefix("data: "))["model"] == "support-bot"
+    assert in_flight == [1]
     assert closed == [True]
     assert dict(proxy.inflight) == {}
 
@@ -431,6 +451,23 @@ def test_wrong_method_is_405_in_the_openai_shape(world):
     answer = call("GET", "/v1/completions", world.token)
     assert answer.status == 405
     assert answer.error()["code"] == "method_not_allowed"
+
+
+def test_unknown_endpoint_under_v1_is_404_in_the_openai_shape(world):
+    answer = call("POST", "/v1/embeddings", world.token, {"model": "support-bot", "input": "Hi"})
+    assert answer.status == 404
+    assert answer.error()["code"] == "unknown_endpoint"
+    assert world.vllm.calls == []
+
+
+def test_body_over_the_upload_limit_is_413_before_anything_is_forwarded(world, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+
+    answer = complete(world.token, prompt="x" * 2000)
+
+    assert answer.status == 413
+    assert answer.error()["code"] == "payload_too_large"
+    assert world.vllm.calls == []
 
 
 def test_unexpected_failure_is_a_500_without_a_stack_trace(world):
@@ -646,12 +683,25 @@ def test_rate_limit_answers_429_with_retry_after_past_the_tenants_rpm(world):
     assert complete(world.tenant_b.key("inference")[1], "globex-bot").status == 200
 
 
-def test_rate_limit_fails_open_when_redis_is_unreachable(world, settings):
+def test_rate_limit_counts_per_process_when_redis_is_unreachable(world, settings):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
-    world.tenant_a.tenant.rate_limit_rpm = 1
+    world.tenant_a.tenant.rate_limit_rpm = 2
     world.tenant_a.tenant.save(update_fields=["rate_limit_rpm"])
 
-    assert [complete(world.token).status for _ in range(3)] == [200, 200, 200]
+    assert [complete(world.token).status for _ in range(3)] == [200, 200, 429]
+
+
+def test_rate_limit_sees_other_processes_requests_after_a_flush(world):
+    world.tenant_a.tenant.rate_limit_rpm = 5
+    world.tenant_a.tenant.save(update_fields=["rate_limit_rpm"])
+    window = int(time.time() // ratelimit.WINDOW_S)
+    shared = redis.Redis.from_url(django_settings.REDIS_URL)
+    shared.set(ratelimit.key_for(world.tenant_a.tenant.id, window), 5)  # other gateways used the budget
+    shared.close()
+
+    # The first request is decided on this process's count; its flush brings back everyone's.
+    assert [complete(world.token).status for _ in range(2)] == [200, 429]
+    assert len(world.vllm.calls) == 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -786,12 +836,11 @@ def test_usage_flush_runs_in_the_background_from_the_request_path(world, setting
 
 def test_the_openai_client_works_unchanged(world):
     import openai
-    from django.core.handlers.asgi import ASGIHandler
 
     token = world.token
 
     async def scenario():
-        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=ASGIHandler()), base_url="http://testserver")
+        http = _site()
         client = openai.AsyncOpenAI(base_url="http://testserver/v1", api_key=token, http_client=http, max_retries=0)
         chat = await client.chat.completions.create(
             model="support-bot", messages=[{"role": "user", "content": "Hi"}], max_tokens=4

@@ -1,0 +1,222 @@
+"""Live events: time from a committed state change to the message arriving at a dashboard WebSocket.
+
+A private stack (its own PostgreSQL and Redis databases, the web server, one Celery worker) and a
+WebSocket client signed in as a tenant member, connected to `ws/live/` like the dashboard:
+
+(a) changes made by Celery tasks: revisions registered with a tiny adapter go through
+    validation and export on the worker; each revision.state event is timed from its own
+    `at` stamp (taken inside the committing transaction, so this slightly over-counts).
+(b) changes made in this process through the services (request approval, approve): timed
+    from the moment the transaction committed (the first on-commit callback) to arrival.
+
+Target: p95 <= 250 ms.
+
+    python -m benchmarks.live_events [--quick]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+from benchmarks.common import bench_database_url, parser, recreate_database, summary_ms, wait_http, write_result
+from mint_site.launcher import Supervisor, free_port, web_argv, worker_argv
+
+TARGET_P95_MS = 250.0
+
+
+class Listener:
+    """A WebSocket client on its own thread and event loop; puts (arrival wall time, event) on a queue."""
+
+    def __init__(self, url: str, *, cookie: str, origin: str):
+        self.url, self.headers = url, {"Cookie": cookie, "Origin": origin}
+        self.events: queue.Queue[tuple[float, dict]] = queue.Queue()
+        self.connected = threading.Event()
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._listen()), daemon=True)
+        self.thread.start()
+        if not self.connected.wait(30):
+            raise RuntimeError(f"WebSocket did not connect: {self.failure!r}")
+
+    async def _listen(self) -> None:
+        from websockets.asyncio.client import connect
+
+        try:
+            async with connect(self.url, additional_headers=self.headers) as socket:
+                self.connected.set()
+                async for raw in socket:
+                    self.events.put((time.time(), json.loads(raw)))
+        except BaseException as exc:  # reported by the waiting side
+            self.failure = exc
+            self.connected.set()
+
+    def take(self, predicate, *, timeout: float = 30) -> tuple[float, dict]:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                arrived, event = self.events.get(timeout=left)
+            except queue.Empty:
+                break
+            if predicate(event):
+                return arrived, event
+        raise TimeoutError(f"no matching event within {timeout} s ({self.failure!r})")
+
+    def drain(self) -> list[tuple[float, dict]]:
+        items = []
+        while not self.events.empty():
+            items.append(self.events.get_nowait())
+        return items
+
+
+def setup_world(work: Path):
+    """A tenant with a member signed in (session cookie), an adapter on a shape-only base model."""
+    from django.conf import settings
+    from django.test import Client
+
+    from adapters import services as adapters
+    from adapters.models import BaseModel
+    from tenants import services
+    from tenants.access import Actor
+    from tenants.management.commands._util import get_or_create_user
+    from tenants.models import Tenant
+
+    owner, _ = get_or_create_user("bench-owner")
+    tenant = services.tenant_create(slug="bench", owner=owner, by=Actor.system())
+    Tenant.objects.filter(id=tenant.id).update(four_eyes=False)
+    base = BaseModel.objects.create(
+        name="bench-base",
+        architecture="dense",
+        max_lora_rank=16,
+        config={
+            "architecture": "dense",
+            "num_layers": 2,
+            "num_experts": 0,
+            "module_shapes": {"q_proj": [64, 64], "v_proj": [64, 32]},
+            "expert_module_shapes": {},
+        },
+    )
+    adapter = adapters.adapter_create(tenant=tenant, name="live", base_model=base, description="", by=Actor.system())
+    browser = Client()
+    browser.force_login(owner)
+    cookie = f"{settings.SESSION_COOKIE_NAME}={browser.cookies[settings.SESSION_COOKIE_NAME].value}"
+    return tenant, owner, adapter, cookie
+
+
+def worker_changes(listener: Listener, tenant, adapter, work: Path, count: int) -> tuple[list[float], list]:
+    """Register `count` revisions; the worker validates and exports them. Latency of every task-made event."""
+    from adapters import services
+    from adapters.tiny import make_tiny_lora
+    from tenants.access import Actor
+
+    latencies, revisions = [], []
+    for i in range(count):
+        rel = f"t/{tenant.id}/incoming/live-{i}"
+        make_tiny_lora(adapter.base_model.spec, work / "artifacts" / rel, rank=4, seed=i)
+        revision = services.revision_register(adapter=adapter, by=Actor.system(), source_uri=f"{rel}/")
+        revisions.append(revision)
+        while True:  # the worker's events for this revision, up to `exported`
+            arrived, event = listener.take(lambda e, r=revision: e["type"] == "revision.state" and e["id"] == r.id)
+            if event["state"] != "registered":  # `registered` is committed by this process, not the worker
+                latencies.append(arrived - datetime.fromisoformat(event["at"]).timestamp())
+            if event["state"] in ("exported", "failed"):
+                if event["state"] == "failed":
+                    raise RuntimeError(f"revision failed: {event}")
+                break
+    return latencies, revisions
+
+
+def service_changes(listener: Listener, revisions: list, owner) -> list[float]:
+    """Request approval and approve each revision here; time from commit to arrival."""
+    from django.db import transaction
+
+    from adapters import services
+    from tenants.access import Actor
+
+    latencies = []
+    for revision in revisions:
+        for change, state in (
+            (services.revision_request_approval, "pending_approval"),
+            (services.revision_approve, "approved"),
+        ):
+            committed: list[float] = []
+            with transaction.atomic():
+                transaction.on_commit(lambda c=committed: c.append(time.time()))  # first to run after COMMIT
+                revision = change(revision=revision, by=Actor.system())
+            arrived, _ = listener.take(lambda e, r=revision, s=state: e["id"] == r.id and e["state"] == s)
+            latencies.append(arrived - committed[0])
+    return latencies
+
+
+def main() -> int:
+    args = parser(__doc__).parse_args()
+    count = 5 if args.quick else 100
+    work = Path(tempfile.mkdtemp(prefix="mint-bench-live-"))
+    db_url = bench_database_url("mint_bench_live_events")
+    recreate_database(db_url)
+    redis = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0]
+    env = os.environ | {
+        "DATABASE_URL": db_url,
+        "REDIS_URL": f"{redis}/12",
+        "MINT_VAR_DIR": str(work / "var"),
+        "MINT_ARTIFACT_ROOT": str(work / "artifacts"),
+        "MINT_LOG_LEVEL": "WARNING",
+        "MINT_LOCAL_NODE": "0",
+    }
+    os.environ.update({k: v for k, v in env.items() if k.startswith(("DATABASE_URL", "REDIS_URL", "MINT_"))})
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mint_site.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from mint_site.celery import app
+
+    call_command("migrate", verbosity=0)
+    with app.connection_for_write() as conn:
+        conn.default_channel.client.flushdb()
+
+    supervisor = Supervisor(work / "log")
+    try:
+        port = free_port()
+        supervisor.start("web", web_argv("127.0.0.1", port), env=env)
+        supervisor.start("worker", worker_argv("control", concurrency=1, log_level="warning"), env=env)
+        wait_http(f"http://127.0.0.1:{port}/healthz", timeout=60)
+        tenant, owner, adapter, cookie = setup_world(work)
+        listener = Listener(
+            f"ws://127.0.0.1:{port}/ws/live/?tenant={tenant.slug}", cookie=cookie, origin=f"http://127.0.0.1:{port}"
+        )
+        from_worker, revisions = worker_changes(listener, tenant, adapter, work, count)
+        from_service = service_changes(listener, revisions, owner)
+    except BaseException:
+        for name in ("web", "worker"):
+            log = supervisor.log_dir / f"{name}.log"
+            print(f"--- {name} log\n{log.read_text(errors='replace')[-4000:]}", file=sys.stderr)
+        raise
+    finally:
+        supervisor.stop_all()
+        shutil.rmtree(work, ignore_errors=True)
+
+    worker_summary, service_summary = summary_ms(from_worker), summary_ms(from_service)
+    figures = {
+        "worker_task_changes": worker_summary,
+        "service_changes": service_summary,
+        "target_p95_ms": TARGET_P95_MS,
+        "met": max(worker_summary["p95_ms"], service_summary["p95_ms"]) <= TARGET_P95_MS,
+    }
+    path = write_result("live_events", figures, quick=args.quick, out_dir=args.out)
+    print(json.dumps(figures, indent=2))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
