@@ -19,7 +19,13 @@ import httpx
 from benchmarks.common import parser, percentile, summary_ms, write_result
 from benchmarks.stack import Stack
 
-BODY = {"prompt": "Hello world", "max_tokens": 4, "temperature": 0}
+BODY = {"max_tokens": 4, "temperature": 0}
+_prompts = iter(range(10**9))
+
+
+def body(model: str) -> dict:
+    """A request whose prompt was never sent before: vLLM's prefix cache must not flatter any latency."""
+    return BODY | {"model": model, "prompt": f"Hello world {next(_prompts)}"}
 
 
 class Steady(threading.Thread):
@@ -38,9 +44,7 @@ class Steady(threading.Thread):
             i = 0
             while not self.stop.is_set():
                 started = time.perf_counter()
-                response = http.post(
-                    self.url, json=BODY | {"model": self.models[i % len(self.models)]}, headers=self.headers
-                )
+                response = http.post(self.url, json=body(self.models[i % len(self.models)]), headers=self.headers)
                 elapsed = time.perf_counter() - started
                 if response.status_code == 200:
                     self.samples.append((time.monotonic(), elapsed))
@@ -59,13 +63,13 @@ def first_and_warm(url: str, token: str, model: str, timeout: float = 120) -> tu
     with httpx.Client(timeout=60) as http:
         while time.monotonic() < deadline:
             started = time.perf_counter()
-            response = http.post(url, json=BODY | {"model": model}, headers=headers)
+            response = http.post(url, json=body(model), headers=headers)
             first = time.perf_counter() - started
             if response.status_code == 200:
                 warm = []
                 for _ in range(5):
                     started = time.perf_counter()
-                    http.post(url, json=BODY | {"model": model}, headers=headers).raise_for_status()
+                    http.post(url, json=body(model), headers=headers).raise_for_status()
                     warm.append(time.perf_counter() - started)
                 return first, statistics.median(warm)
             if response.status_code != 503:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -12,6 +13,8 @@ from tenants import selectors
 from tenants.auth import SESSION_TENANT_KEY
 from tenants.events import PLATFORM_GROUP, tenant_group
 
+# What of another tenant's event a staff connection may see: the node and its capacity, not the tenant's names.
+ANONYMOUS_FIELDS = ("type", "id", "state", "at", "node")
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 
@@ -21,9 +24,11 @@ class LiveEventsConsumer(AsyncJsonWebsocketConsumer):
     the platform's for staff. Refuses anonymous users (4401) and non-members (4403)."""
 
     groups_joined: list[str]
+    tenant_id: int | None = None
 
     async def connect(self) -> None:
         self.groups_joined = []
+        self.seen: deque[tuple] = deque(maxlen=256)
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
@@ -35,6 +40,7 @@ class LiveEventsConsumer(AsyncJsonWebsocketConsumer):
         groups = ([tenant_group(tenant_id)] if tenant_id is not None else []) + (
             [PLATFORM_GROUP] if user.is_staff else []
         )
+        self.tenant_id = tenant_id
         for group in groups:
             await self.channel_layer.group_add(group, self.channel_name)
             self.groups_joined.append(group)
@@ -65,4 +71,14 @@ class LiveEventsConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "pong"})
 
     async def live_event(self, message: dict[str, Any]) -> None:
-        await self.send_json(message["event"])
+        """Forward an event. Staff get every tenant's events through the platform group: another tenant's
+        reach them without its names (capacity only), and an event that came through both groups goes once."""
+        event = message["event"]
+        tenant_id = message.get("tenant_id")
+        if tenant_id is not None and tenant_id != self.tenant_id:
+            event = {name: event[name] for name in ANONYMOUS_FIELDS if name in event}
+        key = (event.get("type"), event.get("id"), event.get("state"), event.get("at"))
+        if key in self.seen:
+            return
+        self.seen.append(key)
+        await self.send_json(event)

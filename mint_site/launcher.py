@@ -250,7 +250,7 @@ def main() -> int:
         wait_for(lambda: http_ok(f"{base}/readyz"), timeout=60, what="the web server")
         print(
             f"\nMinT is running at {base}/\n"
-            f"  sign in:   {base}/admin/  as demo / mint-demo-password\n"
+            f"  dashboard: {base}/  sign in as demo / mint-demo-password\n"
             f"  API docs:  {base}/api/docs/\n"
             f"  demo key:  {token}\n"
             f'  try:       curl -H "Authorization: Bearer {token}" {base}/api/v1/\n'

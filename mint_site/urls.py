@@ -1,6 +1,5 @@
 from django.contrib import admin
 from django.urls import include, path
-from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from mint_site import health, metrics
@@ -9,7 +8,6 @@ handler404 = "mint_site.errors.json_404"
 handler500 = "mint_site.errors.json_500"
 
 urlpatterns = [
-    path("", RedirectView.as_view(url="/api/docs/", permanent=False)),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics.metrics_view, name="metrics"),
@@ -19,4 +17,5 @@ urlpatterns = [
     path("api/v1/", include("tenants.urls")),
     path("api/v1/", include("adapters.urls")),
     path("api/v1/", include("serving.urls")),
+    path("", include("frontend.urls")),  # the dashboard; last, so the routes above win
 ]

@@ -84,6 +84,12 @@ def fetch_to_node_cache(placement: Placement) -> Path:
     return final
 
 
+def _test_pause() -> None:
+    """Test hook (MINT_TEST_PREWARM_DELAY_MS, 0 in production): hold a prewarm phase so a browser test can watch it."""
+    if settings.MINT_TEST_PREWARM_DELAY_MS:
+        time.sleep(settings.MINT_TEST_PREWARM_DELAY_MS / 1000)
+
+
 @shared_task(bind=True, acks_late=True, ignore_result=True)
 def placement_prewarm(self, *, placement_id: int) -> None:
     """Two-phase prewarm on the node agent: fetch + verify + load, then a real warm-up completion."""
@@ -94,11 +100,15 @@ def placement_prewarm(self, *, placement_id: int) -> None:
     name = lora_name(placement.revision)
     with VllmClient(placement.node.url) as engine:
         try:
+            _test_pause()
             started = time.perf_counter()
             path = fetch_to_node_cache(placement)
-            engine.load_lora(name, str(path))
+            # A packed MoE export needs extras in the load request (e.g. is_3d_lora_weight).
+            extra = (placement.revision.policy_record or {}).get("load_request") or {}
+            engine.load_lora(name, str(path), **extra)
             if not services.placement_loaded(placement=placement, load_ms=(time.perf_counter() - started) * 1000):
                 return
+            _test_pause()
             started = time.perf_counter()
             engine.complete(name, WARMUP_PROMPT, max_tokens=1)
             services.placement_ready(placement=placement, warm_ms=(time.perf_counter() - started) * 1000)

@@ -34,16 +34,17 @@ def live_event(*, tenant_id: int | None, type: str, id: int, state: str, **field
     """
     event = {"type": type, "id": id, "state": state, "at": timezone.now().isoformat(), **fields}
     groups = ([tenant_group(tenant_id)] if tenant_id is not None else []) + [PLATFORM_GROUP]
-    transaction.on_commit(lambda: _send(groups, event))
+    transaction.on_commit(lambda: _send(groups, event, tenant_id))
 
 
-def _send(groups: list[str], event: dict[str, Any]) -> None:
+def _send(groups: list[str], event: dict[str, Any], tenant_id: int | None = None) -> None:
     try:
         layer = get_channel_layer()
         if layer is None:
             return
         send = async_to_sync(layer.group_send)
         for group in groups:
-            send(group, {"type": MESSAGE_TYPE, "event": event})
+            # `tenant_id` rides outside the event: consumers use it to keep one tenant's names from another's page.
+            send(group, {"type": MESSAGE_TYPE, "event": event, "tenant_id": tenant_id})
     except Exception:  # a broken broadcast must not break the service that committed
         log.warning("live event %s %s not sent", event["type"], event["id"], exc_info=True)

@@ -50,6 +50,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     stream: AsyncIterator[bytes] | None = None
     close: Callable[[], Awaitable[None]] | None = None
+    upstream_s: float = 0.0  # time spent waiting on the serving node (to its headers, for a stream)
 
     @classmethod
     def json(cls, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Reply:

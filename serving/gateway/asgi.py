@@ -173,8 +173,12 @@ async def _serve(scope: Scope, receive: Receive) -> Reply:
         log.exception("gateway: unexpected failure on %s", scope["path"])
         reply = GatewayError(500, "server_error", "The gateway failed to handle this request.").reply()
     usage.maybe_flush()  # schedules a background write when one is due; never awaited here
+    elapsed = time.perf_counter() - started
     REQUESTS.labels(labels["tenant"], labels["adapter"], str(reply.status)).inc()
-    REQUEST_SECONDS.labels(labels["tenant"]).observe(time.perf_counter() - started)
+    REQUEST_SECONDS.labels(labels["tenant"]).observe(elapsed)
+    # What the gateway itself cost, apart from the node's answer: for callers and benchmarks.
+    own_ms, upstream_ms = (elapsed - reply.upstream_s) * 1000, reply.upstream_s * 1000
+    reply.headers["Server-Timing"] = f"gateway;dur={own_ms:.2f}, upstream;dur={upstream_ms:.2f}"
     return reply
 
 

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection
@@ -108,6 +109,7 @@ async def forward(*, path: str, body: dict[str, Any], resolution: Resolution, mo
             request = client().build_request(
                 "POST", target.node_url + path, content=payload, headers={"content-type": "application/json"}
             )
+            sent_at = time.perf_counter()
             upstream = await client().send(request, stream=True)
         except _NOTHING_CAME_BACK as exc:
             release()
@@ -129,7 +131,9 @@ async def forward(*, path: str, body: dict[str, Any], resolution: Resolution, mo
             raise
         usage.record(placement_id=target.placement_id)
         try:
-            return await _relay(upstream, release=release, target=target, resolution=resolution, model=model)
+            reply = await _relay(upstream, release=release, target=target, resolution=resolution, model=model)
+            reply.upstream_s = time.perf_counter() - sent_at
+            return reply
         except BaseException:
             release()
             await upstream.aclose()

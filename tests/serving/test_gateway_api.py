@@ -261,6 +261,16 @@ def test_completion_is_forwarded_under_the_lora_name_and_answered_under_the_call
     assert sent["prompt"] == "Hi" and sent["max_tokens"] == 4
 
 
+def test_server_timing_tells_the_gateways_own_time_from_the_nodes(world):
+    answer = complete(world.token, "support-bot")
+
+    timing = dict(part.strip().split(";dur=") for part in answer.headers["Server-Timing"].split(","))
+    assert set(timing) == {"gateway", "upstream"}
+    assert float(timing["gateway"]) > 0 and float(timing["upstream"]) > 0
+    refused = complete(world.token, "nope-bot")
+    assert refused.headers["Server-Timing"].endswith("upstream;dur=0.00")
+
+
 @pytest.mark.parametrize("model", ["support-bot:production", "support-bot@r1"])
 def test_chat_completion_answers_with_the_exact_model_string_sent(world, model):
     answer = complete(world.token, model, path="/v1/chat/completions", messages=[{"role": "user", "content": "Hi"}])

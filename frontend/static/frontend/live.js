@@ -1,0 +1,331 @@
+/* MinT dashboard: live updates over ws/live/, elapsed-time counters, copy buttons, upload progress.
+ *
+ * A live event (revision.state, placement.state, alias.flip, node.state) is applied in two steps:
+ * 1. at once, badges whose data attributes match the event get its state (a placement shown for the
+ *    first time gets a provisional row), so a short-lived state is still seen;
+ * 2. every section marked data-fragment whose data-live-on names the event type (and whose
+ *    data-adapter, if any, names the event's adapter) is re-fetched from the server
+ *    (`?fragment=<name>`) and replaced, so the whole row is right, not just its badge.
+ * Re-fetches of one section never overlap, and an answer that an event overtook is fetched again.
+ * The socket reconnects with capped, jittered exponential backoff; #live shows whether the page is live.
+ */
+(function () {
+  "use strict";
+
+  var body = document.body;
+  var indicator = null;
+  var socket = null;
+  var attempt = 0;
+  var pinger = null;
+
+  function setLive(state, text) {
+    if (!indicator) return;
+    indicator.dataset.state = state;
+    indicator.textContent = text;
+  }
+
+  // ------------------------------------------------------------ fragments
+
+  var sections = {}; // name -> {busy, dirty, generation}
+
+  function fragmentUrl(name) {
+    var params = new URLSearchParams(window.location.search);
+    params.set("fragment", name);
+    return window.location.pathname + "?" + params.toString();
+  }
+
+  function refresh(section) {
+    var name = section.dataset.fragment;
+    var s = sections[name] || (sections[name] = { busy: false, dirty: false, generation: 0 });
+    s.generation += 1;
+    if (s.busy) {
+      s.dirty = true;
+      return;
+    }
+    s.busy = true;
+    s.dirty = false;
+    var started = s.generation;
+    fetch(fragmentUrl(name), { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
+      .then(function (response) {
+        if (response.redirected || !response.ok) throw new Error("fragment " + name + ": " + response.status);
+        return response.text();
+      })
+      .then(function (html) {
+        // An event that arrived while this was in flight may be newer than what it read: fetch again instead.
+        if (s.generation === started) replace(section, html);
+        else s.dirty = true;
+      })
+      .catch(function (err) {
+        if (window.console) console.warn(err);
+      })
+      .then(function () {
+        s.busy = false;
+        if (s.dirty) refresh(section);
+      });
+  }
+
+  function replace(section, html) {
+    // Keep open <details> (a confirmation being filled in) and focus where they were.
+    var open = Array.prototype.map.call(section.querySelectorAll("details[open]"), keyOf);
+    var focused = document.activeElement && section.contains(document.activeElement) ? document.activeElement.id : null;
+    var typed = {};
+    Array.prototype.forEach.call(section.querySelectorAll("input[id]:not([type=hidden])"), function (input) {
+      if (input.value) typed[input.id] = input.value;
+    });
+    section.innerHTML = html;
+    Object.keys(typed).forEach(function (id) {
+      var input = document.getElementById(id);
+      if (input && section.contains(input)) input.value = typed[id];
+    });
+    open.forEach(function (key) {
+      var d = key && section.querySelector('[data-key-of="' + key + '"]');
+      if (d) d.open = true;
+    });
+    if (focused) {
+      var f = document.getElementById(focused);
+      if (f) f.focus();
+    }
+    label(section);
+    tick();
+  }
+
+  function keyOf(details) {
+    return details.getAttribute("data-key-of");
+  }
+
+  function label(root) {
+    // A stable key for each <details> so that an open confirmation survives a refresh.
+    Array.prototype.forEach.call(root.querySelectorAll("details"), function (d) {
+      var form = d.querySelector("form");
+      if (form) d.setAttribute("data-key-of", form.getAttribute("action"));
+    });
+  }
+
+  function matches(section, event) {
+    var on = (section.dataset.liveOn || "").split(/\s+/);
+    if (on.indexOf(event.type) < 0) return false;
+    var adapter = section.dataset.adapter;
+    return !adapter || !event.adapter || adapter === event.adapter;
+  }
+
+  // ------------------------------------------------------------ in-place patches
+
+  function setBadge(el, state) {
+    if (!el) return;
+    el.textContent = state.replace(/_/g, " ");
+    el.className = el.className.replace(/\bstate-\S+/g, "").trim() + " state-" + state;
+  }
+
+  function patch(event) {
+    if (event.type === "placement.state") {
+      var rows = document.querySelectorAll('[data-placement-id="' + event.id + '"]');
+      if (!rows.length) addPlacementRow(event);
+      Array.prototype.forEach.call(rows, function (row) {
+        setBadge(row.querySelector("[data-placement-state]"), event.state);
+      });
+    } else if (event.type === "revision.state") {
+      var rev = document.querySelector('[data-revision-id="' + event.id + '"]');
+      if (rev) setBadge(rev.querySelector("[data-revision-state]"), event.state);
+    } else if (event.type === "node.state") {
+      var nodes = document.querySelectorAll('[data-node="' + event.node + '"] [data-node-state]');
+      Array.prototype.forEach.call(nodes, function (b) {
+        setBadge(b, event.state);
+      });
+    }
+  }
+
+  function addPlacementRow(event) {
+    var template = document.getElementById("placement-row-template");
+    if (!template || body.dataset.adapter !== event.adapter) return;
+    var article = document.querySelector('[data-revision="' + event.revision + '"]');
+    var table = article && article.querySelector("[data-placements]");
+    if (!table) return;
+    var row = template.content.firstElementChild.cloneNode(true);
+    row.setAttribute("data-placement-id", String(event.id));
+    row.querySelector("[data-node]").textContent = event.node || "";
+    setBadge(row.querySelector("[data-placement-state]"), event.state);
+    table.querySelector("tbody").appendChild(row);
+    table.hidden = false;
+  }
+
+  function onEvent(event) {
+    if (!event || !event.type || event.type === "pong") return;
+    patch(event);
+    Array.prototype.forEach.call(document.querySelectorAll("[data-fragment]"), function (section) {
+      if (matches(section, event)) refresh(section);
+    });
+  }
+
+  // ------------------------------------------------------------ the socket
+
+  function connect() {
+    var path = body.dataset.ws;
+    if (!path || !window.WebSocket) return;
+    var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
+    setLive("connecting", attempt ? "reconnecting…" : "connecting…");
+    socket = new WebSocket(scheme + window.location.host + path);
+    socket.onopen = function () {
+      var wasDown = attempt > 0;
+      attempt = 0;
+      setLive("on", "live");
+      // Anything missed while disconnected: bring every live section up to date.
+      if (wasDown) Array.prototype.forEach.call(document.querySelectorAll("[data-fragment]"), refresh);
+      clearInterval(pinger);
+      pinger = setInterval(function () {
+        if (socket && socket.readyState === 1) socket.send(JSON.stringify({ type: "ping" }));
+      }, 25000);
+    };
+    socket.onmessage = function (message) {
+      try {
+        onEvent(JSON.parse(message.data));
+      } catch (err) {
+        if (window.console) console.warn(err);
+      }
+    };
+    socket.onclose = function (closed) {
+      clearInterval(pinger);
+      socket = null;
+      if (closed.code === 4401 || closed.code === 4403) {
+        setLive("off", closed.code === 4401 ? "signed out" : "not allowed");
+        return;
+      }
+      attempt += 1;
+      var delay = Math.min(30000, 500 * Math.pow(2, attempt - 1)) * (0.75 + Math.random() / 2);
+      setLive("off", "offline, retrying in " + Math.round(delay / 1000) + " s");
+      setTimeout(connect, delay);
+    };
+  }
+
+  // ------------------------------------------------------------ elapsed times, copy, upload
+
+  function elapsed(seconds) {
+    if (seconds < 60) return seconds + " s";
+    if (seconds < 3600) return Math.floor(seconds / 60) + " min " + (seconds % 60) + " s";
+    return Math.floor(seconds / 3600) + " h " + Math.floor((seconds % 3600) / 60) + " min";
+  }
+
+  function tick() {
+    var now = Date.now();
+    Array.prototype.forEach.call(document.querySelectorAll("[data-since]"), function (el) {
+      var since = Date.parse(el.dataset.since);
+      if (!isNaN(since)) el.textContent = elapsed(Math.max(0, Math.round((now - since) / 1000)));
+    });
+  }
+
+  function copyButtons() {
+    document.addEventListener("click", function (e) {
+      var button = e.target.closest ? e.target.closest("[data-copy]") : null;
+      if (!button) return;
+      var input = document.querySelector(button.dataset.copy);
+      var note = button.parentNode.querySelector(".copied");
+      input.select();
+      var done = function () {
+        if (note) note.textContent = "copied";
+      };
+      if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(input.value).then(done, done);
+      else {
+        document.execCommand("copy");
+        done();
+      }
+    });
+  }
+
+  function uploads() {
+    Array.prototype.forEach.call(document.querySelectorAll("form[data-upload]"), function (form) {
+      form.addEventListener("submit", function (e) {
+        if (!window.XMLHttpRequest || !window.FormData) return;
+        e.preventDefault();
+        var note = form.querySelector(".upload-progress");
+        var started = Date.now();
+        var xhr = new XMLHttpRequest();
+        xhr.open("POST", form.action);
+        xhr.setRequestHeader("X-Requested-With", "fetch");
+        xhr.upload.onprogress = function (p) {
+          var secs = Math.round((Date.now() - started) / 1000);
+          if (p.lengthComputable) note.textContent = "uploading " + Math.round((100 * p.loaded) / p.total) + "% · " + elapsed(secs);
+        };
+        xhr.onload = function () {
+          var result;
+          try {
+            result = JSON.parse(xhr.responseText);
+          } catch (err) {
+            result = { ok: false, message: xhr.status === 403 ? "Not allowed." : "Upload failed (" + xhr.status + ")." };
+          }
+          note.textContent = "";
+          flash(result.ok, result.message);
+          if (result.ok) form.reset();
+          Array.prototype.forEach.call(document.querySelectorAll("[data-fragment]"), refresh);
+        };
+        xhr.onerror = function () {
+          note.textContent = "upload failed; try again";
+        };
+        note.textContent = "uploading…";
+        xhr.send(new FormData(form));
+      });
+    });
+  }
+
+  function flash(ok, text) {
+    var box = document.getElementById("flash");
+    if (!box) return;
+    box.innerHTML = "";
+    var list = document.createElement("ul");
+    list.className = "messages";
+    var item = document.createElement("li");
+    item.className = ok ? "msg-success" : "msg-error";
+    item.textContent = text;
+    list.appendChild(item);
+    box.appendChild(list);
+  }
+
+  function enhancedForms() {
+    // Action forms are sent from the page, so the page and its live socket stay; without script they post normally.
+    document.addEventListener("submit", function (e) {
+      var form = e.target;
+      if (!form.matches || !form.matches("form[data-enhance]") || !window.fetch) return;
+      e.preventDefault();
+      var button = form.querySelector("button[type=submit]");
+      if (button) button.disabled = true;
+      fetch(form.action, {
+        method: "POST",
+        body: new FormData(form),
+        credentials: "same-origin",
+        headers: { "X-Requested-With": "fetch" },
+      })
+        .then(function (response) {
+          var type = response.headers.get("Content-Type") || "";
+          if (type.indexOf("application/json") === 0) return response.json();
+          return { ok: false, message: response.status === 403 ? "Not allowed." : "Failed (" + response.status + ")." };
+        })
+        .then(function (result) {
+          flash(result.ok, result.message || (result.ok ? "Done." : "Failed."));
+          var details = form.closest("details");
+          if (details && result.ok) details.open = false;
+          Array.prototype.forEach.call(document.querySelectorAll("[data-fragment]"), refresh);
+        })
+        .catch(function () {
+          flash(false, "The server could not be reached; nothing may have changed.");
+        })
+        .then(function () {
+          if (button) button.disabled = false;
+        });
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    enhancedForms();
+    indicator = document.getElementById("live");
+    label(document);
+    tick();
+    setInterval(tick, 1000);
+    copyButtons();
+    uploads();
+    Array.prototype.forEach.call(document.querySelectorAll("[data-fragment][data-refresh]"), function (section) {
+      setInterval(function () {
+        if (!document.hidden) refresh(section);
+      }, parseInt(section.dataset.refresh, 10));
+    });
+    if (body.dataset.ws) connect();
+    else setLive("off", "offline");
+  });
+})();

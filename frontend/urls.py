@@ -1,0 +1,39 @@
+"""Dashboard routes, mounted at the site root (the API stays under /api/ and /v1/)."""
+
+from django.urls import path
+
+from frontend.views import actions, auth, keys, pages
+
+app_name = "frontend"
+
+urlpatterns = [
+    path("", pages.overview, name="overview"),
+    path("login/", auth.LoginView.as_view(), name="login"),
+    path("logout/", auth.LogoutView.as_view(), name="logout"),
+    path("tenant/", auth.tenant_switch, name="tenant-switch"),
+    path("nodes/", pages.nodes, name="nodes"),
+    path("audit/", pages.audit, name="audit"),
+    path("keys/", keys.api_keys, name="keys"),
+    path("keys/<str:prefix>/revoke/", keys.api_key_revoke, name="key-revoke"),
+    path("adapters/<str:name>/", pages.adapter_detail, name="adapter"),
+    path("adapters/<str:name>/register/", actions.revision_register, name="register"),
+    path("adapters/<str:name>/activate/", actions.adapter_activate, name="activate"),
+    path("adapters/<str:name>/rollback/", actions.adapter_rollback, name="rollback"),
+    path(
+        "adapters/<str:name>/revisions/<int:number>/approve/",
+        actions.revision_decide,
+        {"decision": "approve"},
+        name="approve",
+    ),
+    path(
+        "adapters/<str:name>/revisions/<int:number>/reject/",
+        actions.revision_decide,
+        {"decision": "reject"},
+        name="reject",
+    ),
+    path(
+        "adapters/<str:name>/revisions/<int:number>/request-approval/",
+        actions.revision_request_approval,
+        name="request-approval",
+    ),
+]

@@ -1,0 +1,127 @@
+"""What every dashboard page shares: the signed-in person, the tenant they look at, and what they may do there.
+
+The tenant comes from the session (`mint_tenant`, the key the API's session auth reads too),
+set by the tenant switcher; a person in one tenant needs no switching. A tenant the person is
+not a member of, and an object of another tenant, are the same "not found" page. Each action
+is checked here against the capability model of `tenants.access`, whatever buttons the page showed.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.contrib import messages
+from django.contrib.auth.views import redirect_to_login
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+
+from mint_site.errors import MintError
+from tenants import selectors as tenant_selectors
+from tenants.access import Access, Capability, member_access
+from tenants.auth import SESSION_TENANT_KEY
+from tenants.models import Membership
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """The person looking at a page: their memberships, and their access in the tenant shown (None: no tenant)."""
+
+    memberships: list[Membership]
+    access: Access | None
+
+    def can(self, capability: str) -> bool:
+        return self.access is not None and self.access.can(Capability(capability))
+
+    @property
+    def tenant(self):
+        return self.access.tenant if self.access is not None else None
+
+
+def resolve_viewer(request: HttpRequest) -> Viewer:
+    """The person's memberships and the tenant the session names (or their first one, remembered)."""
+    memberships = tenant_selectors.memberships_of(user=request.user)
+    slug = request.session.get(SESSION_TENANT_KEY)
+    membership = next((m for m in memberships if m.tenant.slug == slug), None)
+    if membership is None and memberships:
+        membership = memberships[0]
+        request.session[SESSION_TENANT_KEY] = membership.tenant.slug
+    access = member_access(request.user, membership.tenant, membership.role) if membership else None
+    return Viewer(memberships=memberships, access=access)
+
+
+def not_found(request: HttpRequest, message: str = "Not found.") -> HttpResponse:
+    return render(request, "frontend/error.html", {"status": 404, "message": message}, status=404)
+
+
+def forbidden(request: HttpRequest, message: str) -> HttpResponse:
+    return render(request, "frontend/error.html", {"status": 403, "message": message}, status=403)
+
+
+def page(
+    capability: Capability | None = Capability.READ, *, post: Capability | None = None, staff_ok: bool = False
+) -> Callable:
+    """Decorate a dashboard view: sign-in required, the tenant resolved (`request.viewer`), capabilities checked.
+
+    `capability` is needed for any request, `post` in addition for a POST. `staff_ok` lets platform
+    staff without a tenant in. A missing capability on a POST is a 403 (the page showed no button);
+    a person with no tenant gets the not-found page, as a stranger to a tenant would.
+    """
+
+    def decorate(view: Callable) -> Callable:
+        @functools.wraps(view)
+        def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+            if not request.user.is_authenticated:
+                return redirect_to_login(request.get_full_path())
+            viewer = resolve_viewer(request)
+            request.viewer = viewer
+            if viewer.access is None and not (staff_ok and request.user.is_staff):
+                return not_found(request, "You are not a member of any tenant.")
+            needed = [c for c in (capability, post if request.method == "POST" else None) if c is not None]
+            if viewer.access is not None and not all(viewer.access.can(c) for c in needed):
+                missing = next(c for c in needed if not viewer.access.can(c))
+                return forbidden(
+                    request, f"Your role {viewer.access.role} in {viewer.tenant.slug} does not allow this ({missing})."
+                )
+            try:
+                return view(request, *args, **kwargs)
+            except Http404 as exc:
+                return not_found(request, str(exc) or "Not found.")
+
+        return wrapper
+
+    return decorate
+
+
+def check_tenant_field(request: HttpRequest) -> None:
+    """Refuse a form posted for another tenant than the one now in the session (a second tab switched it)."""
+    posted = request.POST.get("tenant")
+    if posted and posted != request.viewer.tenant.slug:
+        raise MintError(
+            f"This form was for tenant {posted}, but you have since switched to {request.viewer.tenant.slug}. "
+            "Nothing was changed; check the page and try again.",
+            code="tenant_switched",
+        )
+
+
+def act(request: HttpRequest, back: str, action: Callable[[], str]) -> HttpResponse:
+    """Run a service call for a form; its message (or the service's error) is shown on the page at `back`.
+
+    A form sent by the page's script (`X-Requested-With: fetch`) gets the message as JSON instead of a
+    redirect, so the page, and its live socket, stay as they are.
+    """
+    script = request.headers.get("X-Requested-With") == "fetch"
+    try:
+        check_tenant_field(request)
+        done = action()
+    except MintError as exc:
+        if script:
+            return JsonResponse({"ok": False, "code": exc.code, "message": exc.message}, status=exc.status_code)
+        messages.error(request, exc.message)
+    else:
+        if script:
+            return JsonResponse({"ok": True, "message": done})
+        if done:
+            messages.success(request, done)
+    return redirect(back)

@@ -1,0 +1,224 @@
+"""The dashboard in a real browser (Chromium via Playwright) against the web server, a Celery worker and vLLM.
+
+An approver signs in, approves a pending revision, activates it, and watches its placement go
+queued → loading → warming → ready and the alias flip without reloading the page; then rolls
+back. A viewer sees no action buttons. Screenshots go to the test's tmp dir, and to
+MINT_SCREENSHOT_DIR when set: `dashboard.png` (mid-prewarm) is the README's docs/dashboard.png.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from django.db import connections
+
+from adapters.models import AdapterRevision, Alias
+from serving.models import Placement
+from tests.e2e.world import register_peft_revisions, serving_world, wait
+from tests.factories import PASSWORD
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = "/usr/bin/chromium"
+PHASE_DELAY_MS = 1500  # each prewarm phase is held this long, so every state is on screen for a while
+LIVE_LATENCY_S = 1.0  # a change must show on the page within this long after its commit
+
+# Records each distinct state the badge of r<n>'s first placement shows, with the browser's clock.
+WATCH = """(label) => {
+  window.__states = [];
+  const read = () => {
+    const article = document.querySelector(`[data-revision="${label}"]`);
+    const badge = article && article.querySelector("[data-placement-state]");
+    const state = badge ? badge.textContent.trim() : null;
+    const last = window.__states[window.__states.length - 1];
+    if (state && (!last || last.state !== state)) window.__states.push({state, at: Date.now()});
+  };
+  new MutationObserver(read).observe(document.body, {subtree: true, childList: true, characterData: true});
+  read();
+}"""
+
+
+def screenshot(page, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    target = os.environ.get("MINT_SCREENSHOT_DIR")
+    if target:
+        Path(target).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(target) / path.name)
+    return path
+
+
+def sign_in(page, web: str, username: str) -> None:
+    page.goto(f"{web}/login/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(f"{web}/")
+
+
+@pytest.fixture
+def launch_browser(monkeypatch):
+    """Starts Chromium when called: after the set-up, whose services send live events with `async_to_sync`,
+    which cannot run in a thread where Playwright's event loop runs."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium")
+    from playwright.sync_api import sync_playwright
+
+    started = []
+
+    def launch():
+        # Playwright's sync API runs an event loop in this thread; the ORM reads after this are plain blocking ones.
+        monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        manager = sync_playwright()
+        playwright = manager.start()
+        started.append(manager)
+        return playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-background-networking"],
+        )
+
+    yield launch
+    # Django's connections are context-local while Playwright's loop runs: close the ones opened meanwhile,
+    # or the test database cannot be dropped at the end of the session.
+    connections.close_all()
+    for manager in started:
+        manager.__exit__(None, None, None)
+
+
+def test_approver_approves_activates_watches_prewarm_and_rolls_back(
+    tenant_a,
+    engine,
+    tiny_llama_dir,
+    artifact_root,
+    tmp_path,
+    start_worker,
+    start_web,
+    supervisor,
+    settings,
+    launch_browser,
+):
+    # The server checks passwords with the real hasher, not the suite's fast one.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.PBKDF2PasswordHasher"]
+    for role in ("approver", "viewer"):
+        user = tenant_a.users[role]
+        user.set_password(PASSWORD)
+        user.save(update_fields=["password"])
+
+    env = {
+        "MINT_ARTIFACT_ROOT": str(artifact_root),
+        "MINT_HEARTBEAT_S": "1",
+        "MINT_TEST_PREWARM_DELAY_MS": str(PHASE_DELAY_MS),
+    }
+    world = serving_world(
+        tenant=tenant_a.tenant,
+        engine=engine,
+        tiny_llama_dir=tiny_llama_dir,
+        tmp_path=tmp_path,
+        start_worker=start_worker,
+        start_web=start_web,
+        supervisor=supervisor,
+        env=env,
+    )
+    adapter = world.adapter
+    pipeline, approver_api = tenant_a.client_as("key:pipeline"), tenant_a.client_as("approver")
+    register_peft_revisions(world, pipeline, tiny_llama_dir, tmp_path)
+    # r1 goes live through the API first, so that there is something to roll back to.
+    for number in (1, 2):
+        assert pipeline.post(f"/api/v1/adapters/support-bot/revisions/{number}/request-approval/").status_code == 200
+    assert approver_api.post("/api/v1/adapters/support-bot/revisions/1/approve/", {}, format="json").status_code == 200
+    assert (
+        approver_api.post("/api/v1/adapters/support-bot/activate/", {"revision": "r1"}, format="json").status_code
+        == 200
+    )
+    r1, r2 = (AdapterRevision.objects.get(adapter=adapter, number=n) for n in (1, 2))
+    wait(lambda: Alias.objects.get(adapter=adapter).revision_id == r1.id, timeout=60, what="r1 live", logs=world.logs)
+
+    browser = launch_browser()
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    console: list[str] = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    sign_in(page, world.web, "acme-approver")
+    assert page.locator("[data-adapter='support-bot']").count() >= 1
+    page.get_by_role("link", name="support-bot").click()
+    page.wait_for_selector("#live[data-state='on']", timeout=10_000)
+
+    # Approve r2 (pending) with the two-step confirmation.
+    r2_card = page.locator("[data-revision='r2']")
+    r2_card.get_by_text("Approve…").click()
+    r2_card.get_by_role("button", name="Confirm approval of r2").click()
+    page.wait_for_selector("#flash .msg-success", timeout=10_000)
+    assert "r2 of support-bot approved." in page.locator("#flash").inner_text()
+    page.wait_for_function(
+        "document.querySelector(\"[data-revision='r2'] [data-revision-state]\").textContent.trim() === 'Approved'",
+        timeout=5_000,
+    )
+
+    # Activate r2 and watch its placement move, without reloading the page.
+    navigations = []
+    page.on("framenavigated", lambda frame: navigations.append(frame.url))
+    page.evaluate(WATCH, "r2")
+    r2_card = page.locator("[data-revision='r2']")
+    r2_card.get_by_text("Activate…").click()
+    r2_card.get_by_role("button", name="Confirm activation of r2").click()
+    # Mid-way: the placement's phase and how long it has been in it.
+    page.wait_for_function("() => (window.__states || []).some(s => s.state === 'warming')", timeout=60_000)
+    screenshot(page, tmp_path, "dashboard")  # the README's docs/dashboard.png
+    wait(
+        lambda: Alias.objects.get(adapter=adapter).revision_id == r2.id, timeout=60, what="flip to r2", logs=world.logs
+    )
+    page.wait_for_function(
+        "() => (window.__states || []).some(s => s.state === 'ready')", timeout=int(LIVE_LATENCY_S * 1000) + 2_000
+    )
+    page.wait_for_selector("[data-revision='r2'] .live-tag", timeout=5_000)
+    states = page.evaluate("() => window.__states")
+    seen = [s["state"] for s in states]
+    assert seen == ["queued", "loading", "warming", "ready"], f"{seen}\n{console}"
+    assert navigations == [], navigations
+
+    # Each state showed within LIVE_LATENCY_S of its commit (timestamps from the same machine's clock).
+    placement = Placement.objects.get(revision=r2)
+    shown = {s["state"]: s["at"] / 1000 for s in states}
+    for state, committed in (("warming", placement.loaded_at), ("ready", placement.ready_at)):
+        lag = shown[state] - committed.timestamp()
+        assert lag < LIVE_LATENCY_S, f"{state} showed {lag:.2f}s after it happened"
+    lags = {
+        s: round(shown[s] - t.timestamp(), 3)
+        for s, t in (("warming", placement.loaded_at), ("ready", placement.ready_at))
+    }
+    print(f"dashboard: placement states {seen}, lag after commit {lags}")
+    page.locator("[data-revision='r2']").scroll_into_view_if_needed()
+    screenshot(page, tmp_path, "ready")
+
+    # Roll back: r1 is still loaded, so production flips back at once; the page shows it live.
+    page.get_by_text("Roll back to r1…").click()
+    page.get_by_role("button", name="Confirm rollback to r1").click()
+    wait(lambda: Alias.objects.get(adapter=adapter).revision_id == r1.id, timeout=15, what="rollback", logs=world.logs)
+    page.wait_for_selector("[data-revision='r1'] .live-tag", timeout=5_000)
+    assert page.locator("[data-alias-live]").inner_text().strip() == "r1"
+    assert navigations == [], navigations
+
+    # The overview and nodes pages show the tiers.
+    page.goto(f"{world.web}/")
+    assert page.locator("[data-adapter='support-bot'] [data-readiness]").inner_text() == "ready"
+    screenshot(page, tmp_path, "overview")
+    page.goto(f"{world.web}/nodes/")
+    assert "2 / 8" in page.locator("[data-node='e2e']").first.inner_text()
+    screenshot(page, tmp_path, "nodes")
+    context.close()
+
+    # A viewer sees the same adapter, live, with no action buttons at all.
+    viewer = browser.new_context(viewport={"width": 820, "height": 1100})  # tablet width
+    vpage = viewer.new_page()
+    sign_in(vpage, world.web, "acme-viewer")
+    vpage.goto(f"{world.web}/adapters/support-bot/")
+    vpage.wait_for_selector("#live[data-state='on']", timeout=10_000)
+    assert vpage.locator("[data-revision]").count() == 2
+    assert vpage.locator("[data-action]").count() == 0
+    assert vpage.locator("form[data-enhance]").count() == 0
+    assert vpage.get_by_text("Approve…").count() == 0 and vpage.get_by_text("Roll back").count() == 0
+    screenshot(vpage, tmp_path, "viewer")
+    viewer.close()

@@ -1,0 +1,90 @@
+"""Set-up shared by end-to-end tests of the serving plane: a node on the session's vLLM, workers, the web server."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from adapters.base_models import base_model_upsert
+from adapters.models import Adapter, AdapterRevision, Alias
+from serving import services as serving_services
+from serving.models import NodeState, Placement, ServingNode
+from tenants.access import Actor
+from tests.adapters.fixtures import uploads_of
+from tests.e2e.conftest import log_of, make_peft_adapter
+
+
+def wait(predicate: Callable, *, timeout: float, what: str, logs: Callable[[], str] = lambda: ""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}\n{logs()}")
+
+
+@dataclass
+class ServingWorld:
+    adapter: Adapter
+    node: ServingNode
+    web: str  # base URL of the ASGI server
+    logs: Callable[[], str]
+
+
+def serving_world(
+    *,
+    tenant,
+    engine,
+    tiny_llama_dir: Path,
+    tmp_path: Path,
+    start_worker,
+    start_web,
+    supervisor,
+    env: dict[str, str],
+    adapter_name: str = "support-bot",
+) -> ServingWorld:
+    """A node `e2e` on the session's vLLM (up), an adapter of `tenant`, a worker with beat, the web server."""
+    base = base_model_upsert(name="tiny-llama", path=tiny_llama_dir, max_lora_rank=16, by=Actor.system())
+    node = serving_services.node_register(
+        name="e2e",
+        base_model=base,
+        url=engine.url,
+        served_model_name="tiny-llama",
+        gpu_slots=4,
+        cpu_slots=8,
+        max_lora_rank=16,
+        cache_dir=str(tmp_path / "node-cache"),
+        by=Actor.system(),
+    )
+    adapter = Adapter.objects.create(tenant=tenant, name=adapter_name, base_model=base)
+    start_worker("control", "node.e2e", extra_env=env, beat=True)
+    web = start_web(env)
+
+    def logs() -> str:
+        placements = list(Placement.objects.values("revision__number", "state", "attempts", "failure_reason"))
+        aliases = list(Alias.objects.values("name", "revision_id", "desired_revision_id"))
+        worker = "\n".join(line for line in log_of(supervisor, "worker").splitlines() if "GET /" not in line)
+        web_log = log_of(supervisor, "web")
+        return f"placements: {placements}\naliases: {aliases}\n--- worker\n{worker[-6000:]}\n--- web\n{web_log[-3000:]}"
+
+    wait(lambda: ServingNode.objects.get(id=node.id).state == NodeState.UP, timeout=30, what="heartbeat", logs=logs)
+    return ServingWorld(adapter=adapter, node=node, web=web, logs=logs)
+
+
+def register_peft_revisions(world: ServingWorld, client, tiny_llama_dir: Path, tmp_path: Path, seeds=(1, 2)) -> None:
+    """Register one peft-made revision per seed through the REST API with `client`, and wait until each is exported."""
+    name = world.adapter.name
+    for seed in seeds:
+        files = uploads_of(make_peft_adapter(tiny_llama_dir, tmp_path / f"peft-{seed}", seed=seed))
+        response = client.post(f"/api/v1/adapters/{name}/revisions/", {"files": files}, format="multipart")
+        assert response.status_code == 201, response.content
+    for number in range(1, len(seeds) + 1):
+        wait(
+            lambda n=number: AdapterRevision.objects.get(adapter=world.adapter, number=n).state == "exported",
+            timeout=90,
+            what=f"r{number} exported",
+            logs=world.logs,
+        )
