@@ -14,6 +14,7 @@ from mint_site.env import (
     check_redis_url,
     env_bool,
     env_choice,
+    env_float,
     env_int,
     env_list,
     env_str,
@@ -99,7 +100,8 @@ CACHES = {
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": "mint:ch"},
+        # Room for a burst of events (activating many revisions) while a gateway applies them in order.
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": "mint:ch", "capacity": 1000},
     }
 }
 
@@ -220,6 +222,17 @@ MINT_ALIAS_READY_REPLICAS = env_int("MINT_ALIAS_READY_REPLICAS", 1, minimum=1)  
 MINT_ROLLBACK_GRACE_S = env_int("MINT_ROLLBACK_GRACE_S", 900, minimum=0)  # previous revision stays loaded
 MINT_NODE_FILE_GRACE_S = env_int("MINT_NODE_FILE_GRACE_S", 300, minimum=0)  # node files kept after unload
 MINT_HEARTBEAT_S = env_int("MINT_HEARTBEAT_S", 5, minimum=1)
+# The gateway (serving/gateway/): how long routes and keys are cached (live events refresh routes
+# sooner), how often usage is written, upstream timeouts.
+MINT_GATEWAY_CACHE_S = env_float("MINT_GATEWAY_CACHE_S", 1.0, minimum=0)
+MINT_GATEWAY_FOLLOWED_CACHE_S = env_float("MINT_GATEWAY_FOLLOWED_CACHE_S", 30.0, minimum=0)
+MINT_GATEWAY_KEY_CACHE_S = env_float("MINT_GATEWAY_KEY_CACHE_S", 5.0, minimum=0)
+MINT_GATEWAY_USAGE_FLUSH_S = env_float("MINT_GATEWAY_USAGE_FLUSH_S", 10.0, minimum=0)
+MINT_GATEWAY_NOT_READY_RETRY_S = env_int("MINT_GATEWAY_NOT_READY_RETRY_S", 5, minimum=1)
+MINT_GATEWAY_CONNECT_TIMEOUT_S = env_float("MINT_GATEWAY_CONNECT_TIMEOUT_S", 3.0, minimum=0.1)
+MINT_GATEWAY_READ_TIMEOUT_S = env_float("MINT_GATEWAY_READ_TIMEOUT_S", 300.0, minimum=1)
+MINT_GATEWAY_MAX_CONNECTIONS = env_int("MINT_GATEWAY_MAX_CONNECTIONS", 1000, minimum=1)
+MINT_GATEWAY_FOLLOW_EVENTS = env_bool("MINT_GATEWAY_FOLLOW_EVENTS", True)
 CELERY_BEAT_SCHEDULE = {
     "nodes-heartbeat": {"task": "serving.tasks.nodes_heartbeat", "schedule": float(MINT_HEARTBEAT_S)},
 }

@@ -142,6 +142,7 @@ def eviction_victim(node: ServingNode, *, protected: set[int]) -> Placement | No
     return (
         Placement.objects.filter(node=node, state=P.READY)
         .exclude(revision_id__in=protected)
+        .select_related("revision__adapter")
         .order_by(F("last_used_at").asc(nulls_first=True), "ready_at", "id")
         .first()
     )
@@ -210,6 +211,8 @@ def placement_request(*, revision: AdapterRevision, priority: int) -> Placement 
                 Placement.objects.filter(id=victim.id, state=P.READY).update(
                     state=P.EVICTING, updated_at=timezone.now()
                 )
+                # Gateways stop routing to it now, not when their cached route expires.
+                _placement_event(victim.id, state=P.EVICTING, revision=victim.revision, node=locked)
             placement = Placement.objects.create(node=locked, revision=revision, priority=priority)
             _placement_event(placement.id, state=placement.state, revision=revision, node=locked)
             if victim is not None:

@@ -12,6 +12,7 @@ nothing below ever lets a stack trace out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -22,7 +23,7 @@ from typing import Any
 
 from django.conf import settings
 
-from serving.gateway import GatewayError, Reply, drain, proxy, ratelimit, resolve, usage
+from serving.gateway import GatewayError, Reply, drain, feed, proxy, ratelimit, resolve, usage
 from serving.gateway.metrics import NOT_READY, RATE_LIMITED, REQUEST_SECONDS, REQUESTS, UNKNOWN
 from serving.gateway.resolve import Caller, NotReady, parse_model
 
@@ -237,12 +238,19 @@ async def gateway(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
-    """Answer the server's startup and, at shutdown, let background work finish and close pooled clients."""
+    """Start following live events at startup; at shutdown, let background work finish and close pooled clients."""
+    follower: asyncio.Task | None = None
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
+            if settings.MINT_GATEWAY_FOLLOW_EVENTS:
+                follower = asyncio.create_task(feed.follow(), name="gateway feed")
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
+            if follower is not None:
+                follower.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await follower
             await drain()
             await proxy.aclose()
             await ratelimit.aclose()

@@ -41,7 +41,12 @@ _MAX_ENTRIES = 10_000
 
 
 def cache_ttl() -> float:
-    return float(getattr(settings, "MINT_GATEWAY_CACHE_S", 1.0))
+    """How long a route is cached: longer while live events keep routes fresh (serving/gateway/feed.py)."""
+    from serving.gateway import feed
+
+    if feed.following():
+        return float(settings.MINT_GATEWAY_FOLLOWED_CACHE_S)
+    return float(settings.MINT_GATEWAY_CACHE_S)
 
 
 def key_cache_ttl() -> float:
@@ -78,6 +83,9 @@ class _TTLCache:
 
     def pop(self, key: Any) -> None:
         self._entries.pop(key, None)
+
+    def cached_keys(self) -> list[Any]:
+        return list(self._entries)
 
     def clear(self) -> None:
         self._entries.clear()
@@ -321,6 +329,36 @@ async def resolve(tenant_id: int, ref: ModelRef, model: str) -> Resolution:
 def forget(tenant_id: int, ref: ModelRef) -> None:
     """Drop a cached resolution (a node said it does not hold the adapter after all)."""
     _resolutions.pop((tenant_id, ref))
+
+
+def invalidate(*, tenant_id: int | None = None, adapter: str | None = None) -> list[tuple[int, ModelRef]]:
+    """Drop the cached routes of one adapter of a tenant (or every route, without a tenant); return their keys."""
+    dropped = [
+        key
+        for key in _resolutions.cached_keys()
+        if tenant_id is None or (key[0] == tenant_id and (adapter is None or key[1].adapter == adapter))
+    ]
+    for key in dropped:
+        _resolutions.pop(key)
+    if tenant_id is None:
+        _model_lists.clear()
+    else:
+        _model_lists.pop(tenant_id)
+    return dropped
+
+
+async def prefetch(keys: list[tuple[int, ModelRef]]) -> None:
+    """Resolve routes now, so the next request for them finds them cached."""
+    for tenant_id, ref in keys:
+        found = await sync_to_async(_resolve_cold)(tenant_id, ref)
+        _resolutions.put((tenant_id, ref), found, cache_ttl())
+
+
+def _resolve_cold(tenant_id: int, ref: ModelRef) -> Resolution | _AliasNotLive | None:
+    try:
+        return _resolve_sync(tenant_id, ref)
+    finally:
+        connections.close_all()  # a pool thread outside any request: hand the connection back
 
 
 def schedule_prewarm(revision_id: int) -> bool:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from mint_site.env import env_bool, env_choice, env_int, env_list, parse_database_url
+from mint_site.env import env_bool, env_choice, env_float, env_int, env_list, parse_database_url
 
 
 def test_env_bool_reads_common_spellings(monkeypatch):
@@ -32,6 +32,17 @@ def test_env_int_checks_type_and_minimum(monkeypatch):
     monkeypatch.setenv("X_NUM", "0")
     with pytest.raises(ImproperlyConfigured, match="minimum"):
         env_int("X_NUM", 1, minimum=1)
+
+
+def test_env_float_checks_type_and_minimum(monkeypatch):
+    monkeypatch.setenv("X_SECONDS", "0.25")
+    assert env_float("X_SECONDS", 1.0) == 0.25
+    monkeypatch.setenv("X_SECONDS", "soon")
+    with pytest.raises(ImproperlyConfigured, match="X_SECONDS"):
+        env_float("X_SECONDS", 1.0)
+    monkeypatch.setenv("X_SECONDS", "-1")
+    with pytest.raises(ImproperlyConfigured, match="minimum"):
+        env_float("X_SECONDS", 1.0, minimum=0)
 
 
 def test_env_list_and_choice(monkeypatch):

@@ -6,6 +6,7 @@ import pytest
 
 from adapters.models import AdapterRevision, Alias
 from serving.models import NodeState, Placement, ServingNode
+from tests.serving.gateway_world import world  # noqa: F401  (the gateway tests' world of tenants, nodes and a fake vLLM)
 
 
 @pytest.fixture

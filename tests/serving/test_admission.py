@@ -113,10 +113,16 @@ def test_eviction_takes_the_least_recently_used_unprotected_placement(
     old_placement = place(node, old, "ready", last_used_at=now - timedelta(hours=1))
     place(node, recent, "ready", last_used_at=now)
 
-    with django_capture_on_commit_callbacks(execute=True):
+    with (
+        mock.patch("serving.services.live_event") as events,
+        django_capture_on_commit_callbacks(execute=True),
+    ):
         newcomer = services.placement_request(revision=make_revision(4), priority=Priority.ACTIVATION)
     assert newcomer is not None
     assert Placement.objects.get(id=old_placement.id).state == "evicting"
+    # Announced, so gateways stop routing to it at once.
+    evicting = [c.kwargs for c in events.call_args_list if c.kwargs["state"] == "evicting"]
+    assert [(e["id"], e["revision"]) for e in evicting] == [(old_placement.id, "r2")]
     unloads = [c for c in sent.call_args_list if c.args[0] == "serving.tasks.placement_unload"]
     assert [c.kwargs["placement_id"] for c in unloads] == [old_placement.id]
 

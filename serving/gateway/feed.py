@@ -1,0 +1,99 @@
+"""The gateway follows the platform's live events, so routes change when the catalog does.
+
+Without this, a gateway process sees an alias flip, a placement becoming ready or a node
+going down only when its cached route expires (MINT_GATEWAY_CACHE_S), and the first request
+for an adapter that just went live pays for resolving its route. Following the `platform`
+group of the channel layer (the same events the dashboard gets, sent after commit), each
+process drops the routes an event touches at once and resolves the live ones again before
+anyone asks. While the feed is connected, routes are kept for MINT_GATEWAY_FOLLOWED_CACHE_S (they are
+refreshed by events); when it is not, for MINT_GATEWAY_CACHE_S, as without it. Events are
+applied in the order they arrive, one at a time, so a route is never overwritten by an
+older state of the catalog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from adapters.models import Alias
+from serving.gateway import resolve
+
+log = logging.getLogger(__name__)
+
+_REJOIN_S = 3600.0  # channels_redis forgets group members after a day; join again well before
+_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+# Routing-relevant events: for one tenant's adapter, or (node.state) for every tenant.
+_ADAPTER_EVENTS = ("alias.flip", "placement.state", "revision.state")
+
+live = False  # joined the platform group and receiving: routes are refreshed by events
+
+
+def following() -> bool:
+    return live
+
+
+def routes_touched(tenant_id: int | None, event: dict[str, Any]) -> list[tuple[int, resolve.ModelRef]]:
+    """Drop what an event makes stale; return the routes worth resolving again now."""
+    kind = event.get("type")
+    if kind == "node.state":
+        return resolve.invalidate()  # a node's routes may belong to any tenant
+    if kind not in _ADAPTER_EVENTS or tenant_id is None or not event.get("adapter"):
+        return []
+    adapter = event["adapter"]
+    dropped = resolve.invalidate(tenant_id=tenant_id, adapter=adapter)
+    if kind == "alias.flip":
+        alias = event.get("alias") or Alias.PRODUCTION
+        # The name callers use for a live alias, cached or not: its first request finds it resolved.
+        ref = resolve.ModelRef(adapter=adapter, alias=None if alias == Alias.PRODUCTION else alias)
+        dropped = [*dropped, (tenant_id, ref)] if (tenant_id, ref) not in dropped else dropped
+    return dropped
+
+
+async def on_message(message: dict[str, Any]) -> None:
+    event = message.get("event") or {}
+    keys = routes_touched(message.get("tenant_id"), event)
+    if keys:
+        await resolve.prefetch(keys)
+
+
+async def follow(layer=None) -> None:
+    """Receive the platform group's events for as long as the process serves; reconnects with backoff."""
+    from channels.layers import get_channel_layer
+
+    from tenants.events import PLATFORM_GROUP
+
+    global live
+    layer = layer or get_channel_layer()
+    if layer is None:
+        return
+    failures = 0
+    while True:
+        try:
+            channel = await layer.new_channel("gateway.")
+            await layer.group_add(PLATFORM_GROUP, channel)
+            joined = time.monotonic()
+            # Routes cached before joining may have missed events: resolve them again from now on.
+            resolve.invalidate()
+            live, failures = True, 0
+            while True:
+                message = await layer.receive(channel)
+                try:
+                    await on_message(message)
+                except Exception:
+                    log.exception("gateway feed: event %r not applied", message.get("event"))
+                if time.monotonic() - joined > _REJOIN_S:
+                    await layer.group_add(PLATFORM_GROUP, channel)
+                    joined = time.monotonic()
+        except asyncio.CancelledError:
+            live = False
+            raise
+        except Exception as exc:
+            live = False
+            resolve.invalidate()  # events may have been missed: back to the short TTL
+            delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
+            failures += 1
+            log.warning("gateway feed: channel layer unavailable (%s); retrying in %.1f s", exc, delay)
+            await asyncio.sleep(delay)

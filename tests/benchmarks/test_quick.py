@@ -1,0 +1,164 @@
+"""Smoke tests of the benchmarks: each quick mode runs to the end and writes a results file of the right shape.
+
+Timings are never asserted here (a shared CI machine says nothing about them); `make bench` and
+docs/benchmarks.md are where the figures are judged. Each benchmark runs as `make bench` runs it,
+in a subprocess, against databases of its own on the server DATABASE_URL names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.common import BASE_DIR, RESULTS
+from benchmarks.report import BENCHMARKS
+
+# Benchmarks whose `--quick` run is fast (seconds) and needs no vLLM engine, with the keys their
+# results must have. Not here: gateway_overhead and readiness_isolation (they start a vLLM engine,
+# 30-50 s before the first request), and registration (its quick run still sends 36 uploads of
+# 10 MB through daphne, about half a minute on two cores). Add live_events and packing once their
+# quick runs are known to be cheap.
+BENCHMARKS_WITH_QUICK: dict[str, set[str]] = {
+    "catalog": {
+        "sizes",
+        "results",
+        "resolution_cold_p99_ratio",
+        "resolution_cached_p99_ms",
+        "list_p95_ms",
+        "registration_p95_ms",
+        "target",
+    },
+}
+
+# Extra arguments for the smoke run: a database of its own, so `make test` never drops one a
+# `make bench` running at the same time is using.
+SMOKE_ARGS: dict[str, list[str]] = {"catalog": ["--database", "mint_bench_catalog_smoke"]}
+
+# Every results file carries these (benchmarks.common.write_result).
+COMMON_KEYS = {"benchmark", "date", "quick", "machine"}
+
+
+def run_module(module: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=BASE_DIR,
+        env=os.environ.copy(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """Run a benchmark's quick mode once per module; returns the directory its results went to."""
+    done_dirs: dict[str, Path] = {}
+
+    def run(name: str) -> Path:
+        if name not in done_dirs:
+            out = tmp_path_factory.mktemp(name)
+            done = run_module(
+                f"benchmarks.{name}", "--quick", "--out", str(out), *SMOKE_ARGS.get(name, []), timeout=180
+            )
+            assert done.returncode == 0, done.stderr[-4000:]
+            done_dirs[name] = out
+        return done_dirs[name]
+
+    return run
+
+
+@pytest.mark.parametrize("name", sorted(BENCHMARKS_WITH_QUICK))
+def test_quick_run_writes_results(name, quick_run):
+    body = json.loads((quick_run(name) / f"{name}.json").read_text())
+    assert body["benchmark"] == name
+    assert body["quick"] is True
+    missing = (COMMON_KEYS | BENCHMARKS_WITH_QUICK[name]) - body.keys()
+    assert not missing, f"{name}.json lacks {sorted(missing)}"
+    assert (quick_run(name) / f"{name}.png").stat().st_size > 0
+
+
+def test_catalog_quick_run_measures_every_size_and_path(quick_run):
+    body = json.loads((quick_run("catalog") / "catalog.json").read_text())
+    assert [r["revisions"] for r in body["results"]] == body["sizes"] == [1_000, 10_000]
+    for result in body["results"]:
+        assert result["resolution"]["cold"]["n"] > 0
+        assert result["resolution"]["cached"]["n"] > 0
+        assert {"revisions_first_page", "revisions_cursor_walk", "adapters_biggest_tenant"} <= result["lists"].keys()
+        assert result["registration"]["n"] > 0
+        # The plans were read back from EXPLAIN: each names the path it belongs to.
+        assert {"resolve", "revisions_first_page"} <= {plan["path"] for plan in result["plans"]}
+
+
+def test_report_draws_every_result_and_summarises_missing_ones(tmp_path):
+    for path in RESULTS.glob("*.json"):
+        shutil.copy(path, tmp_path)
+    (tmp_path / "packing.json").unlink(missing_ok=True)
+    # A results file of a shape the report has no special case for still gets a figure and a table.
+    (tmp_path / "mystery.json").write_text(
+        json.dumps({"benchmark": "mystery", "date": "2026-01-01", "quick": True, "load": {"p50_ms": 1, "p95_ms": 2}})
+    )
+    done = run_module("benchmarks.report", "--out", str(tmp_path), timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    for path in tmp_path.glob("*.json"):
+        assert path.with_suffix(".png").stat().st_size > 0, path.name
+    markdown = (tmp_path / "benchmarks.md").read_text()
+    assert "## MoE packing" in markdown
+    assert "Not run yet" in markdown
+    assert "mystery" in markdown
+    assert not (tmp_path / "docs").exists()
+
+
+def test_report_does_not_touch_the_committed_docs_for_another_results_dir(tmp_path):
+    docs = BASE_DIR / "docs" / "benchmarks.md"
+    before = docs.read_text() if docs.exists() else None
+    done = run_module("benchmarks.report", "--out", str(tmp_path), timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert (docs.read_text() if docs.exists() else None) == before
+    assert "Not run yet" in (tmp_path / "benchmarks.md").read_text()
+
+
+def test_bench_runner_goes_on_past_a_failure_and_exits_non_zero(tmp_path, monkeypatch):
+    from benchmarks import __main__ as runner
+
+    calls: list[list[str]] = []
+
+    class Done:
+        def __init__(self, code):
+            self.returncode = code
+
+    def fake_run(argv, **kwargs):
+        calls.append(argv)
+        return Done(1 if argv[2] == "benchmarks.registration" else 0)
+
+    monkeypatch.setattr(runner.subprocess, "run", fake_run)
+    assert runner.main(["--quick", "--out", str(tmp_path)]) == 1
+    assert [argv[2] for argv in calls] == [f"benchmarks.{n}" for n in [*BENCHMARKS, "report"]]
+    assert all(argv[3:] == ["--quick", "--out", str(tmp_path)] for argv in calls)
+
+
+def test_bench_runner_refuses_an_unknown_benchmark():
+    from benchmarks import __main__ as runner
+
+    with pytest.raises(SystemExit):
+        runner.main(["--only", "nonesuch"])
+
+
+def test_full_bench_run_asks_packing_for_live_loads(monkeypatch):
+    from benchmarks import __main__ as runner
+
+    calls: dict[str, list[str]] = {}
+
+    def fake_run(argv, **kwargs):
+        calls[argv[2]] = argv[3:]
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(runner.subprocess, "run", fake_run)
+    assert runner.main([]) == 0
+    assert calls["benchmarks.packing"] == ["--engine"]
+    assert calls["benchmarks.catalog"] == []

@@ -1,0 +1,108 @@
+"""The gateway follows live events: routes change at a flip or a node change, not at the end of the cache TTL."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from adapters import services
+from adapters.models import Alias
+from serving.gateway import feed, resolve
+from serving.gateway.resolve import ModelRef
+from serving.models import NodeState, Placement, PlacementState, ServingNode, lora_name
+from tests.serving.gateway_world import complete
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _make_r2_live(world) -> None:
+    Placement.objects.create(node=world.node_b, revision=world.r2, state=PlacementState.READY)
+    Alias.objects.filter(adapter=world.adapter, name=Alias.PRODUCTION).update(revision=world.r2)
+
+
+def _flip_event(world, **fields) -> dict:
+    event = {"type": "alias.flip", "id": 1, "state": "live", "adapter": "support-bot", "alias": "production"}
+    return {"type": "live.event", "tenant_id": world.tenant_a.tenant.id, "event": event | fields}
+
+
+def test_a_flip_refreshes_the_cached_route_before_the_next_request(world, settings):
+    settings.MINT_GATEWAY_CACHE_S = 3600  # without the event, the old route would be served for an hour
+    token = world.token
+    assert complete(token).status == 200  # caches the key and the route to r1
+    _make_r2_live(world)
+
+    async_to_sync(feed.on_message)(_flip_event(world))
+
+    with CaptureQueriesContext(connection) as queries:
+        answer = complete(token)
+    assert answer.status == 200
+    assert len(queries) == 0  # resolved when the event came, not on the request path
+    host, _, sent = world.vllm.calls[-1]
+    assert (host, sent["model"]) == ("node-b.test", lora_name(world.r2))
+
+
+def test_a_flip_resolves_a_route_nobody_asked_for_yet(world):
+    async_to_sync(feed.on_message)(_flip_event(world))
+
+    hit, found = resolve._resolutions.get((world.tenant_a.tenant.id, ModelRef(adapter="support-bot")))
+    assert hit and found.revision_number == 1
+
+
+def test_a_node_going_down_takes_every_tenants_routes_off_it_at_once(world, settings):
+    settings.MINT_GATEWAY_CACHE_S = 3600
+    token_a, token_b = world.token, world.tenant_b.key("inference")[1]
+    assert complete(token_a).status == 200
+    assert complete(token_b, "globex-bot").status == 200
+    ServingNode.objects.filter(id=world.node_a.id).update(state=NodeState.DOWN)
+
+    node_event = {"type": "node.state", "id": world.node_a.id, "state": "down", "node": "node-a"}
+    async_to_sync(feed.on_message)({"type": "live.event", "tenant_id": None, "event": node_event})
+
+    assert complete(token_a).error()["code"] == "adapter_not_ready"
+    assert complete(token_b, "globex-bot").error()["code"] == "adapter_not_ready"
+
+
+def test_an_event_touches_only_its_own_tenants_routes(world, settings):
+    settings.MINT_GATEWAY_CACHE_S = 3600
+    assert complete(world.tenant_b.key("inference")[1], "globex-bot").status == 200
+
+    async_to_sync(feed.on_message)(_flip_event(world))  # tenant A's support-bot
+
+    assert (world.tenant_b.tenant.id, ModelRef(adapter="globex-bot")) in resolve._resolutions.cached_keys()
+
+
+def test_follow_applies_events_committed_by_the_services(world):
+    """End to end through the real Redis channel layer: a committed flip reaches the gateway's cache."""
+    key = (world.tenant_a.tenant.id, ModelRef(adapter="support-bot"))
+    Alias.objects.filter(adapter=world.adapter, name=Alias.PRODUCTION).update(desired_revision=world.r2)
+    Placement.objects.create(node=world.node_b, revision=world.r2, state=PlacementState.READY)
+
+    def flip() -> None:
+        services.alias_flip(adapter=world.adapter, revision=world.r2)
+
+    async def scenario() -> int | None:
+        follower = asyncio.create_task(feed.follow())
+        await asyncio.sleep(0.5)  # joined the platform group
+        await sync_to_async(flip)()
+        for _ in range(100):
+            hit, found = resolve._resolutions.get(key)
+            if hit:
+                break
+            await asyncio.sleep(0.05)
+        follower.cancel()
+        return found.revision_number if hit else None
+
+    assert async_to_sync(scenario)() == 2
+
+
+def test_routes_are_kept_longer_while_the_feed_is_live(settings, monkeypatch):
+    settings.MINT_GATEWAY_CACHE_S, settings.MINT_GATEWAY_FOLLOWED_CACHE_S = 1.0, 30.0
+
+    monkeypatch.setattr(feed, "live", True)
+    assert resolve.cache_ttl() == 30.0
+    monkeypatch.setattr(feed, "live", False)
+    assert resolve.cache_ttl() == 1.0
