@@ -106,7 +106,7 @@ class AdapterRevision(models.Model):
         # The unique (adapter, number) index, read backwards, serves "newest numbers first".
         # The REST list pages by `-id` (mint_site.pagination.CursorPage): without (adapter, -id) the
         # planner walks the primary key backwards and filters, reading every newer row of other
-        # adapters (benchmarks/catalog.py: ~10^5 rows for an old adapter in a 10^6 catalog).
+        # adapters (benchmarks/catalog/: ~10^5 rows for an old adapter in a 10^6 catalog).
         indexes = [
             models.Index(fields=["adapter", "state", "-number"], name="revision_adapter_state"),
             models.Index(fields=["adapter", "-id"], name="revision_adapter_page"),

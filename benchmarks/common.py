@@ -1,4 +1,5 @@
-"""Shared pieces of the benchmarks: percentiles, the results file, and a private server to measure."""
+"""Shared pieces of the benchmarks: percentiles, the results file and its figure, databases of their own, and a
+private server to measure."""
 
 from __future__ import annotations
 
@@ -85,15 +86,85 @@ def bench_database_url(name: str) -> str:
     return urlunsplit(parts._replace(path=f"/{name}"))
 
 
-def recreate_database(url: str) -> None:
+def bench_redis_url(db: int) -> str:
+    """A Redis database of its own for a benchmark, on the server REDIS_URL names."""
+    return os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0] + f"/{db}"
+
+
+def bench_env(work: Path, *, db_url: str, redis_db: int, log_level: str = "WARNING", **extra: str) -> dict[str, str]:
+    """The environment of a benchmark's private MinT: this process's, pointed at its own database, Redis
+    database and working directory (`extra`: more MINT_* settings)."""
+    return os.environ | {
+        "DATABASE_URL": db_url,
+        "REDIS_URL": bench_redis_url(redis_db),
+        "MINT_VAR_DIR": str(work / "var"),
+        "MINT_ARTIFACT_ROOT": str(work / "artifacts"),
+        "MINT_LOG_LEVEL": log_level,
+        **extra,
+    }
+
+
+def _admin_url(url: str) -> tuple[str, str]:
+    """The server's maintenance database URL, and the database name `url` names."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/postgres")), parts.path.lstrip("/")
+
+
+def recreate_database(url: str, *, template: str | None = None) -> None:
+    """Drop the database `url` names and create it afresh, empty or as a copy of `template` (a database name)."""
     import psycopg
 
-    parts = urlsplit(url)
-    admin = urlunsplit(parts._replace(path="/postgres"))
-    name = parts.path.lstrip("/")
+    admin, name = _admin_url(url)
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+
+
+def drop_database(url: str) -> None:
+    import psycopg
+
+    admin, name = _admin_url(url)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def setup_django(env: dict[str, str]) -> None:
+    """Django in this process on a benchmark's environment (bench_env): migrate its database, empty its Redis."""
+    os.environ.update({k: v for k, v in env.items() if k.startswith(("DATABASE_URL", "REDIS_URL", "MINT_"))})
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mint_site.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    flush_redis()
+
+
+def flush_redis() -> None:
+    """Empty the benchmark's Redis database: queued tasks, channel layer groups, caches of an earlier run."""
+    from mint_site.celery import app
+
+    with app.connection_for_write() as conn:
+        conn.default_channel.client.flushdb()
+
+
+def print_logs(supervisor, *names: str, limit: int = 4000) -> None:
+    """The tail of each named process's log (mint_site.launcher.Supervisor), on stderr: for a run that failed."""
+    for name in names:
+        log = supervisor.log_dir / f"{name}.log"
+        text = log.read_text(errors="replace")[-limit:] if log.exists() else "(no log)"
+        print(f"--- {name} log\n{text}", file=sys.stderr)
+
+
+def plot_result(path: Path) -> None:
+    """Draw the results file's figure next to it (benchmarks.report.plot); matplotlib is a dev extra."""
+    try:
+        from benchmarks import report
+
+        report.plot(path)
+    except ImportError as exc:
+        print(f"{path.stem}: no plot ({exc})", file=sys.stderr)
 
 
 def manage(*args: str, env: dict[str, str]) -> str:
@@ -114,3 +185,9 @@ def wait_http(url: str, timeout: float = 60) -> None:
             pass
         time.sleep(0.2)
     raise TimeoutError(f"{url} did not answer within {timeout} s")
+
+
+def server_timing(response) -> dict[str, float]:
+    """The gateway's `Server-Timing` header: its own milliseconds and the node's."""
+    parts = (part.strip().split(";dur=") for part in response.headers.get("server-timing", "").split(",") if part)
+    return {name: float(value) for name, value in parts}

@@ -11,14 +11,13 @@ WebSocket client signed in as a tenant member, connected to `ws/live/` like the 
 
 Target: p95 <= 250 ms.
 
-    python -m benchmarks.live_events [--quick]
+    python -m benchmarks.live_events [--quick] [--database NAME]
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import queue
 import shutil
 import sys
@@ -28,10 +27,23 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from benchmarks.common import bench_database_url, parser, recreate_database, summary_ms, wait_http, write_result
+from benchmarks.common import (
+    bench_database_url,
+    bench_env,
+    parser,
+    plot_result,
+    print_logs,
+    recreate_database,
+    setup_django,
+    summary_ms,
+    wait_http,
+    write_result,
+)
 from mint_site.launcher import Supervisor, free_port, web_argv, worker_argv
 
 TARGET_P95_MS = 250.0
+DB_NAME = "mint_bench_live_events"
+REDIS_DB = 12  # registration uses 14, the serving stack 13, catalog 11
 
 
 class Listener:
@@ -157,32 +169,15 @@ def service_changes(listener: Listener, revisions: list, owner) -> list[float]:
 
 
 def main() -> int:
-    args = parser(__doc__).parse_args()
+    p = parser(__doc__)
+    p.add_argument("--database", default=DB_NAME, help=f"the benchmark's database name (default {DB_NAME})")
+    args = p.parse_args()
     count = 5 if args.quick else 100
     work = Path(tempfile.mkdtemp(prefix="mint-bench-live-"))
-    db_url = bench_database_url("mint_bench_live_events")
+    db_url = bench_database_url(args.database)
     recreate_database(db_url)
-    redis = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0]
-    env = os.environ | {
-        "DATABASE_URL": db_url,
-        "REDIS_URL": f"{redis}/12",
-        "MINT_VAR_DIR": str(work / "var"),
-        "MINT_ARTIFACT_ROOT": str(work / "artifacts"),
-        "MINT_LOG_LEVEL": "WARNING",
-        "MINT_LOCAL_NODE": "0",
-    }
-    os.environ.update({k: v for k, v in env.items() if k.startswith(("DATABASE_URL", "REDIS_URL", "MINT_"))})
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mint_site.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    from mint_site.celery import app
-
-    call_command("migrate", verbosity=0)
-    with app.connection_for_write() as conn:
-        conn.default_channel.client.flushdb()
+    env = bench_env(work, db_url=db_url, redis_db=REDIS_DB, MINT_LOCAL_NODE="0")
+    setup_django(env)
 
     supervisor = Supervisor(work / "log")
     try:
@@ -197,9 +192,7 @@ def main() -> int:
         from_worker, revisions = worker_changes(listener, tenant, adapter, work, count)
         from_service = service_changes(listener, revisions, owner)
     except BaseException:
-        for name in ("web", "worker"):
-            log = supervisor.log_dir / f"{name}.log"
-            print(f"--- {name} log\n{log.read_text(errors='replace')[-4000:]}", file=sys.stderr)
+        print_logs(supervisor, "web", "worker")
         raise
     finally:
         supervisor.stop_all()
@@ -213,6 +206,7 @@ def main() -> int:
         "met": max(worker_summary["p95_ms"], service_summary["p95_ms"]) <= TARGET_P95_MS,
     }
     path = write_result("live_events", figures, quick=args.quick, out_dir=args.out)
+    plot_result(path)
     print(json.dumps(figures, indent=2))
     print(f"wrote {path}")
     return 0

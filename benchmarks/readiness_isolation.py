@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from benchmarks.common import parser, percentile, summary_ms, write_result
+from benchmarks.common import parser, percentile, server_timing, summary_ms, write_result
 from benchmarks.stack import Stack
 
 BODY = {"max_tokens": 4, "temperature": 0}
@@ -55,12 +55,6 @@ class Steady(threading.Thread):
 
     def between(self, start: float, end: float) -> list[float]:
         return [latency for at, latency in self.samples if start <= at < end]
-
-
-def server_timing(response: httpx.Response) -> dict[str, float]:
-    """The gateway's `Server-Timing` header: its own milliseconds and the node's."""
-    parts = (part.strip().split(";dur=") for part in response.headers.get("server-timing", "").split(",") if part)
-    return {name: float(value) for name, value in parts}
 
 
 @dataclass

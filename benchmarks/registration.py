@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -23,10 +22,11 @@ from pathlib import Path
 import httpx
 
 from benchmarks.common import (
-    BASE_DIR,
     bench_database_url,
+    bench_env,
     manage,
     parser,
+    print_logs,
     recreate_database,
     summary_ms,
     wait_http,
@@ -78,26 +78,9 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="mint-bench-registration-"))
     db_url = bench_database_url("mint_bench_registration")
     recreate_database(db_url)
-    env = os.environ | {
-        "DATABASE_URL": db_url,
-        "MINT_VAR_DIR": str(work / "var"),
-        "MINT_ARTIFACT_ROOT": str(work / "artifacts"),
-        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0] + "/14",
-        "MINT_LOG_LEVEL": "ERROR",
-    }
+    env = bench_env(work, db_url=db_url, redis_db=14, log_level="ERROR")
     manage("migrate", "--noinput", env=env)
-    setup = json.loads(
-        subprocess.run(
-            [sys.executable, "manage.py", "shell", "-c", SETUP],
-            cwd=BASE_DIR,
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
+    setup = json.loads(manage("shell", "-c", SETUP, env=env).splitlines()[-1])
     token, tenant_id = setup["token"], setup["tenant_id"]
     incoming = work / "artifacts" / f"t/{tenant_id}/incoming/run"
     incoming.mkdir(parents=True)
@@ -138,8 +121,7 @@ def main() -> int:
             },
         }
     except RuntimeError:
-        log = supervisor.log_dir / "web.log"
-        print(log.read_text(errors="replace")[-6000:] if log.exists() else "(no web log)", file=sys.stderr)
+        print_logs(supervisor, "web", limit=6000)
         raise
     finally:
         supervisor.stop_all()

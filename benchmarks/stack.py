@@ -5,13 +5,13 @@ database, a vLLM CPU engine on the generated tiny Llama, the web server, and one
 
 from __future__ import annotations
 
-import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import bench_database_url, recreate_database, wait_http
+from benchmarks.common import bench_database_url, bench_env, print_logs, recreate_database, setup_django, wait_http
 from mint_site.launcher import Supervisor, free_port, web_argv, worker_argv
 
 NODE = "bench"
@@ -21,35 +21,21 @@ class Stack:
     def __init__(self, name: str, *, cpu_slots: int = 48, max_loras: int = 4):
         self.work = Path(tempfile.mkdtemp(prefix=f"mint-bench-{name}-"))
         self.db_url = bench_database_url(f"mint_bench_{name}")
-        redis = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0]
-        self.env = os.environ | {
-            "DATABASE_URL": self.db_url,
-            "REDIS_URL": f"{redis}/13",
-            "MINT_VAR_DIR": str(self.work / "var"),
-            "MINT_ARTIFACT_ROOT": str(self.work / "artifacts"),
-            "MINT_HEARTBEAT_S": "1",
-            "MINT_LOG_LEVEL": "WARNING",
-            "MINT_GATEWAY_CACHE_S": "1.0",
-        }
+        self.env = bench_env(
+            self.work, db_url=self.db_url, redis_db=13, MINT_HEARTBEAT_S="1", MINT_GATEWAY_CACHE_S="1.0"
+        )
         self.cpu_slots, self.max_loras = cpu_slots, max_loras
         self.supervisor = Supervisor(self.work / "log")
         self.vllm_url = self.web_url = ""
 
     def __enter__(self) -> Stack:
         recreate_database(self.db_url)
-        os.environ.update({k: v for k, v in self.env.items() if k.startswith(("DATABASE_URL", "REDIS_URL", "MINT_"))})
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mint_site.settings")
-        import django
-
-        django.setup()
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0)
-        from mint_site.celery import app
-
-        with app.connection_for_write() as conn:
-            conn.default_channel.client.flushdb()
-        self._start()
+        setup_django(self.env)
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__(*sys.exc_info())
+            raise
         return self
 
     def _start(self) -> None:
@@ -96,7 +82,9 @@ class Stack:
 
         self.wait(lambda: ServingNode.objects.get(name=NODE).state == "up", what="node up", timeout=60)
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:
+            print_logs(self.supervisor, "vllm", "web", "worker")
         self.supervisor.stop_all()
         shutil.rmtree(self.work, ignore_errors=True)
 

@@ -22,8 +22,8 @@ from benchmarks.report import BENCHMARKS
 # Benchmarks whose `--quick` run is fast (seconds) and needs no vLLM engine, with the keys their
 # results must have. Not here: gateway_overhead and readiness_isolation (they start a vLLM engine,
 # 30-50 s before the first request), and registration (its quick run still sends 36 uploads of
-# 10 MB through daphne, about half a minute on two cores). Add live_events and packing once their
-# quick runs are known to be cheap.
+# 10 MB through daphne, about half a minute on two cores). Add packing once its quick run is known
+# to be cheap.
 BENCHMARKS_WITH_QUICK: dict[str, set[str]] = {
     "catalog": {
         "sizes",
@@ -34,11 +34,16 @@ BENCHMARKS_WITH_QUICK: dict[str, set[str]] = {
         "registration_p95_ms",
         "target",
     },
+    # A web server, one Celery worker and a WebSocket client; about 8 s.
+    "live_events": {"worker_task_changes", "service_changes", "target_p95_ms", "met"},
 }
 
 # Extra arguments for the smoke run: a database of its own, so `make test` never drops one a
 # `make bench` running at the same time is using.
-SMOKE_ARGS: dict[str, list[str]] = {"catalog": ["--database", "mint_bench_catalog_smoke"]}
+SMOKE_ARGS: dict[str, list[str]] = {
+    "catalog": ["--database", "mint_bench_catalog_smoke"],
+    "live_events": ["--database", "mint_bench_live_events_smoke"],
+}
 
 # Every results file carries these (benchmarks.common.write_result).
 COMMON_KEYS = {"benchmark", "date", "quick", "machine"}
@@ -93,6 +98,27 @@ def test_catalog_quick_run_measures_every_size_and_path(quick_run):
         assert result["registration"]["n"] > 0
         # The plans were read back from EXPLAIN: each names the path it belongs to.
         assert {"resolve", "revisions_first_page"} <= {plan["path"] for plan in result["plans"]}
+
+
+def test_live_events_quick_run_times_both_paths(quick_run):
+    body = json.loads((quick_run("live_events") / "live_events.json").read_text())
+    for path in ("worker_task_changes", "service_changes"):
+        assert body[path]["n"] > 0
+        assert body[path]["p50_ms"] <= body[path]["p95_ms"] <= body[path]["p99_ms"]
+    assert body["met"] == (max(body[p]["p95_ms"] for p in ("worker_task_changes", "service_changes")) <= 250)
+
+
+def test_report_has_a_live_events_section_with_both_paths(quick_run, tmp_path):
+    shutil.copy(quick_run("live_events") / "live_events.json", tmp_path)
+    done = run_module("benchmarks.report", "--out", str(tmp_path), timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    markdown = (tmp_path / "benchmarks.md").read_text()
+    section = markdown.split("## Live events", 1)[1].split("\n## ", 1)[0]
+    assert "changes by Celery tasks (validate, export): p95" in section
+    assert "| changes by services (request approval, approve) |" in section
+    assert "(`met` in `live_events.json`)" in section
+    assert "All figures" not in section  # its own table, not the generic one
+    assert (tmp_path / "live_events.png").stat().st_size > 0
 
 
 def test_report_draws_every_result_and_summarises_missing_ones(tmp_path):

@@ -1,0 +1,206 @@
+"""One PNG per results file: a figure of its own for each known benchmark, a generic one for the rest."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.report.data import LIVE_EVENT_PATHS, TITLES, fmt, get, leaves, number, summaries
+from benchmarks.report.verdicts import live_events_target
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _bars(ax, groups: list[str], series: dict[str, list[float | None]], *, ylabel: str, log: bool = False) -> None:
+    width = 0.8 / max(len(series), 1)
+    for i, (label, values) in enumerate(series.items()):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(xs, [v if v is not None else 0 for v in values], width, label=label)
+    ax.set_xticks(range(len(groups)), groups, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _percentile_bars(ax, items: list[tuple[str, dict]], *, log: bool = False) -> None:
+    groups = [label for label, _ in items]
+    series = {q: [number(s.get(f"{q}_ms")) for _, s in items] for q in ("p50", "p95", "p99")}
+    _bars(ax, groups, series, ylabel="ms", log=log)
+
+
+def plot_registration(d: dict, plt) -> Any:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    items = [
+        (f"{kind} {clients.replace('clients_', '')} client(s)", get(d, f"{kind}.{clients}") or {})
+        for kind in ("source_uri", "upload_10mb")
+        for clients in ("clients_1", "clients_16")
+    ]
+    _percentile_bars(ax, items, log=True)
+    ax.axhline(50, color="red", linestyle="--", linewidth=1, label="target p95 (source_uri, 1 client)")
+    ax.axhline(1660, color="grey", linestyle=":", linewidth=1, label="MinT paper: 1.66 s")
+    ax.legend(fontsize=8)
+    ax.set_title("Registration latency")
+    return fig
+
+
+def plot_gateway_overhead(d: dict, plt) -> Any:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    _percentile_bars(ax, [("direct to vLLM", get(d, "direct") or {}), ("through the gateway", get(d, "gateway") or {})])
+    ax.set_title(
+        f"Gateway overhead: p50 ratio {fmt(get(d, 'p50_ratio'))} (target ≤ 1.05), "
+        f"p99 +{fmt(get(d, 'p99_difference_ms'))} ms (≤ 3)",
+        fontsize=10,
+    )
+    return fig
+
+
+def plot_readiness_isolation(d: dict, plt) -> Any:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5), gridspec_kw={"width_ratios": [2, 1]})
+    _percentile_bars(
+        left, [("before activations", get(d, "steady_before") or {}), ("during", get(d, "steady_during") or {})]
+    )
+    left.set_title(f"Steady traffic: p95 ratio {fmt(get(d, 'steady_p95_ratio'))} (target ≤ 1.05)", fontsize=10)
+    first = get(d, "first_over_warm") or {}
+    keys = [k for k in ("median", "p95", "max") if k in first] if isinstance(first, dict) else []
+    right.bar(keys, [first[k] for k in keys], color="tab:purple")
+    right.axhline(1.1, color="red", linestyle="--", linewidth=1, label="target 1.1")
+    right.set_title("New adapter: first ÷ warm request", fontsize=10)
+    right.legend(fontsize=8)
+    return fig
+
+
+def plot_catalog(d: dict, plt) -> Any:
+    results = get(d, "results", default=[]) or []
+    sizes = [r.get("revisions") for r in results]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    ax = axes[0]
+    for path, label in (
+        ("resolution.cold.p50_ms", "cold p50"),
+        ("resolution.cold.p99_ms", "cold p99"),
+        ("resolution.queries_only.p99_ms", "queries only p99"),
+        ("resolution.server_only.p99_ms", "server only p99"),
+        ("resolution.cached.p99_ms", "cached p99"),
+    ):
+        ax.plot(sizes, [number(get(r, path)) for r in results], marker="o", label=label)
+    ax.axhline(2.0, color="red", linestyle="--", linewidth=1, label="cached target 2 ms")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("revisions in the catalog")
+    ax.set_ylabel("ms")
+    ax.set_title(f"Model resolution (p99 ratio {fmt(get(d, 'resolution_cold_p99_ratio'))}, target ≤ 1.2)", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax = axes[1]
+    cases = sorted({k for r in results for k in (r.get("lists") or {})})
+    for case in cases:
+        ax.plot(sizes, [number(get(r, f"lists.{case}.p95_ms")) for r in results], marker="o", label=case)
+    ax.axhline(50, color="red", linestyle="--", linewidth=1, label="target 50 ms")
+    ax.set_xscale("log")
+    ax.set_xlabel("revisions in the catalog")
+    ax.set_ylabel("p95 ms")
+    ax.set_ylim(bottom=0)
+    ax.set_title("REST list pages (p95)", fontsize=10)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    ax = axes[2]
+    for q in ("p50", "p95", "p99"):
+        ax.plot(sizes, [number(get(r, f"registration.{q}_ms")) for r in results], marker="o", label=q)
+    ax.axhline(50, color="red", linestyle="--", linewidth=1, label="target p95 50 ms")
+    ax.set_xscale("log")
+    ax.set_xlabel("revisions in the catalog")
+    ax.set_ylabel("ms")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Registration (source_uri, in-process)", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def plot_live_events(d: dict, plt) -> Any:
+    items = [
+        (f"{label}\n({fmt(get(d, f'{key}.n'), digits=0)} events)", d[key])
+        for key, label in LIVE_EVENT_PATHS
+        if isinstance(d.get(key), dict)
+    ]
+    if not items:
+        raise ValueError("no worker_task_changes or service_changes summary")
+    target = live_events_target(d)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    _percentile_bars(ax, items)
+    ax.axhline(target, color="red", linestyle="--", linewidth=1, label=f"target p95 {target:g} ms")
+    ax.legend(fontsize=8)
+    ax.set_xticks(range(len(items)), [label for label, _ in items], rotation=0, ha="center", fontsize=8)
+    met = d.get("met")
+    verdict = "" if not isinstance(met, bool) else (": met" if met else ": missed")
+    ax.set_title(f"Live events: commit → dashboard WebSocket (p95 ≤ {target:g} ms{verdict})", fontsize=10)
+    return fig
+
+
+def plot_generic(d: dict, plt) -> Any:
+    """Latency summaries as percentile bars; otherwise every top-level number as a bar."""
+    items = list(summaries(d))
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(items) + 3), 4.5))
+    if items:
+        _percentile_bars(ax, items, log=max(number(s.get("p99_ms")) or 0 for _, s in items) > 1000)
+    else:
+        pairs = [(k, number(v)) for k, v in leaves(d, skip=("machine", "plans", "results")) if number(v) is not None]
+        pairs = [(k, v) for k, v in pairs if k not in ("quick",)][:20]
+        ax.bar([k for k, _ in pairs], [v for _, v in pairs])
+        ax.set_xticks(range(len(pairs)), [k for k, _ in pairs], rotation=30, ha="right", fontsize=7)
+    ax.set_title(TITLES.get(d.get("benchmark", ""), d.get("benchmark", "results")))
+    return fig
+
+
+PLOTS: dict[str, Callable[[dict, Any], Any]] = {
+    "registration": plot_registration,
+    "gateway_overhead": plot_gateway_overhead,
+    "readiness_isolation": plot_readiness_isolation,
+    "live_events": plot_live_events,
+    "catalog": plot_catalog,
+}
+
+
+# Benchmarks that draw their own figure: `plot(figures, png_path) -> bool` in their module.
+OWN_PLOTS = {"packing"}
+
+
+def plot(path: Path) -> Path:
+    """Draw `<name>.png` next to a results file `<name>.json`. Returns the PNG's path."""
+    plt = _pyplot()
+    d = json.loads(Path(path).read_text())
+    name = d.get("benchmark") or Path(path).stem
+    out = Path(path).with_suffix(".png")
+    if name in OWN_PLOTS:
+        try:
+            from importlib import import_module
+
+            if import_module(f"benchmarks.{name}").plot(d, out):
+                return out
+        except Exception as exc:
+            print(f"report: {name}'s own plot failed ({exc!r}); drawing the generic figure", file=sys.stderr)
+        plt.close("all")
+    draw = PLOTS.get(name, plot_generic)
+    try:
+        fig = draw(d, plt)
+    except Exception as exc:  # an unexpected shape gets the generic figure rather than none
+        print(f"report: {name}: {exc!r}; drawing the generic figure", file=sys.stderr)
+        plt.close("all")
+        fig = plot_generic(d, plt)
+    if d.get("quick"):
+        fig.suptitle("quick run", fontsize=8, color="grey", x=0.99, ha="right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
