@@ -22,7 +22,7 @@ from django.conf import settings
 from adapters import services, store
 from adapters.artifacts.archive import ArchiveLimits, archive_kind, extract_archive
 from adapters.artifacts.errors import ArtifactError
-from adapters.artifacts.export import sha256_file, write_engine_layout
+from adapters.artifacts.export import engine_layout, sha256_file, write_engine_layout
 from adapters.artifacts.validate import ValidatedAdapter, ValidationLimits, validate_adapter_dir
 from adapters.models import AdapterRevision
 from adapters.models import RevisionState as S
@@ -135,7 +135,11 @@ def revision_validate(self, *, revision_id: int) -> None:
 
 
 def policy_record(revision: AdapterRevision, checked: ValidatedAdapter, files: list[dict]) -> dict:
-    """What a frozen export is: who, which base model, which hyper-parameters, which files with which hashes."""
+    """What a frozen export is: who, which base model, which hyper-parameters, which files with which hashes.
+
+    Also how to load it: `engine_layout`, the node flags it needs (`engine_flags`,
+    `min_max_lora_rank`) and the extras the load request must carry (`load_request`).
+    """
     adapter = revision.adapter
     return {
         "format": "mint.policy_record/1",
@@ -150,7 +154,7 @@ def policy_record(revision: AdapterRevision, checked: ValidatedAdapter, files: l
         "dtype": checked.dtype,
         "tensor_count": checked.tensor_count,
         "source_layout": checked.layout,
-        "engine_layout": "peft",
+        **engine_layout(checked, adapter.base_model.spec).as_record(),
         "training_step": revision.training_step,
         "parent": revision.parent.number if revision.parent else None,
         "source_sha256": revision.sha256,
@@ -186,11 +190,14 @@ def revision_export(self, *, revision_id: int) -> None:
             adapter_dir, digest = materialize_source(revision, work)
             if restoring and digest != revision.sha256:
                 raise ArtifactError("source_changed", "The source changed since validation; it cannot be re-exported.")
+            spec = revision.adapter.base_model.spec
+            if restoring and (revision.policy_record or {}).get("engine_layout") == "peft":
+                spec = None  # frozen before packing existed: restore it as it was
             checked = validate_adapter_dir(adapter_dir, revision.adapter.base_model.spec, validation_limits())
             out = work / "export"
             files = [
                 {"name": f.name, "sha256": f.sha256, "size_bytes": f.size_bytes}
-                for f in write_engine_layout(checked, out)
+                for f in write_engine_layout(checked, out, spec=spec)
             ]
             if restoring and files != revision.policy_record["files"]:
                 raise ArtifactError("export_mismatch", "Re-exporting gave different bytes than the frozen export.")

@@ -30,6 +30,7 @@ CODES = frozenset(
         "archive_too_large",
         "archive_compression_ratio",
         "bad_archive",
+        "partial_experts",
     }
 )
 

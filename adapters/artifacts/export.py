@@ -1,5 +1,9 @@
 """Writing a validated adapter in the layout the engine loads: PEFT adapter_config.json + one safetensors.
 
+Dense adapters (and MoE adapters exported without a base model spec) keep their tensors as
+they are; given a MoE base model's spec, per-expert tensors are packed into vLLM's 3-D PEFT
+layout (see adapters.artifacts.packing), which loads several times faster.
+
 The output depends only on the adapter's config and tensor bytes, never on file names,
 timestamps or the input layout, so exporting the same revision again gives byte-identical
 files and a re-export can be checked against the hashes recorded the first time.
@@ -15,7 +19,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from adapters.artifacts import packing
 from adapters.artifacts.safetensors_io import SafetensorsHeader, read_header, tensor_bytes, write_safetensors
+from adapters.artifacts.spec import BaseModelSpec
 from adapters.artifacts.validate import CONFIG_NAME, PEFT_TENSOR_FILE, ValidatedAdapter
 
 HASH_CHUNK_BYTES = 1024 * 1024
@@ -52,13 +58,54 @@ def engine_config(adapter: ValidatedAdapter) -> dict:
     return config
 
 
-def write_engine_layout(adapter: ValidatedAdapter, dest: Path) -> list[ExportedFile]:
+@dataclass(frozen=True)
+class EngineLayout:
+    """How an export must be loaded: the layout name, the node flags it needs and the load request's extras."""
+
+    name: str  # "peft" | packing.LAYOUT
+    engine_flags: list[str]
+    load_request: dict
+    min_max_lora_rank: int  # the node's --max-lora-rank must be at least this (vLLM rounds up to 1, 8, 16, …)
+
+    def as_record(self) -> dict:
+        return {
+            "engine_layout": self.name,
+            "engine_flags": list(self.engine_flags),
+            "load_request": dict(self.load_request),
+            "min_max_lora_rank": self.min_max_lora_rank,
+        }
+
+
+def engine_layout(adapter: ValidatedAdapter, spec: BaseModelSpec | None) -> EngineLayout:
+    """The layout `write_engine_layout(adapter, dest, spec=spec)` writes, and what loading it needs."""
+    headers = [_header(path) for path in adapter.tensor_files]
+    if spec is not None and packing.needs_packing(spec, [name for h in headers for name in h.tensors]):
+        described = packing.describe(spec, headers, rank=adapter.rank, dtype=adapter.dtype)
+        return EngineLayout(
+            name=packing.LAYOUT,
+            engine_flags=list(packing.ENGINE_FLAGS),
+            load_request=dict(packing.LOAD_REQUEST),
+            min_max_lora_rank=described["packed_rank"],
+        )
+    return EngineLayout(name="peft", engine_flags=[], load_request={}, min_max_lora_rank=adapter.rank)
+
+
+def _header(path: Path) -> SafetensorsHeader:
+    # The headers were checked by validation; a header can be no longer than its file.
+    return read_header(path, max_header_bytes=path.stat().st_size)
+
+
+def write_engine_layout(
+    adapter: ValidatedAdapter, dest: Path, *, spec: BaseModelSpec | None = None
+) -> list[ExportedFile]:
     """Write adapter_config.json and adapter_model.safetensors into `dest`; return them sorted by name.
 
-    Tensors are copied with their names sorted, one at a time, as raw bytes (bit-identical,
-    whatever the input layout). Each file is written to a temporary name and renamed, so a
-    crash never leaves a half-written file under its final name. policy_record.json is the
-    caller's.
+    Without `spec`, or for an adapter with no per-expert MoE tensors, tensors are copied with
+    their names sorted, one at a time, as raw bytes (bit-identical, whatever the input
+    layout). With a MoE `spec`, per-expert tensors are packed (one stacked tensor in memory
+    at a time; `packing.unpack_moe` gives them back bit for bit). Each file is written to a
+    temporary name and renamed, so a crash never leaves a half-written file under its final
+    name. policy_record.json is the caller's.
     """
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -66,9 +113,18 @@ def write_engine_layout(adapter: ValidatedAdapter, dest: Path) -> list[ExportedF
     config_bytes = (json.dumps(engine_config(adapter), sort_keys=True, indent=2) + "\n").encode("utf-8")
     _write_atomic(dest / CONFIG_NAME, config_bytes)
 
-    # The headers were checked by validation; a header can be no longer than its file.
-    headers = [read_header(path, max_header_bytes=path.stat().st_size) for path in adapter.tensor_files]
+    headers = [_header(path) for path in adapter.tensor_files]
     source: dict[str, SafetensorsHeader] = {name: header for header in headers for name in header.tensors}
+    if spec is not None and packing.needs_packing(spec, list(source)):
+        packing.write_packed(
+            spec,
+            headers,
+            dest / PEFT_TENSOR_FILE,
+            rank=adapter.rank,
+            dtype=adapter.dtype,
+            metadata=SAFETENSORS_METADATA,
+        )
+        return _exported(dest)
 
     def tensors() -> Iterator[tuple[str, str, tuple[int, ...], bytes]]:
         for name in sorted(source):
@@ -77,7 +133,10 @@ def write_engine_layout(adapter: ValidatedAdapter, dest: Path) -> list[ExportedF
             yield name, info.dtype, info.shape, tensor_bytes(header, name)
 
     write_safetensors(dest / PEFT_TENSOR_FILE, tensors(), metadata=SAFETENSORS_METADATA)
+    return _exported(dest)
 
+
+def _exported(dest: Path) -> list[ExportedFile]:
     return [
         ExportedFile(name=name, sha256=sha256_file(dest / name), size_bytes=(dest / name).stat().st_size)
         for name in sorted((CONFIG_NAME, PEFT_TENSOR_FILE))

@@ -36,6 +36,8 @@ BENCHMARKS_WITH_QUICK: dict[str, set[str]] = {
     },
     # A web server, one Celery worker and a WebSocket client; about 8 s.
     "live_events": {"worker_task_changes", "service_changes", "target_p95_ms", "met"},
+    # A small MoE adapter packed and read three ways; no vLLM engine without --engine; about 6 s.
+    "packing": {"read", "tensors", "shape", "targets", "pack_s"},
 }
 
 # Extra arguments for the smoke run: a database of its own, so `make test` never drops one a

@@ -45,14 +45,14 @@ def start_worker(supervisor, transactional_db):
 
 @pytest.fixture
 def start_web(supervisor, transactional_db):
-    """Start the real ASGI server (daphne) against the test database. Returns its base URL."""
+    """Start the real ASGI server (uvicorn) against the test database. Returns its base URL."""
 
     def start(extra_env: dict[str, str] | None = None) -> str:
         port = free_port()
         env = os.environ | {"DATABASE_URL": database_url_of_test_db()} | (extra_env or {})
         supervisor.start("web", web_argv("127.0.0.1", port), env=env)
         base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: http_ok(f"{base}/healthz"), timeout=60, what="daphne")
+        wait_for(lambda: http_ok(f"{base}/healthz"), timeout=60, what="web server")
         return base
 
     return start
@@ -127,6 +127,54 @@ def engine(tmp_path_factory, tiny_llama_dir):
     except TimeoutError:
         sup.stop_all()
         raise AssertionError(f"vLLM did not start:\n{eng.log()}") from None
+    yield eng
+    sup.stop_all()
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_dir(tmp_path_factory) -> Path:
+    from adapters.tiny import make_tiny_model
+
+    return make_tiny_model("moe", tmp_path_factory.mktemp("models") / "tiny-qwen3-moe")
+
+
+class MoeEngine(Engine):
+    """A vLLM CPU server on the tiny Qwen3-MoE with the flags a node needs for packed MoE adapters.
+
+    `--max-lora-rank 8` covers packed rank-4 adapters (gate and up keep their own rows: rank 8).
+    Load only: a forward pass with a MoE LoRA fails on CPU.
+    """
+
+    served_name = "tiny-qwen3-moe"
+    max_lora_rank = 8
+
+    def start(self) -> None:
+        from adapters.artifacts.packing import ENGINE_FLAGS
+        from serving.local_node import start_engine
+
+        start_engine(
+            self.supervisor,
+            "vllm",
+            model_dir=self.model_dir,
+            port=self.port,
+            served_name=self.served_name,
+            max_loras=1,
+            max_cpu_loras=4,
+            max_lora_rank=self.max_lora_rank,
+            extra=list(ENGINE_FLAGS),
+        )
+
+
+@pytest.fixture(scope="session")
+def moe_engine(tmp_path_factory, tiny_moe_dir):
+    sup = Supervisor(tmp_path_factory.mktemp("moe-engine") / "log")
+    eng = MoeEngine(sup, tiny_moe_dir)
+    eng.start()
+    try:
+        eng.wait_ready()
+    except TimeoutError:
+        sup.stop_all()
+        raise AssertionError(f"vLLM (MoE) did not start:\n{eng.log()}") from None
     yield eng
     sup.stop_all()
 
