@@ -196,8 +196,13 @@ def placement_request(*, revision: AdapterRevision, priority: int) -> Placement 
             .annotate(holding=Count("placements", filter=Q(placements__state__in=HOLDING_STATES)))
             .order_by("holding", "name")
         )
+        nodes = [node for node in nodes if node_can_load(node, revision)]
         if not nodes:
-            log.warning("no up node serves %s for %s", revision.adapter.base_model, revision)
+            log.warning(
+                "no up node serves %s for %s (or none has the flags and rank it needs)",
+                revision.adapter.base_model,
+                revision,
+            )
             return None
         protected = protected_revision_ids()
         for node in nodes:
@@ -223,6 +228,14 @@ def placement_request(*, revision: AdapterRevision, priority: int) -> Placement 
             return placement
     log.warning("every node for %s is full of protected adapters", revision)
     return None
+
+
+def node_can_load(node: ServingNode, revision: AdapterRevision) -> bool:
+    """Whether `node` runs with the engine flags and LoRA rank the revision's export needs (a packed MoE
+    export needs `--enable-mixed-moe-lora-format` and a rank covering its stacked factors)."""
+    record = revision.policy_record or {}
+    missing = set(record.get("engine_flags") or ()) - set(node.engine_flags or ())
+    return not missing and node.max_lora_rank >= int(record.get("min_max_lora_rank") or 0)
 
 
 def admit(*, node_id: int) -> list[int]:

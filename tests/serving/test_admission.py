@@ -10,9 +10,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from adapters.models import Alias
+from adapters.models import AdapterRevision, Alias
 from serving import services
-from serving.models import NodeState, Placement, Priority
+from serving.models import NodeState, Placement, Priority, ServingNode
 from tests.serving.conftest import make_live, place
 
 pytestmark = pytest.mark.django_db
@@ -195,3 +195,19 @@ def test_metrics_show_placements_by_state(node, make_revision, client):
     assert 'mint_admission_queue_depth{node="node-1"} 1.0' in text
     assert 'mint_placement_load_ms{node="node-1",stat="avg"} 12.5' in text
     assert 'mint_node_up{node="node-1",state="up"} 1.0' in text
+
+
+def test_a_packed_export_goes_only_to_a_node_with_its_flags_and_rank(node, make_revision):
+    needs = {"engine_flags": ["--enable-mixed-moe-lora-format"], "min_max_lora_rank": 8}
+    revision = make_revision(1)
+    AdapterRevision.objects.filter(id=revision.id).update(policy_record=needs)
+    revision.refresh_from_db()
+
+    assert services.placement_request(revision=revision, priority=Priority.ACTIVATION) is None
+
+    ServingNode.objects.filter(id=node.id).update(engine_flags=["--enable-mixed-moe-lora-format"], max_lora_rank=4)
+    assert services.placement_request(revision=revision, priority=Priority.ACTIVATION) is None  # rank too small
+
+    ServingNode.objects.filter(id=node.id).update(max_lora_rank=8)
+    placement = services.placement_request(revision=revision, priority=Priority.ACTIVATION)
+    assert placement is not None and placement.node_id == node.id
