@@ -116,7 +116,14 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A task that is acked late must finish before Redis hands it to another worker.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("MINT_TASK_VISIBILITY_TIMEOUT", 3600)}
+_TASK_VISIBILITY_TIMEOUT = env_int("MINT_TASK_VISIBILITY_TIMEOUT", 3600, minimum=1)
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": _TASK_VISIBILITY_TIMEOUT,
+    # How often a worker looks for tasks a killed worker left unacknowledged. kombu's default sweep
+    # (every 10th call of a 10 s interval) could leave one waiting ~100 s past its timeout.
+    "unacked_restore_interval": min(10, _TASK_VISIBILITY_TIMEOUT),
+    "unacked_restore_throttle": 1,
+}
 CELERY_TASK_ALWAYS_EAGER = env_bool("MINT_TASKS_EAGER", False)
 
 AUTH_PASSWORD_VALIDATORS = [

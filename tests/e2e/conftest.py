@@ -81,11 +81,17 @@ def make_peft_adapter(model_dir: Path, dest: Path, *, seed: int) -> Path:
 class Engine:
     """One real vLLM CPU server for the whole test session (it takes about a minute to start)."""
 
+    served_name = "tiny-llama"
+    max_loras, max_cpu_loras, max_lora_rank = 4, 8, 16
+
     def __init__(self, supervisor: Supervisor, model_dir: Path):
         self.supervisor = supervisor
         self.model_dir = model_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+
+    def extra_flags(self) -> list[str]:
+        return []
 
     def start(self) -> None:
         from serving.local_node import start_engine
@@ -95,10 +101,11 @@ class Engine:
             "vllm",
             model_dir=self.model_dir,
             port=self.port,
-            served_name="tiny-llama",
-            max_loras=4,
-            max_cpu_loras=8,
-            max_lora_rank=16,
+            served_name=self.served_name,
+            max_loras=self.max_loras,
+            max_cpu_loras=self.max_cpu_loras,
+            max_lora_rank=self.max_lora_rank,
+            extra=self.extra_flags(),
         )
 
     def wait_ready(self, timeout: float = 300) -> None:
@@ -117,18 +124,39 @@ class Engine:
         return log_of(self.supervisor, "vllm")[-5000:]
 
 
-@pytest.fixture(scope="session")
-def engine(tmp_path_factory, tiny_llama_dir):
-    sup = Supervisor(tmp_path_factory.mktemp("engine") / "log")
-    eng = Engine(sup, tiny_llama_dir)
+class MoeEngine(Engine):
+    """A vLLM CPU server on the tiny Qwen3-MoE with the flags a node needs for packed MoE adapters.
+
+    `--max-lora-rank 8` covers packed rank-4 adapters (gate and up keep their own rows: rank 8).
+    Load only: a forward pass with a MoE LoRA fails on CPU.
+    """
+
+    served_name = "tiny-qwen3-moe"
+    max_loras, max_cpu_loras, max_lora_rank = 1, 4, 8
+
+    def extra_flags(self) -> list[str]:
+        from adapters.artifacts.packing import ENGINE_FLAGS
+
+        return list(ENGINE_FLAGS)
+
+
+def _running(engine_class: type[Engine], log_dir: Path, model_dir: Path):
+    """Start an engine, wait until it answers, and stop it when the session ends."""
+    sup = Supervisor(log_dir)
+    eng = engine_class(sup, model_dir)
     eng.start()
     try:
         eng.wait_ready()
     except TimeoutError:
         sup.stop_all()
-        raise AssertionError(f"vLLM did not start:\n{eng.log()}") from None
+        raise AssertionError(f"vLLM ({engine_class.served_name}) did not start:\n{eng.log()}") from None
     yield eng
     sup.stop_all()
+
+
+@pytest.fixture(scope="session")
+def engine(tmp_path_factory, tiny_llama_dir):
+    yield from _running(Engine, tmp_path_factory.mktemp("engine") / "log", tiny_llama_dir)
 
 
 @pytest.fixture(scope="session")
@@ -138,45 +166,9 @@ def tiny_moe_dir(tmp_path_factory) -> Path:
     return make_tiny_model("moe", tmp_path_factory.mktemp("models") / "tiny-qwen3-moe")
 
 
-class MoeEngine(Engine):
-    """A vLLM CPU server on the tiny Qwen3-MoE with the flags a node needs for packed MoE adapters.
-
-    `--max-lora-rank 8` covers packed rank-4 adapters (gate and up keep their own rows: rank 8).
-    Load only: a forward pass with a MoE LoRA fails on CPU.
-    """
-
-    served_name = "tiny-qwen3-moe"
-    max_lora_rank = 8
-
-    def start(self) -> None:
-        from adapters.artifacts.packing import ENGINE_FLAGS
-        from serving.local_node import start_engine
-
-        start_engine(
-            self.supervisor,
-            "vllm",
-            model_dir=self.model_dir,
-            port=self.port,
-            served_name=self.served_name,
-            max_loras=1,
-            max_cpu_loras=4,
-            max_lora_rank=self.max_lora_rank,
-            extra=list(ENGINE_FLAGS),
-        )
-
-
 @pytest.fixture(scope="session")
 def moe_engine(tmp_path_factory, tiny_moe_dir):
-    sup = Supervisor(tmp_path_factory.mktemp("moe-engine") / "log")
-    eng = MoeEngine(sup, tiny_moe_dir)
-    eng.start()
-    try:
-        eng.wait_ready()
-    except TimeoutError:
-        sup.stop_all()
-        raise AssertionError(f"vLLM (MoE) did not start:\n{eng.log()}") from None
-    yield eng
-    sup.stop_all()
+    yield from _running(MoeEngine, tmp_path_factory.mktemp("moe-engine") / "log", tiny_moe_dir)
 
 
 def log_of(supervisor: Supervisor, name: str) -> str:

@@ -12,27 +12,13 @@ import time
 import openai
 import pytest
 
-from adapters.base_models import base_model_upsert
-from adapters.models import Adapter, AdapterRevision, Alias
-from serving import services as serving_services
+from adapters.models import AdapterRevision, Alias
 from serving.models import NodeState, Placement, ServingNode
-from tenants.access import Actor
-from tests.adapters.fixtures import uploads_of
-from tests.e2e.conftest import log_of, make_peft_adapter
+from tests.e2e.world import register_peft_revisions, serving_world, wait
 
 pytestmark = pytest.mark.e2e
 
 PROMPT = "the quick brown fox"
-
-
-def wait(predicate, *, timeout: float, what: str, logs=lambda: ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}\n{logs()}")
 
 
 def complete(client: openai.OpenAI, model: str) -> str:
@@ -55,45 +41,22 @@ def test_serving_end_to_end(
     tenant_a, tenant_b, engine, tiny_llama_dir, artifact_root, tmp_path, start_worker, start_web, supervisor
 ):
     env = {"MINT_ARTIFACT_ROOT": str(artifact_root), "MINT_HEARTBEAT_S": "1"}
-    base = base_model_upsert(name="tiny-llama", path=tiny_llama_dir, max_lora_rank=16, by=Actor.system())
-    node = serving_services.node_register(
-        name="e2e",
-        base_model=base,
-        url=engine.url,
-        served_model_name="tiny-llama",
-        gpu_slots=4,
-        cpu_slots=8,
-        max_lora_rank=16,
-        cache_dir=str(tmp_path / "node-cache"),
-        by=Actor.system(),
+    world = serving_world(
+        tenant=tenant_a.tenant,
+        engine=engine,
+        tiny_llama_dir=tiny_llama_dir,
+        tmp_path=tmp_path,
+        start_worker=start_worker,
+        start_web=start_web,
+        supervisor=supervisor,
+        env=env,
     )
-    adapter = Adapter.objects.create(tenant=tenant_a.tenant, name="support-bot", base_model=base)
-    start_worker("control", "node.e2e", extra_env=env, beat=True)
-    web = start_web(env)
-
-    def logs() -> str:
-        placements = list(Placement.objects.values("revision__number", "state", "attempts", "failure_reason"))
-        aliases = list(Alias.objects.values("name", "revision_id", "desired_revision_id"))
-        worker = "\n".join(line for line in log_of(supervisor, "worker").splitlines() if "GET /" not in line)
-        return f"placements: {placements}\naliases: {aliases}\n--- worker\n{worker[-6000:]}"
-
-    wait(lambda: ServingNode.objects.get(id=node.id).state == NodeState.UP, timeout=30, what="heartbeat", logs=logs)
+    adapter, node, web, logs = world.adapter, world.node, world.web, world.logs
 
     # Register two revisions made by peft, and approve both.
     pipeline, approver = tenant_a.client_as("key:pipeline"), tenant_a.client_as("approver")
-    for seed in (1, 2):
-        files = uploads_of(make_peft_adapter(tiny_llama_dir, tmp_path / f"peft-{seed}", seed=seed))
-        assert (
-            pipeline.post("/api/v1/adapters/support-bot/revisions/", {"files": files}, format="multipart").status_code
-            == 201
-        )
+    register_peft_revisions(world, pipeline, tiny_llama_dir, tmp_path)
     for number in (1, 2):
-        wait(
-            lambda n=number: AdapterRevision.objects.get(adapter=adapter, number=n).state == "exported",
-            timeout=90,
-            what=f"r{number} exported",
-            logs=logs,
-        )
         assert pipeline.post(f"/api/v1/adapters/support-bot/revisions/{number}/request-approval/").status_code == 200
         assert (
             approver.post(f"/api/v1/adapters/support-bot/revisions/{number}/approve/", {}, format="json").status_code
