@@ -215,6 +215,7 @@ def live_loads(model_dir: Path, adapters: dict[str, Path], *, node: dict, repeat
         max_cpu_loras=node["max_loras"] + 1,
         max_lora_rank=node["max_lora_rank"],
         extra=["--load-format", "dummy", *ENGINE_FLAGS],
+        dtype="bfloat16",  # the adapters' dtype; loads only, so the local node's float16 workaround is not needed
     )
     try:
         with httpx.Client(base_url=url, timeout=600) as http:

