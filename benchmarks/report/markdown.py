@@ -8,7 +8,7 @@ from benchmarks.report.data import BENCHMARKS, LIVE_EVENT_PATHS, TITLES, fmt, ge
 from benchmarks.report.verdicts import live_events_target, verdict_rows
 
 INTRO = {
-    "registration": "Registering a revision over HTTP (daphne, PostgreSQL): from a `source_uri` already in the "
+    "registration": "Registering a revision over HTTP (uvicorn, PostgreSQL): from a `source_uri` already in the "
     "store, and as a 10 MB multipart upload, with 1 and 16 concurrent clients.",
     "gateway_overhead": "The same completion requests through the gateway and straight to vLLM, alternating, "
     "on the generated tiny Llama (vLLM CPU).",
