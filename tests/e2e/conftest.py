@@ -171,6 +171,26 @@ def moe_engine(tmp_path_factory, tiny_moe_dir):
     yield from _running(MoeEngine, tmp_path_factory.mktemp("moe-engine") / "log", tiny_moe_dir)
 
 
+@pytest.fixture
+def make_serving_world(engine, tiny_llama_dir, tmp_path, start_worker, start_web, supervisor):
+    """`make(tenant, env)`: a node on the session's vLLM, an adapter, a worker with beat and the web server."""
+    from tests.e2e.world import serving_world
+
+    def make(tenant, env: dict[str, str]):
+        return serving_world(
+            tenant=tenant,
+            engine=engine,
+            tiny_llama_dir=tiny_llama_dir,
+            tmp_path=tmp_path,
+            start_worker=start_worker,
+            start_web=start_web,
+            supervisor=supervisor,
+            env=env,
+        )
+
+    return make
+
+
 def log_of(supervisor: Supervisor, name: str) -> str:
     path = supervisor.log_dir / f"{name}.log"
     return path.read_text(errors="replace") if path.exists() else ""

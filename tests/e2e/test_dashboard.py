@@ -17,7 +17,7 @@ from django.db import connections
 
 from adapters.models import AdapterRevision, Alias
 from serving.models import Placement
-from tests.e2e.world import register_peft_revisions, serving_world, wait
+from tests.e2e.world import register_peft_revisions, wait
 from tests.factories import PASSWORD
 
 pytestmark = pytest.mark.e2e
@@ -90,13 +90,10 @@ def launch_browser(monkeypatch):
 
 def test_approver_approves_activates_watches_prewarm_and_rolls_back(
     tenant_a,
-    engine,
     tiny_llama_dir,
     artifact_root,
     tmp_path,
-    start_worker,
-    start_web,
-    supervisor,
+    make_serving_world,
     settings,
     launch_browser,
 ):
@@ -112,16 +109,7 @@ def test_approver_approves_activates_watches_prewarm_and_rolls_back(
         "MINT_HEARTBEAT_S": "1",
         "MINT_TEST_PREWARM_DELAY_MS": str(PHASE_DELAY_MS),
     }
-    world = serving_world(
-        tenant=tenant_a.tenant,
-        engine=engine,
-        tiny_llama_dir=tiny_llama_dir,
-        tmp_path=tmp_path,
-        start_worker=start_worker,
-        start_web=start_web,
-        supervisor=supervisor,
-        env=env,
-    )
+    world = make_serving_world(tenant_a.tenant, env)
     adapter = world.adapter
     pipeline, approver_api = tenant_a.client_as("key:pipeline"), tenant_a.client_as("approver")
     register_peft_revisions(world, pipeline, tiny_llama_dir, tmp_path)

@@ -14,7 +14,7 @@ import pytest
 
 from adapters.models import AdapterRevision, Alias
 from serving.models import NodeState, Placement, ServingNode
-from tests.e2e.world import register_peft_revisions, serving_world, wait
+from tests.e2e.world import register_peft_revisions, wait
 
 pytestmark = pytest.mark.e2e
 
@@ -37,20 +37,9 @@ def status_of(client: openai.OpenAI, model: str) -> tuple[int, str]:
         return exc.status_code, (exc.body or {}).get("code", "") if isinstance(exc.body, dict) else ""
 
 
-def test_serving_end_to_end(
-    tenant_a, tenant_b, engine, tiny_llama_dir, artifact_root, tmp_path, start_worker, start_web, supervisor
-):
+def test_serving_end_to_end(tenant_a, tenant_b, engine, tiny_llama_dir, artifact_root, tmp_path, make_serving_world):
     env = {"MINT_ARTIFACT_ROOT": str(artifact_root), "MINT_HEARTBEAT_S": "1"}
-    world = serving_world(
-        tenant=tenant_a.tenant,
-        engine=engine,
-        tiny_llama_dir=tiny_llama_dir,
-        tmp_path=tmp_path,
-        start_worker=start_worker,
-        start_web=start_web,
-        supervisor=supervisor,
-        env=env,
-    )
+    world = make_serving_world(tenant_a.tenant, env)
     adapter, node, web, logs = world.adapter, world.node, world.web, world.logs
 
     # Register two revisions made by peft, and approve both.
