@@ -12,6 +12,7 @@ import hashlib
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -58,20 +59,32 @@ def not_ready_retry_after() -> int:
 
 
 class _TTLCache:
-    """A dict whose entries expire; process-local, shared by every event loop of the process."""
+    """A dict whose entries expire; process-local, shared by every event loop of the process.
+
+    An entry past half its TTL is "due": it is still served, and `refresh_ahead` reloads it in
+    the background, so a steady stream of requests for a hot key or route never waits on the
+    database when the entry would have expired. Dropping entries bumps an epoch, and a
+    background reload that started before a drop is discarded: it may have read older state.
+    """
 
     def __init__(self) -> None:
-        self._entries: dict[Any, tuple[float, Any]] = {}
+        self._entries: dict[Any, tuple[float, float, Any]] = {}
+        self._reloading: set[Any] = set()
+        self.epoch = 0
 
     def get(self, key: Any) -> tuple[bool, Any]:
         entry = self._entries.get(key)
         if entry is None:
             return False, None
-        expires, value = entry
+        expires, _, value = entry
         if expires <= time.monotonic():
             self._entries.pop(key, None)
             return False, None
         return True, value
+
+    def due(self, key: Any) -> bool:
+        entry = self._entries.get(key)
+        return entry is not None and entry[1] <= time.monotonic() and key not in self._reloading
 
     def put(self, key: Any, value: Any, ttl: float) -> None:
         if len(self._entries) >= _MAX_ENTRIES:
@@ -79,16 +92,40 @@ class _TTLCache:
             self._entries = {k: e for k, e in self._entries.items() if e[0] > now}
             if len(self._entries) >= _MAX_ENTRIES:
                 self._entries.clear()
-        self._entries[key] = (time.monotonic() + ttl, value)
+        now = time.monotonic()
+        self._entries[key] = (now + ttl, now + ttl / 2, value)
 
     def pop(self, key: Any) -> None:
         self._entries.pop(key, None)
+        self.epoch += 1
 
     def cached_keys(self) -> list[Any]:
         return list(self._entries)
 
     def clear(self) -> None:
         self._entries.clear()
+        self._reloading.clear()
+        self.epoch += 1
+
+
+def refresh_ahead(cache: _TTLCache, key: Any, load: Callable[[], Any], ttl: Callable[[], float]) -> None:
+    """Reload a due entry in the background (one reload per key at a time); the request goes on with the cached one."""
+    if not cache.due(key):
+        return
+    cache._reloading.add(key)
+    epoch = cache.epoch
+
+    async def reload() -> None:
+        try:
+            value = await sync_to_async(load)()
+            if cache.epoch == epoch:
+                cache.put(key, value, ttl())
+        except Exception:
+            log.warning("gateway: background refresh of %r failed; it expires as usual", key, exc_info=True)
+        finally:
+            cache._reloading.discard(key)
+
+    spawn(reload(), name="gateway cache refresh")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,12 +169,28 @@ def _authenticate_sync(token: str) -> Caller:
     )
 
 
+def _load_key(token: str) -> Caller | _Refusal:
+    try:
+        return _authenticate_sync(token)
+    except KeyRefused as refused:
+        codes = refused.get_codes()
+        return _Refusal(codes if isinstance(codes, str) else "invalid_api_key", str(refused.detail))
+
+
+def _load_key_in_background(token: str) -> Caller | _Refusal:
+    try:
+        return _load_key(token)
+    finally:
+        connections.close_all()  # a pool thread outside any request: hand the connection back
+
+
 async def authenticate(authorization: str) -> Caller:
     """The caller an `Authorization` header names, or a 401/403 `GatewayError`.
 
-    Cached by the token's SHA-256 (never the token itself) for MINT_GATEWAY_KEY_CACHE_S:
-    a revoked key is refused within that time. Refusals are cached too, so a client
-    hammering with a bad key costs one query per TTL, not one per request.
+    Cached by the token's SHA-256 (never the token itself) for MINT_GATEWAY_KEY_CACHE_S,
+    refreshed in the background after half of it: a revoked key is refused within that time.
+    Refusals are cached too, so a client hammering with a bad key costs one query per TTL,
+    not one per request.
     """
     kind, _, token = authorization.strip().partition(" ")
     token = token.strip()
@@ -148,12 +201,10 @@ async def authenticate(authorization: str) -> Caller:
     digest = hashlib.sha256(token.encode()).hexdigest()
     hit, cached = _keys.get(digest)
     if not hit:
-        try:
-            cached = await sync_to_async(_authenticate_sync)(token)
-        except KeyRefused as refused:
-            codes = refused.get_codes()
-            cached = _Refusal(codes if isinstance(codes, str) else "invalid_api_key", str(refused.detail))
+        cached = await sync_to_async(_load_key)(token)
         _keys.put(digest, cached, key_cache_ttl())
+    else:
+        refresh_ahead(_keys, digest, lambda: _load_key_in_background(token), key_cache_ttl)
     if isinstance(cached, _Refusal):
         # A fresh exception each time: re-raising one cached instance would grow its traceback forever.
         raise GatewayError(401, cached.code, cached.message)
@@ -309,6 +360,8 @@ async def resolve(tenant_id: int, ref: ModelRef, model: str) -> Resolution:
     if not hit:
         found = await sync_to_async(_resolve_sync)(tenant_id, ref)
         _resolutions.put(key, found, cache_ttl())
+    else:
+        refresh_ahead(_resolutions, key, lambda: _resolve_cold(tenant_id, ref), cache_ttl)
     if found is None:
         raise model_not_found(model)
     if isinstance(found, _AliasNotLive):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
@@ -11,9 +12,12 @@ from django.test.utils import CaptureQueriesContext
 
 from adapters import services
 from adapters.models import Alias
-from serving.gateway import feed, resolve
+from serving.gateway import drain, feed, resolve
 from serving.gateway.resolve import ModelRef
 from serving.models import NodeState, Placement, PlacementState, ServingNode, lora_name
+from tenants import services as tenant_services
+from tenants.access import Actor
+from tenants.models import Role
 from tests.serving.gateway_world import complete
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -106,3 +110,51 @@ def test_routes_are_kept_longer_while_the_feed_is_live(settings, monkeypatch):
     assert resolve.cache_ttl() == 30.0
     monkeypatch.setattr(feed, "live", False)
     assert resolve.cache_ttl() == 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Refresh ahead: a hot key or route is reloaded in the background before it expires
+
+
+def test_a_hot_route_is_reloaded_in_the_background_before_it_expires(world, settings):
+    settings.MINT_GATEWAY_CACHE_S = 0.6
+    token = world.token
+    assert complete(token).status == 200  # caches the route to r1
+    _make_r2_live(world)
+    time.sleep(0.35)  # past half the TTL: due, not expired
+
+    stale = complete(token)  # answered from the cache at once; the reload runs beside it
+
+    assert stale.status == 200 and world.vllm.calls[-1][0] == "node-a.test"
+    hit, found = resolve._resolutions.get((world.tenant_a.tenant.id, ModelRef(adapter="support-bot")))
+    assert hit and found.revision_number == 2
+    assert complete(token).status == 200 and world.vllm.calls[-1][0] == "node-b.test"
+
+
+def test_a_revoked_key_is_refused_after_a_background_reload(world, settings):
+    settings.MINT_GATEWAY_KEY_CACHE_S = 0.6
+    key, token = world.tenant_a.key("inference")
+    assert complete(token).status == 200
+    tenant_services.api_key_revoke(key=key, by=Actor(user=world.tenant_a.users[Role.OWNER]))
+    time.sleep(0.35)
+
+    assert complete(token).status == 200  # still within the TTL: the cached answer, and a reload starts
+    assert complete(token).error()["code"] == "api_key_revoked"
+
+
+def test_a_reload_that_started_before_an_invalidation_is_discarded():
+    cache = resolve._TTLCache()
+    cache.put("route", "old", ttl=0.2)
+    time.sleep(0.11)
+
+    def load() -> str:
+        cache.pop("another route")  # an event dropped routes while this reload was reading
+        return "read before the event"
+
+    async def scenario() -> None:
+        resolve.refresh_ahead(cache, "route", load, lambda: 10.0)
+        await drain()
+
+    async_to_sync(scenario)()
+    assert cache.get("route") == (True, "old")
+    assert "route" not in cache._reloading  # and a later reload may start again
