@@ -81,11 +81,24 @@ def plot_readiness_isolation(d: dict, plt) -> Any:
     return fig
 
 
+def _size_axis(ax, title: str, ylabel: str, *, legend_size: int = 8, log_y: bool = False) -> None:
+    """The catalog's panels: a log x-axis of catalog sizes, a legend and a grid."""
+    ax.set_xscale("log")
+    if log_y:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
+    ax.set_xlabel("revisions in the catalog")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=legend_size)
+    ax.grid(alpha=0.3)
+
+
 def plot_catalog(d: dict, plt) -> Any:
     results = get(d, "results", default=[]) or []
     sizes = [r.get("revisions") for r in results]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    ax = axes[0]
+    fig, (resolution, lists, registration) = plt.subplots(1, 3, figsize=(15, 4.5))
     for path, label in (
         ("resolution.cold.p50_ms", "cold p50"),
         ("resolution.cold.p99_ms", "cold p99"),
@@ -93,38 +106,18 @@ def plot_catalog(d: dict, plt) -> Any:
         ("resolution.server_only.p99_ms", "server only p99"),
         ("resolution.cached.p99_ms", "cached p99"),
     ):
-        ax.plot(sizes, [number(get(r, path)) for r in results], marker="o", label=label)
-    ax.axhline(2.0, color="red", linestyle="--", linewidth=1, label="cached target 2 ms")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("revisions in the catalog")
-    ax.set_ylabel("ms")
-    ax.set_title(f"Model resolution (p99 ratio {fmt(get(d, 'resolution_cold_p99_ratio'))}, target ≤ 1.2)", fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    ax = axes[1]
-    cases = sorted({k for r in results for k in (r.get("lists") or {})})
-    for case in cases:
-        ax.plot(sizes, [number(get(r, f"lists.{case}.p95_ms")) for r in results], marker="o", label=case)
-    ax.axhline(50, color="red", linestyle="--", linewidth=1, label="target 50 ms")
-    ax.set_xscale("log")
-    ax.set_xlabel("revisions in the catalog")
-    ax.set_ylabel("p95 ms")
-    ax.set_ylim(bottom=0)
-    ax.set_title("REST list pages (p95)", fontsize=10)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    ax = axes[2]
+        resolution.plot(sizes, [number(get(r, path)) for r in results], marker="o", label=label)
+    resolution.axhline(2.0, color="red", linestyle="--", linewidth=1, label="cached target 2 ms")
+    ratio = fmt(get(d, "resolution_cold_p99_ratio"))
+    _size_axis(resolution, f"Model resolution (p99 ratio {ratio}, target ≤ 1.2)", "ms", log_y=True)
+    for case in sorted({k for r in results for k in (r.get("lists") or {})}):
+        lists.plot(sizes, [number(get(r, f"lists.{case}.p95_ms")) for r in results], marker="o", label=case)
+    lists.axhline(50, color="red", linestyle="--", linewidth=1, label="target 50 ms")
+    _size_axis(lists, "REST list pages (p95)", "p95 ms", legend_size=7)
     for q in ("p50", "p95", "p99"):
-        ax.plot(sizes, [number(get(r, f"registration.{q}_ms")) for r in results], marker="o", label=q)
-    ax.axhline(50, color="red", linestyle="--", linewidth=1, label="target p95 50 ms")
-    ax.set_xscale("log")
-    ax.set_xlabel("revisions in the catalog")
-    ax.set_ylabel("ms")
-    ax.set_ylim(bottom=0)
-    ax.set_title("Registration (source_uri, in-process)", fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+        registration.plot(sizes, [number(get(r, f"registration.{q}_ms")) for r in results], marker="o", label=q)
+    registration.axhline(50, color="red", linestyle="--", linewidth=1, label="target p95 50 ms")
+    _size_axis(registration, "Registration (source_uri, in-process)", "ms")
     return fig
 
 

@@ -37,9 +37,12 @@ def _back(adapter: Adapter) -> str:
     return reverse("frontend:adapter", kwargs={"name": adapter.name})
 
 
-def _invalid(form) -> MintError:
+def _cleaned(form) -> dict:
+    """The form's cleaned data, or a MintError naming each invalid field (shown as a message on the page)."""
+    if form.is_valid():
+        return form.cleaned_data
     lines = [f"{field}: {' '.join(errors)}" for field, errors in form.errors.items()]
-    return MintError("; ".join(lines) or "Invalid form.")
+    raise MintError("; ".join(lines) or "Invalid form.")
 
 
 @require_POST
@@ -50,10 +53,8 @@ def revision_decide(request: HttpRequest, name: str, number: int, decision: str)
     decide = services.revision_approve if decision == "approve" else services.revision_reject
 
     def run() -> str:
-        form = DecisionForm(request.POST)
-        if not form.is_valid():
-            raise _invalid(form)
-        decide(revision=revision, by=request.viewer.access.actor, comment=form.cleaned_data["comment"])
+        data = _cleaned(DecisionForm(request.POST))
+        decide(revision=revision, by=request.viewer.access.actor, comment=data["comment"])
         return f"r{number} of {adapter.name} {'approved' if decision == 'approve' else 'rejected'}."
 
     return act(request, _back(adapter), run)
@@ -79,9 +80,7 @@ def revision_register(request: HttpRequest, name: str) -> HttpResponse:
     adapter = _adapter(request, name)
 
     def run() -> str:
-        form = RegisterForm(request.POST, request.FILES)
-        if not form.is_valid():
-            raise _invalid(form)
+        data = _cleaned(RegisterForm(request.POST, request.FILES))
         files = request.FILES.getlist("files") + request.FILES.getlist("archive")
         if not files:
             raise MintError("Choose the adapter's files (or one archive) to upload.")
@@ -89,7 +88,7 @@ def revision_register(request: HttpRequest, name: str) -> HttpResponse:
             adapter=adapter,
             by=request.viewer.access.actor,
             files=files,
-            training_step=form.cleaned_data.get("training_step"),
+            training_step=data.get("training_step"),
         )
         return f"r{revision.number} registered; validation is under way."
 
@@ -102,10 +101,8 @@ def adapter_activate(request: HttpRequest, name: str) -> HttpResponse:
     adapter = _adapter(request, name)
 
     def run() -> str:
-        form = ActivateForm(request.POST)
-        if not form.is_valid():
-            raise _invalid(form)
-        revision = _revision_or_error(adapter, form.cleaned_data["revision"])
+        data = _cleaned(ActivateForm(request.POST))
+        revision = _revision_or_error(adapter, data["revision"])
         services.revision_activate(adapter=adapter, revision=revision, by=request.viewer.access.actor)
         return f"r{revision.number} activated: production flips to it once it is ready on a node."
 
@@ -118,10 +115,8 @@ def adapter_rollback(request: HttpRequest, name: str) -> HttpResponse:
     adapter = _adapter(request, name)
 
     def run() -> str:
-        form = RollbackForm(request.POST)
-        if not form.is_valid():
-            raise _invalid(form)
-        number = form.cleaned_data.get("revision")
+        data = _cleaned(RollbackForm(request.POST))
+        number = data.get("revision")
         revision = _revision_or_error(adapter, number) if number else None
         alias = services.revision_rollback(adapter=adapter, by=request.viewer.access.actor, revision=revision)
         return f"Rolling back production to r{alias.desired_revision.number}."

@@ -57,9 +57,6 @@ class Reply:
         body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
         return cls(status, body, headers=headers or {})
 
-    def json_body(self) -> Any:
-        return json.loads(self.body)
-
 
 class GatewayError(Exception):
     """A refusal the gateway answers as-is: `{"error": {"message", "type", "code"}}` with a status and headers."""

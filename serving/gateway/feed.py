@@ -28,12 +28,6 @@ _BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 # Routing-relevant events: for one tenant's adapter, or (node.state) for every tenant.
 _ADAPTER_EVENTS = ("alias.flip", "placement.state", "revision.state")
 
-live = False  # joined the platform group and receiving: routes are refreshed by events
-
-
-def following() -> bool:
-    return live
-
 
 def routes_touched(tenant_id: int | None, event: dict[str, Any]) -> list[tuple[int, resolve.ModelRef]]:
     """Drop what an event makes stale; return the routes worth resolving again now."""
@@ -48,7 +42,8 @@ def routes_touched(tenant_id: int | None, event: dict[str, Any]) -> list[tuple[i
         alias = event.get("alias") or Alias.PRODUCTION
         # The name callers use for a live alias, cached or not: its first request finds it resolved.
         ref = resolve.ModelRef(adapter=adapter, alias=None if alias == Alias.PRODUCTION else alias)
-        dropped = [*dropped, (tenant_id, ref)] if (tenant_id, ref) not in dropped else dropped
+        if (tenant_id, ref) not in dropped:
+            dropped.append((tenant_id, ref))
     return dropped
 
 
@@ -65,7 +60,6 @@ async def follow(layer=None) -> None:
 
     from tenants.events import PLATFORM_GROUP
 
-    global live
     layer = layer or get_channel_layer()
     if layer is None:
         return
@@ -77,7 +71,8 @@ async def follow(layer=None) -> None:
             joined = time.monotonic()
             # Routes cached before joining may have missed events: resolve them again from now on.
             resolve.invalidate()
-            live, failures = True, 0
+            resolve.following = True
+            failures = 0
             while True:
                 message = await layer.receive(channel)
                 try:
@@ -88,10 +83,10 @@ async def follow(layer=None) -> None:
                     await layer.group_add(PLATFORM_GROUP, channel)
                     joined = time.monotonic()
         except asyncio.CancelledError:
-            live = False
+            resolve.following = False
             raise
         except Exception as exc:
-            live = False
+            resolve.following = False
             resolve.invalidate()  # events may have been missed: back to the short TTL
             delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
             failures += 1

@@ -37,24 +37,26 @@ _NOTHING_CAME_BACK = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProt
 _CALLER_ERRORS = {400, 413, 422}
 
 _transport: httpx.AsyncBaseTransport | None = None
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncBaseTransport] = weakref.WeakKeyDictionary()
+_transports: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncBaseTransport] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def set_transport(transport: httpx.AsyncBaseTransport | None) -> None:
-    """Send upstream requests through `transport` (an `httpx.MockTransport` in tests); None restores the network."""
+def set_transport(replacement: httpx.AsyncBaseTransport | None) -> None:
+    """Send upstream requests through `replacement` (an `httpx.MockTransport` in tests); None restores the network."""
     global _transport
-    _transport = transport
-    _clients.clear()
+    _transport = replacement
+    _transports.clear()
 
 
-def client() -> httpx.AsyncBaseTransport:
+def transport() -> httpx.AsyncBaseTransport:
     """The pooled transport of the running event loop."""
     loop = asyncio.get_running_loop()
-    found = _clients.get(loop)
+    found = _transports.get(loop)
     if found is None:
         limits = httpx.Limits(max_connections=settings.MINT_GATEWAY_MAX_CONNECTIONS, max_keepalive_connections=200)
         found = _transport or httpx.AsyncHTTPTransport(limits=limits)
-        _clients[loop] = found
+        _transports[loop] = found
     return found
 
 
@@ -116,7 +118,7 @@ async def forward(*, path: str, body: dict[str, Any], resolution: Resolution, mo
                 extensions={"timeout": _timeouts()},
             )
             sent_at = time.perf_counter()
-            upstream = await client().handle_async_request(request)
+            upstream = await transport().handle_async_request(request)
         except _NOTHING_CAME_BACK as exc:
             release()
             UPSTREAM_ERRORS.labels(target.node_name).inc()
@@ -284,8 +286,8 @@ class _SSERelay:
 
 
 async def aclose() -> None:
-    """Close the running loop's pooled client (at loop shutdown, and in tests that run one loop per call)."""
-    found = _clients.pop(asyncio.get_running_loop(), None)
+    """Close the running loop's pooled transport (at loop shutdown, and in tests that run one loop per call)."""
+    found = _transports.pop(asyncio.get_running_loop(), None)
     if found is not None:
         await found.aclose()
 

@@ -41,11 +41,13 @@ _MODEL_RE = re.compile(
 _MAX_ENTRIES = 10_000
 
 
+# Set by serving/gateway/feed.py while it is joined to the live events and receiving them.
+following = False
+
+
 def cache_ttl() -> float:
     """How long a route is cached: longer while live events keep routes fresh (serving/gateway/feed.py)."""
-    from serving.gateway import feed
-
-    if feed.following():
+    if following:
         return float(settings.MINT_GATEWAY_FOLLOWED_CACHE_S)
     return float(settings.MINT_GATEWAY_CACHE_S)
 
@@ -61,7 +63,7 @@ def not_ready_retry_after() -> int:
 class _TTLCache:
     """A dict whose entries expire; process-local, shared by every event loop of the process.
 
-    An entry past half its TTL is "due": it is still served, and `refresh_ahead` reloads it in
+    An entry past half its TTL is "due": it is still served, and `refresh_ahead()` reloads it in
     the background, so a steady stream of requests for a hot key or route never waits on the
     database when the entry would have expired. Dropping entries bumps an epoch, and a
     background reload that started before a drop is discarded: it may have read older state.
@@ -107,25 +109,32 @@ class _TTLCache:
         self._reloading.clear()
         self.epoch += 1
 
+    def refresh_ahead(self, key: Any, load: Callable[[], Any], ttl: Callable[[], float]) -> None:
+        """Reload a due entry in the background, one reload per key at a time; the caller uses the cached one."""
+        if not self.due(key):
+            return
+        self._reloading.add(key)
+        epoch = self.epoch
 
-def refresh_ahead(cache: _TTLCache, key: Any, load: Callable[[], Any], ttl: Callable[[], float]) -> None:
-    """Reload a due entry in the background (one reload per key at a time); the request goes on with the cached one."""
-    if not cache.due(key):
-        return
-    cache._reloading.add(key)
-    epoch = cache.epoch
+        async def reload() -> None:
+            try:
+                value = await sync_to_async(load)()
+                if self.epoch == epoch:
+                    self.put(key, value, ttl())
+            except Exception:
+                log.warning("gateway: background refresh of %r failed; it expires as usual", key, exc_info=True)
+            finally:
+                self._reloading.discard(key)
 
-    async def reload() -> None:
-        try:
-            value = await sync_to_async(load)()
-            if cache.epoch == epoch:
-                cache.put(key, value, ttl())
-        except Exception:
-            log.warning("gateway: background refresh of %r failed; it expires as usual", key, exc_info=True)
-        finally:
-            cache._reloading.discard(key)
+        spawn(reload(), name="gateway cache refresh")
 
-    spawn(reload(), name="gateway cache refresh")
+
+def in_pool_thread(load: Callable[..., Any], *args: Any) -> Any:
+    """Run an ORM read outside any request (a background task's thread): hand its connection back after."""
+    try:
+        return load(*args)
+    finally:
+        connections.close_all()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,13 +186,6 @@ def _load_key(token: str) -> Caller | _Refusal:
         return _Refusal(codes if isinstance(codes, str) else "invalid_api_key", str(refused.detail))
 
 
-def _load_key_in_background(token: str) -> Caller | _Refusal:
-    try:
-        return _load_key(token)
-    finally:
-        connections.close_all()  # a pool thread outside any request: hand the connection back
-
-
 async def authenticate(authorization: str) -> Caller:
     """The caller an `Authorization` header names, or a 401/403 `GatewayError`.
 
@@ -204,7 +206,7 @@ async def authenticate(authorization: str) -> Caller:
         cached = await sync_to_async(_load_key)(token)
         _keys.put(digest, cached, key_cache_ttl())
     else:
-        refresh_ahead(_keys, digest, lambda: _load_key_in_background(token), key_cache_ttl)
+        _keys.refresh_ahead(digest, lambda: in_pool_thread(_load_key, token), key_cache_ttl)
     if isinstance(cached, _Refusal):
         # A fresh exception each time: re-raising one cached instance would grow its traceback forever.
         raise GatewayError(401, cached.code, cached.message)
@@ -361,7 +363,7 @@ async def resolve(tenant_id: int, ref: ModelRef, model: str) -> Resolution:
         found = await sync_to_async(_resolve_sync)(tenant_id, ref)
         _resolutions.put(key, found, cache_ttl())
     else:
-        refresh_ahead(_resolutions, key, lambda: _resolve_cold(tenant_id, ref), cache_ttl)
+        _resolutions.refresh_ahead(key, lambda: in_pool_thread(_resolve_sync, tenant_id, ref), cache_ttl)
     if found is None:
         raise model_not_found(model)
     if isinstance(found, _AliasNotLive):
@@ -403,15 +405,8 @@ def invalidate(*, tenant_id: int | None = None, adapter: str | None = None) -> l
 async def prefetch(keys: list[tuple[int, ModelRef]]) -> None:
     """Resolve routes now, so the next request for them finds them cached."""
     for tenant_id, ref in keys:
-        found = await sync_to_async(_resolve_cold)(tenant_id, ref)
+        found = await sync_to_async(in_pool_thread)(_resolve_sync, tenant_id, ref)
         _resolutions.put((tenant_id, ref), found, cache_ttl())
-
-
-def _resolve_cold(tenant_id: int, ref: ModelRef) -> Resolution | _AliasNotLive | None:
-    try:
-        return _resolve_sync(tenant_id, ref)
-    finally:
-        connections.close_all()  # a pool thread outside any request: hand the connection back
 
 
 def schedule_prewarm(revision_id: int) -> bool:
@@ -420,7 +415,8 @@ def schedule_prewarm(revision_id: int) -> bool:
     if hit:
         return False
     _prewarmed.put(revision_id, True, cache_ttl())
-    spawn(sync_to_async(_prewarm_sync, thread_sensitive=False)(revision_id), name=f"prewarm r{revision_id}")
+    prewarm = sync_to_async(in_pool_thread, thread_sensitive=False)(_prewarm_sync, revision_id)
+    spawn(prewarm, name=f"prewarm r{revision_id}")
     return True
 
 
@@ -435,9 +431,6 @@ def _prewarm_sync(revision_id: int) -> None:
     except Exception:
         # The 503 already went out; the next cold request after the TTL asks again.
         log.exception("cold-request prewarm of revision %s failed", revision_id)
-    finally:
-        # A pool thread outside any request: close its connection now, or CONN_MAX_AGE would keep it open there.
-        connections.close_all()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -106,9 +106,9 @@ def test_follow_applies_events_committed_by_the_services(world):
 def test_routes_are_kept_longer_while_the_feed_is_live(settings, monkeypatch):
     settings.MINT_GATEWAY_CACHE_S, settings.MINT_GATEWAY_FOLLOWED_CACHE_S = 1.0, 30.0
 
-    monkeypatch.setattr(feed, "live", True)
+    monkeypatch.setattr(resolve, "following", True)
     assert resolve.cache_ttl() == 30.0
-    monkeypatch.setattr(feed, "live", False)
+    monkeypatch.setattr(resolve, "following", False)
     assert resolve.cache_ttl() == 1.0
 
 
@@ -152,7 +152,7 @@ def test_a_reload_that_started_before_an_invalidation_is_discarded():
         return "read before the event"
 
     async def scenario() -> None:
-        resolve.refresh_ahead(cache, "route", load, lambda: 10.0)
+        cache.refresh_ahead("route", load, lambda: 10.0)
         await drain()
 
     async_to_sync(scenario)()
