@@ -45,6 +45,7 @@ def main() -> int:
         auth = {"Authorization": f"Bearer {token}"}
         direct_url, gateway_url = f"{stack.vllm_url}/v1/completions", f"{stack.web_url}/v1/completions"
         name = lora_name(revision)
+        placement = stack.placement
         direct, gateway, timing = [], [], {}
         with httpx.Client(timeout=60) as http:
             for _ in range(10):  # warm both paths: connections, caches, the engine
@@ -70,6 +71,7 @@ def main() -> int:
         "target": {"p50_ratio": 1.05, "p99_difference_ms": 3.0},
         "request": BODY,
         "engine": "vLLM CPU, generated tiny Llama (2 layers, hidden 256), one LoRA rank 8",
+        "placement": placement,
     }
     path = write_result("gateway_overhead", figures, quick=args.quick, out_dir=args.out)
     print(path.read_text())

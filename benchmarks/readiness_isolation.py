@@ -95,6 +95,7 @@ def main() -> int:
     new_count = 4 if args.quick else 32
     window = 3.0 if args.quick else 20.0
     with Stack("readiness", cpu_slots=new_count + 8) as stack:
+        placement = stack.placement
         tenant, token = stack.tenant()
         warm_models = []
         for i in range(3):
@@ -152,6 +153,7 @@ def main() -> int:
             "upstream": round(statistics.median(m.warm_timing.get("upstream", 0) for m in measured), 3),
         },
         "target": {"steady_p95_ratio": 1.05, "first_over_warm": 1.1},
+        "placement": placement,
     }
     path = write_result("readiness_isolation", figures, quick=args.quick, out_dir=args.out)
     print(path.read_text())

@@ -1,10 +1,17 @@
 """A private MinT serving stack for the serving benchmarks: its own PostgreSQL database and Redis
 database, a vLLM CPU engine on the generated tiny Llama, the web server, and one worker (control + node agent
 + beat). The benchmark process itself talks to the database through the ORM.
+
+Where the machine has two CPUs or more, the stack is laid out as it is deployed: the serving node
+(vLLM and the node agent) on one half of the CPUs, the web server with the gateway and the benchmark's
+client on the other, as if on separate hosts. vLLM's engine processes busy-poll their shared-memory
+queues for a second after every step; sharing CPUs with them would measure how the gateway is starved,
+not what it costs. `placement` records the layout in every result.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -17,6 +24,15 @@ from mint_site.launcher import Supervisor, free_port, web_argv, worker_argv
 NODE = "bench"
 
 
+def split_cpus() -> tuple[set[int], set[int]] | None:
+    """(front, node): the CPUs for the web server and clients, and those for the serving node; None on one CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    half = len(cpus) // 2
+    return set(cpus[:half]), set(cpus[half:])
+
+
 class Stack:
     def __init__(self, name: str, *, cpu_slots: int = 48, max_loras: int = 4):
         self.work = Path(tempfile.mkdtemp(prefix=f"mint-bench-{name}-"))
@@ -27,6 +43,14 @@ class Stack:
         self.cpu_slots, self.max_loras = cpu_slots, max_loras
         self.supervisor = Supervisor(self.work / "log")
         self.vllm_url = self.web_url = ""
+        self.cpus = split_cpus()
+        self._own_cpus = os.sched_getaffinity(0)
+        front, node = self.cpus or (None, None)
+        self.placement = (
+            {"front_cpus": sorted(front), "node_cpus": sorted(node), "note": "web + gateway + client | vLLM + worker"}
+            if self.cpus
+            else {"note": "one CPU: everything shares it"}
+        )
 
     def __enter__(self) -> Stack:
         recreate_database(self.db_url)
@@ -39,6 +63,9 @@ class Stack:
         return self
 
     def _start(self) -> None:
+        front, node = self.cpus or (None, None)
+        if front:
+            os.sched_setaffinity(0, front)  # the benchmark's client runs where the gateway's callers would
         from adapters.base_models import base_model_upsert
         from adapters.tiny import make_tiny_model
         from serving import services
@@ -57,6 +84,7 @@ class Stack:
             max_loras=self.max_loras,
             max_cpu_loras=self.cpu_slots,
             max_lora_rank=16,
+            cpus=node,
         )
         self.vllm_url, self.web_url = f"http://127.0.0.1:{vllm_port}", f"http://127.0.0.1:{web_port}"
         services.node_register(
@@ -70,11 +98,12 @@ class Stack:
             cache_dir=str(self.work / "node-cache"),
             by=Actor.system(),
         )
-        self.supervisor.start("web", web_argv("127.0.0.1", web_port), env=self.env)
+        self.supervisor.start("web", web_argv("127.0.0.1", web_port), env=self.env, cpus=front)
         self.supervisor.start(
             "worker",
             worker_argv(f"control,node.{NODE}", beat_schedule=self.work / "beat-schedule", log_level="warning"),
             env=self.env,
+            cpus=node,
         )
         wait_http(f"{self.vllm_url}/health", timeout=400)
         wait_http(f"{self.web_url}/healthz", timeout=60)
@@ -86,6 +115,7 @@ class Stack:
         if exc_type is not None:
             print_logs(self.supervisor, "vllm", "web", "worker")
         self.supervisor.stop_all()
+        os.sched_setaffinity(0, self._own_cpus)
         shutil.rmtree(self.work, ignore_errors=True)
 
     @staticmethod

@@ -57,7 +57,10 @@ class Supervisor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.children: list[tuple[str, subprocess.Popen]] = []
 
-    def start(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> subprocess.Popen:
+    def start(
+        self, name: str, argv: list[str], *, env: dict[str, str] | None = None, cpus: set[int] | None = None
+    ) -> subprocess.Popen:
+        """Start `argv` as `name`; `cpus` confines it (and every process and thread it starts) to those CPUs."""
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115  (the child owns it)
         process = subprocess.Popen(
             argv,
@@ -69,6 +72,9 @@ class Supervisor:
             start_new_session=True,
         )
         log.close()
+        if cpus:
+            # Before the child's interpreter has started any thread or process: they all inherit it.
+            os.sched_setaffinity(process.pid, cpus)
         self.children.append((name, process))
         return process
 

@@ -84,5 +84,9 @@ def vllm_env() -> dict[str, str]:
     }
 
 
-def start_engine(supervisor: Supervisor, name: str, **argv) -> None:
-    supervisor.start(name, vllm_argv(**argv), env=vllm_env())
+def start_engine(supervisor: Supervisor, name: str, *, cpus: set[int] | None = None, **argv) -> None:
+    """Start a vLLM CPU server; with `cpus`, the engine and its compute threads stay on those CPUs."""
+    env = vllm_env()
+    if cpus:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cpus)))
+    supervisor.start(name, vllm_argv(**argv), env=env, cpus=cpus)

@@ -1,0 +1,346 @@
+"""The gateway's upstream transport against scripted HTTP servers on real sockets: answers, keep-alive,
+streaming, and every way a node can fail."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+
+import httpx
+import pytest
+
+from serving.gateway.upstream import UpstreamTransport
+
+TIMEOUTS = {"connect": 2.0, "read": 2.0, "write": 2.0, "pool": 2.0}
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "Server"], Awaitable[None]]
+
+
+class Server:
+    """A TCP server whose every connection runs `handler`; counts connections and requests."""
+
+    def __init__(self, handler: Handler):
+        self.handler = handler
+        self.connections = 0
+        self.requests: list[tuple[str, dict[str, str], bytes]] = []
+
+    async def __aenter__(self) -> Server:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await self.handler(reader, writer, self)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def read_request(self, reader: asyncio.StreamReader) -> bool:
+        """Read one request; False when the client closed the connection instead."""
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            return False
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        self.requests.append((lines[0], headers, body))
+        return True
+
+
+def answer(body: bytes, *, status: str = "200 OK", extra: bytes = b"") -> bytes:
+    head = f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+    return head.encode() + extra + b"\r\n" + body
+
+
+def keep_answering(body: bytes = b'{"ok": true}') -> Handler:
+    async def handler(reader, writer, server: Server) -> None:
+        while await server.read_request(reader):
+            writer.write(answer(body))
+            await writer.drain()
+
+    return handler
+
+
+async def post(transport: UpstreamTransport, url: str, payload: dict | None = None, **timeouts) -> httpx.Response:
+    request = httpx.Request(
+        "POST",
+        url + "/v1/completions",
+        content=json.dumps(payload or {"prompt": "hi"}).encode(),
+        headers={"content-type": "application/json"},
+        extensions={"timeout": TIMEOUTS | timeouts},
+    )
+    return await transport.handle_async_request(request)
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+def test_answers_are_read_and_connections_kept_alive():
+    async def scenario():
+        async with Server(keep_answering(b'{"text": "hello"}')) as server:
+            transport = UpstreamTransport()
+            for _ in range(3):
+                response = await post(transport, server.url, {"prompt": "hi", "n": 1})
+                assert response.status_code == 200
+                assert response.headers["content-type"] == "application/json"
+                assert json.loads(await response.aread()) == {"text": "hello"}
+                await response.aclose()
+            assert server.connections == 1
+            line, headers, body = server.requests[0]
+            assert line == "POST /v1/completions HTTP/1.1"
+            assert headers["host"] == server.url.removeprefix("http://")
+            assert headers["content-type"] == "application/json"
+            assert json.loads(body) == {"prompt": "hi", "n": 1}
+            await transport.aclose()
+
+    run(scenario)
+
+
+def test_a_chunked_stream_arrives_event_by_event():
+    async def scenario():
+        go_on = asyncio.Event()
+
+        async def handler(reader, writer, server: Server) -> None:
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            first = b'data: {"n": 1}\n\n'
+            writer.write(b"%x\r\n%s\r\n" % (len(first), first))
+            await writer.drain()
+            await go_on.wait()  # the rest only once the client has seen the first event
+            rest = b'data: {"n": 2}\n\ndata: [DONE]\n\n'
+            writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest))
+            await writer.drain()
+            await server.read_request(reader)
+
+        async with Server(handler) as server:
+            transport = UpstreamTransport()
+            response = await post(transport, server.url)
+            lines = []
+            async for line in response.aiter_lines():
+                lines.append(line)
+                go_on.set()
+            assert [line for line in lines if line] == ['data: {"n": 1}', 'data: {"n": 2}', "data: [DONE]"]
+            await response.aclose()
+            await transport.aclose()
+
+    run(scenario)
+
+
+def test_a_connection_the_node_closed_while_idle_is_replaced_without_losing_the_request():
+    async def scenario():
+        async def handler(reader, writer, server: Server) -> None:
+            await server.read_request(reader)
+            writer.write(answer(b'{"n": %d}' % server.connections))
+            await writer.drain()
+            # then close, as a node's keep-alive timeout does
+
+        async with Server(handler) as server:
+            transport = UpstreamTransport()
+            first = await post(transport, server.url)
+            assert json.loads(await first.aread()) == {"n": 1}
+            await asyncio.sleep(0.05)  # the close reaches the pooled connection
+            second = await post(transport, server.url)
+            assert json.loads(await second.aread()) == {"n": 2}
+            assert server.connections == 2 and len(server.requests) == 2
+            await transport.aclose()
+
+    run(scenario)
+
+
+def test_a_kept_alive_connection_dropped_as_the_request_goes_out_is_retried_once_on_a_new_one():
+    async def scenario():
+        async def handler(reader, writer, server: Server) -> None:
+            await server.read_request(reader)
+            writer.write(answer(b"{}"))
+            await writer.drain()
+            # On the first connection the second request arrives and the node drops it unanswered.
+            await server.read_request(reader)
+
+        async with Server(handler) as server:
+            transport = UpstreamTransport()
+            await (await post(transport, server.url)).aread()
+            response = await post(transport, server.url)
+            assert response.status_code == 200
+            await response.aread()
+            assert server.connections == 2
+            await transport.aclose()
+
+    run(scenario)
+
+
+def test_a_node_that_refuses_connections_is_a_connect_error():
+    async def scenario():
+        async with Server(keep_answering()) as server:
+            url = server.url
+        transport = UpstreamTransport()
+        with pytest.raises(httpx.ConnectError):
+            await post(transport, url)
+
+    run(scenario)
+
+
+def test_a_node_that_closes_without_answering_is_a_protocol_error_on_a_new_connection():
+    async def scenario():
+        async def handler(reader, writer, server: Server) -> None:
+            await server.read_request(reader)
+
+        async with Server(handler) as server:
+            transport = UpstreamTransport()
+            with pytest.raises(httpx.RemoteProtocolError):
+                await post(transport, server.url)
+            assert server.connections == 1  # a fresh connection is not retried: the node saw the request
+
+    run(scenario)
+
+
+def test_a_node_that_does_not_answer_in_time_is_a_read_timeout_and_its_connection_is_dropped():
+    async def scenario():
+        async def handler(reader, writer, server: Server) -> None:
+            await server.read_request(reader)
+            if server.connections == 1:
+                await asyncio.sleep(5)
+            writer.write(answer(b"{}"))
+            await writer.drain()
+            await server.read_request(reader)
+
+        async with Server(handler) as server:
+            transport = UpstreamTransport()
+            with pytest.raises(httpx.ReadTimeout):
+                await post(transport, server.url, read=0.2)
+            response = await post(transport, server.url)
+            assert response.status_code == 200
+            assert server.connections == 2
+            await transport.aclose()
+
+    run(scenario)
+
+
+def test_an_answer_broken_off_midway_is_a_read_error():
+    async def scenario():
+        async def handler(reader, writer, server: Server) -> None:
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n" + b"x" * 10)
+            await writer.drain()
+
+        async with Server(handler) as server:
+            transport = UpstreamTransport()
+            response = await post(transport, server.url)
+            with pytest.raises(httpx.ReadError):
+                await response.aread()
+
+    run(scenario)
+
+
+def test_a_malformed_answer_is_a_protocol_error():
+    async def scenario():
+        async def handler(reader, writer, server: Server) -> None:
+            await server.read_request(reader)
+            writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+            await writer.drain()
+            await reader.read()
+
+        async with Server(handler) as server:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await post(UpstreamTransport(), server.url)
+
+    run(scenario)
+
+
+def test_a_response_closed_before_its_body_was_read_is_not_reused():
+    async def scenario():
+        async def handler(reader, writer, server: Server) -> None:
+            await server.read_request(reader)
+            if server.connections == 1:  # half an answer; the rest never comes
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n" + b"x" * 500)
+                await writer.drain()
+                await reader.read()
+                return
+            writer.write(answer(b'{"n": 2}'))
+            await writer.drain()
+
+        async with Server(handler) as server:
+            transport = UpstreamTransport()
+            response = await post(transport, server.url)
+            await response.aclose()  # the connection still carries the rest of that answer
+            again = await post(transport, server.url)
+            assert json.loads(await again.aread()) == {"n": 2}
+            assert server.connections == 2
+            await transport.aclose()
+
+    run(scenario)
+
+
+def test_connection_close_from_the_node_is_honoured():
+    async def scenario():
+        async def handler(reader, writer, server: Server) -> None:
+            while await server.read_request(reader):
+                writer.write(answer(b"{}", extra=b"connection: close\r\n"))
+                await writer.drain()
+
+        async with Server(handler) as server:
+            transport = UpstreamTransport()
+            for _ in range(2):
+                await (await post(transport, server.url)).aread()
+            assert server.connections == 2
+            await transport.aclose()
+
+    run(scenario)
+
+
+def test_an_answer_without_a_length_ends_with_its_connection():
+    async def scenario():
+        async def handler(reader, writer, server: Server) -> None:
+            await server.read_request(reader)
+            writer.write(b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{"until": "close"}')
+            await writer.drain()
+
+        async with Server(handler) as server:
+            response = await post(UpstreamTransport(), server.url)
+            assert json.loads(await response.aread()) == {"until": "close"}
+
+    run(scenario)
+
+
+def test_the_connection_cap_queues_requests_and_a_cancelled_request_frees_its_connection():
+    async def scenario():
+        gate = asyncio.Event()
+
+        async def handler(reader, writer, server: Server) -> None:
+            while await server.read_request(reader):
+                if len(server.requests) == 1:
+                    await gate.wait()
+                writer.write(answer(b'{"n": %d}' % len(server.requests)))
+                await writer.drain()
+
+        async with Server(handler) as server:
+            transport = UpstreamTransport(max_connections=1)
+            stuck = asyncio.create_task(post(transport, server.url))
+            await asyncio.sleep(0.1)
+            with pytest.raises(httpx.PoolTimeout):  # the one connection is busy
+                await post(transport, server.url, pool=0.2)
+            stuck.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await stuck
+            gate.set()
+            response = await post(transport, server.url)  # the cancelled request's slot is free again
+            assert response.status_code == 200
+            await response.aread()
+            await transport.aclose()
+
+    run(scenario)
+
+
+def test_only_plain_http_is_spoken():
+    async def scenario():
+        with pytest.raises(httpx.UnsupportedProtocol):
+            await post(UpstreamTransport(), "https://127.0.0.1:1")
+
+    run(scenario)
