@@ -8,6 +8,8 @@ from typing import Any
 
 from django.db import transaction
 
+from adapters.artifacts import packing
+from adapters.artifacts.export import MOE_LAYOUT_CONFIG_KEY
 from adapters.artifacts.spec import BaseModelSpec
 from adapters.models import BaseModel
 from tenants.access import Actor
@@ -142,11 +144,15 @@ def _audit_view(base_model: BaseModel) -> dict[str, Any]:
     }
 
 
-def base_model_upsert(*, name: str, path: Path, max_lora_rank: int, by: Actor) -> BaseModel:
+def base_model_upsert(
+    *, name: str, path: Path, max_lora_rank: int, by: Actor, moe_lora_layout: str | None = None
+) -> BaseModel:
     """Register the model directory at `path` as base model `name`, or update the row of that name.
 
     Reads `path/config.json` (outside the transaction) and stores its shapes, architecture and the
-    resolved path. Raises `ValueError` for a missing or unreadable config.json or a rank below 1.
+    resolved path. `moe_lora_layout` chooses how MoE adapters of this model are exported
+    (adapters.artifacts.export.moe_layout_for); None keeps the current choice. Raises `ValueError`
+    for a missing or unreadable config.json, a rank below 1 or an unknown layout.
     """
     if not name:
         raise ValueError("A base model needs a name.")
@@ -155,6 +161,8 @@ def base_model_upsert(*, name: str, path: Path, max_lora_rank: int, by: Actor) -
     path = Path(path).resolve()
     config = read_model_dir(path)
     BaseModelSpec.from_config(config, max_lora_rank=max_lora_rank)  # the stored JSON must stay readable
+    if moe_lora_layout is not None and moe_lora_layout not in packing.LAYOUTS:
+        raise ValueError(f"moe_lora_layout must be one of {', '.join(packing.LAYOUTS)}, not {moe_lora_layout!r}.")
 
     with transaction.atomic():
         base_model = BaseModel.objects.select_for_update().filter(name=name).first()
@@ -162,6 +170,9 @@ def base_model_upsert(*, name: str, path: Path, max_lora_rank: int, by: Actor) -
         if base_model is None:
             base_model = BaseModel(name=name)
         base_model.architecture = config["architecture"]
+        layout = moe_lora_layout or (base_model.config or {}).get(MOE_LAYOUT_CONFIG_KEY)
+        if layout:
+            config[MOE_LAYOUT_CONFIG_KEY] = layout
         base_model.config = config
         base_model.max_lora_rank = max_lora_rank
         base_model.path = str(path)

@@ -22,7 +22,7 @@ from django.conf import settings
 from adapters import services, store
 from adapters.artifacts.archive import ArchiveLimits, archive_kind, extract_archive
 from adapters.artifacts.errors import ArtifactError
-from adapters.artifacts.export import engine_layout, sha256_file, write_engine_layout
+from adapters.artifacts.export import engine_layout, moe_layout_for, sha256_file, write_engine_layout
 from adapters.artifacts.validate import ValidatedAdapter, ValidationLimits, validate_adapter_dir
 from adapters.models import AdapterRevision
 from adapters.models import RevisionState as S
@@ -134,7 +134,7 @@ def revision_validate(self, *, revision_id: int) -> None:
     )
 
 
-def policy_record(revision: AdapterRevision, checked: ValidatedAdapter, files: list[dict]) -> dict:
+def policy_record(revision: AdapterRevision, checked: ValidatedAdapter, files: list[dict], *, moe_layout: str) -> dict:
     """What a frozen export is: who, which base model, which hyper-parameters, which files with which hashes.
 
     Also how to load it: `engine_layout`, the node flags it needs (`engine_flags`,
@@ -154,7 +154,7 @@ def policy_record(revision: AdapterRevision, checked: ValidatedAdapter, files: l
         "dtype": checked.dtype,
         "tensor_count": checked.tensor_count,
         "source_layout": checked.layout,
-        **engine_layout(checked, adapter.base_model.spec).as_record(),
+        **engine_layout(checked, adapter.base_model.spec, moe_layout=moe_layout).as_record(),
         "training_step": revision.training_step,
         "parent": revision.parent.number if revision.parent else None,
         "source_sha256": revision.sha256,
@@ -194,14 +194,17 @@ def revision_export(self, *, revision_id: int) -> None:
             if restoring and (revision.policy_record or {}).get("engine_layout") == "peft":
                 spec = None  # frozen before packing existed: restore it as it was
             checked = validate_adapter_dir(adapter_dir, revision.adapter.base_model.spec, validation_limits())
+            # The base model's choice of MoE layout; a frozen export keeps the one it was made with.
+            frozen = revision.policy_record if restoring else None
+            moe_layout = moe_layout_for(revision.adapter.base_model.config, frozen)
             out = work / "export"
             files = [
                 {"name": f.name, "sha256": f.sha256, "size_bytes": f.size_bytes}
-                for f in write_engine_layout(checked, out, spec=spec)
+                for f in write_engine_layout(checked, out, spec=spec, moe_layout=moe_layout)
             ]
             if restoring and files != revision.policy_record["files"]:
                 raise ArtifactError("export_mismatch", "Re-exporting gave different bytes than the frozen export.")
-            record = revision.policy_record if restoring else policy_record(revision, checked, files)
+            record = frozen or policy_record(revision, checked, files, moe_layout=moe_layout)
             (out / "policy_record.json").write_text(json.dumps(record, sort_keys=True, indent=2) + "\n")
             staging = store.new_export_staging_prefix(revision)
             store.upload_dir(out, staging, after_each=_slow_export_for_tests)

@@ -8,7 +8,8 @@ every expert plus q/k/v/o: 37,248 tensors, bf16 like the base.
 (a) read every tensor with safetensors: one file per tensor, the per-expert PEFT file, the
     packed export; and a raw read of the packed file's bytes (the physical limit);
 (b) `POST /v1/load_lora_adapter` latency of per-expert vs packed on a real vLLM CPU server,
-    once with a generic node's flags and once with flags sized to what the node serves.
+    once with a generic node's flags and once with flags sized to what the node serves; and on a
+    rank-1 node with MinT's vLLM plugin, the expert-major export of the same untied adapter.
 Targets: live load >= 10x faster than per-expert, read >= 55x.
 
     python -m benchmarks.packing [--quick] [--engine] [--repeats N]
@@ -32,7 +33,13 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from adapters.artifacts.export import engine_layout, write_engine_layout
-from adapters.artifacts.packing import ENGINE_FLAGS, LOAD_REQUEST, node_max_lora_rank, read_description
+from adapters.artifacts.packing import (
+    ENGINE_FLAGS,
+    EXPERT_MAJOR,
+    LOAD_REQUEST,
+    node_max_lora_rank,
+    read_description,
+)
 from adapters.artifacts.spec import BaseModelSpec
 from adapters.artifacts.validate import ValidationLimits, validate_adapter_dir
 from benchmarks.common import parser, summary_ms, write_result
@@ -214,7 +221,7 @@ def live_loads(model_dir: Path, adapters: dict[str, Path], *, node: dict, repeat
         max_loras=node["max_loras"],
         max_cpu_loras=node["max_loras"] + 1,
         max_lora_rank=node["max_lora_rank"],
-        extra=["--load-format", "dummy", *ENGINE_FLAGS],
+        extra=["--load-format", "dummy", *node.get("engine_flags", ENGINE_FLAGS)],
         dtype="bfloat16",  # the adapters' dtype; loads only, so the local node's float16 workaround is not needed
     )
     try:
@@ -257,7 +264,8 @@ def live_loads(model_dir: Path, adapters: dict[str, Path], *, node: dict, repeat
 
 
 def engine_runs(shape: Shape, work: Path, adapters: dict[str, Path], *, rank: int, repeats: int) -> dict:
-    """Live loads on three nodes, one at a time: generic flags, flags sized to the packed rank, and rank 1."""
+    """Live loads on four nodes, one at a time: generic flags, flags sized to the packed rank, rank 1 (tied
+    adapter, 3-D PEFT), and rank 1 with MinT's plugin (the untied adapter, expert-major)."""
     spec, limits = shape.spec(), ValidationLimits(max_tensors=200_000)
 
     def packed(name: str, **kwargs) -> tuple[Path, int]:
@@ -283,6 +291,11 @@ def engine_runs(shape: Shape, work: Path, adapters: dict[str, Path], *, rank: in
             {"name": "rank1_tied", "max_lora_rank": node_max_lora_rank(tied_rank), "max_loras": 1},
             {"packed_tied": (tied, LOAD_REQUEST)},
         ),
+        (
+            # The plugin needs no vLLM flag; the node's rank is the adapter's own.
+            {"name": "rank1_plugin", "max_lora_rank": node_max_lora_rank(rank), "max_loras": 1, "engine_flags": []},
+            {"expert_major": (adapters["expert_major"], {})},
+        ),
     ]
     model_dir = make_model_dir(shape, work / "model")
     runs = {}
@@ -292,7 +305,7 @@ def engine_runs(shape: Shape, work: Path, adapters: dict[str, Path], *, rank: in
     return runs
 
 
-NODE_ORDER = ("generic", "sized", "rank1_tied")
+NODE_ORDER = ("generic", "sized", "rank1_tied", "rank1_plugin")
 
 
 def plot(figures: dict, path: Path) -> bool:
@@ -362,12 +375,14 @@ def main() -> int:
         write_engine_layout(checked, work / "packed", spec=shape.spec())
         pack_s = time.perf_counter() - started
         adapters["packed"] = work / "packed"
+        write_engine_layout(checked, work / "expert-major", spec=shape.spec(), moe_layout=EXPERT_MAJOR)
         figures: dict = {
             "shape": shape.__dict__ | {"rank": rank, "dtype": "BF16"},
             "tensors": {"per_expert": tensor_count},
             "pack_s": round(pack_s, 2),
         }
-        figures["read"] = measure_reads(adapters, repeats)
+        figures["read"] = measure_reads({k: v for k, v in adapters.items() if k != "expert_major"}, repeats)
+        adapters["expert_major"] = work / "expert-major"
         figures["tensors"]["packed"] = figures["read"]["tensor_counts"]["packed"]
         print(json.dumps(figures["read"], indent=1), flush=True)
 
@@ -384,6 +399,15 @@ def main() -> int:
                 "tied_vs_per_expert_same_rank1_node": runs["rank1_tied"]["loads"]["packed_tied"][
                     "speedup_vs_per_expert"
                 ],
+            }
+            plugin = runs["rank1_plugin"]["loads"]
+            figures["live_load_summary"] |= {
+                "expert_major_ms": plugin["expert_major"]["p50_ms"],
+                "per_expert_plugin_node_ms": plugin["per_expert"]["p50_ms"],
+                "expert_major_vs_per_expert_same_plugin_node": plugin["expert_major"]["speedup_vs_per_expert"],
+                "expert_major_vs_generic_per_expert": round(
+                    runs["generic"]["loads"]["per_expert"]["p50_ms"] / plugin["expert_major"]["p50_ms"], 2
+                ),
             }
         figures["targets"] = {"read_speedup": 55, "live_load_speedup": 10}
         path = write_result("packing", figures, quick=args.quick, out_dir=args.out)

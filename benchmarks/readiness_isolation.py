@@ -9,10 +9,12 @@ tenants unaffected) and each new adapter's first-request latency ÷ its warm lat
 
 from __future__ import annotations
 
+import itertools
+import multiprocessing
 import statistics
 import sys
-import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -21,40 +23,55 @@ from benchmarks.common import parser, percentile, server_timing, summary_ms, wri
 from benchmarks.stack import Stack
 
 BODY = {"max_tokens": 4, "temperature": 0}
-_prompts = iter(range(10**9))
+_prompts = itertools.count()
 
 
-def body(model: str) -> dict:
+def body(model: str, prompts: Iterator[int] = _prompts) -> dict:
     """A request whose prompt was never sent before: vLLM's prefix cache must not flatter any latency."""
-    return BODY | {"model": model, "prompt": f"Hello world {next(_prompts)}"}
+    return BODY | {"model": model, "prompt": f"Hello world {next(prompts)}"}
 
 
-class Steady(threading.Thread):
-    """One client sending requests round-robin to warm adapters, recording (time, latency)."""
+class Steady:
+    """One client in a process of its own, sending requests round-robin to warm adapters and
+    recording (time, latency): the benchmark's own work (activating, polling the database) must
+    not share an interpreter lock with it."""
 
     def __init__(self, url: str, token: str, models: list[str]):
-        super().__init__(daemon=True)
-        self.url, self.models = url, models
-        self.headers = {"Authorization": f"Bearer {token}"}
+        context = multiprocessing.get_context("spawn")
+        self._stop = context.Event()
+        self._results, sender = context.Pipe(duplex=False)
+        self._process = context.Process(target=_steady, args=(url, token, models, self._stop, sender), daemon=True)
         self.samples: list[tuple[float, float]] = []
         self.errors = 0
-        self.stop = threading.Event()
 
-    def run(self) -> None:
-        with httpx.Client(timeout=60) as http:
-            i = 0
-            while not self.stop.is_set():
-                started = time.perf_counter()
-                response = http.post(self.url, json=body(self.models[i % len(self.models)]), headers=self.headers)
-                elapsed = time.perf_counter() - started
-                if response.status_code == 200:
-                    self.samples.append((time.monotonic(), elapsed))
-                else:
-                    self.errors += 1
-                i += 1
+    def start(self) -> None:
+        self._process.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.samples, self.errors = self._results.recv()
+        self._process.join()
 
     def between(self, start: float, end: float) -> list[float]:
         return [latency for at, latency in self.samples if start <= at < end]
+
+
+def _steady(url: str, token: str, models: list[str], stop, results) -> None:
+    headers = {"Authorization": f"Bearer {token}"}
+    samples, errors = [], 0
+    prompts = itertools.count(10**9)  # apart from the main process's prompts
+    with httpx.Client(timeout=60) as http:
+        i = 0
+        while not stop.is_set():
+            started = time.perf_counter()
+            response = http.post(url, json=body(models[i % len(models)], prompts), headers=headers)
+            elapsed = time.perf_counter() - started
+            if response.status_code == 200:
+                samples.append((time.monotonic(), elapsed))  # CLOCK_MONOTONIC: the same clock in every process
+            else:
+                errors += 1
+            i += 1
+    results.send((samples, errors))
 
 
 @dataclass
@@ -117,8 +134,7 @@ def main() -> int:
         for adapter, revision in fresh:
             stack.wait_live(adapter, revision, timeout=600)
         during_end = max(time.monotonic(), during_start + 1.0)
-        steady.stop.set()
-        steady.join()
+        steady.stop()
         before = steady.between(before_start, during_start)
         during = steady.between(during_start, during_end)
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import bench_database_url, bench_env, print_logs, recreate_database, setup_django, wait_http
-from mint_site.launcher import Supervisor, free_port, web_argv, worker_argv
+from mint_site.launcher import Supervisor, free_port, web_argv, worker_argv, worker_nice
 
 NODE = "bench"
 
@@ -46,11 +46,12 @@ class Stack:
         self.cpus = split_cpus()
         self._own_cpus = os.sched_getaffinity(0)
         front, node = self.cpus or (None, None)
-        self.placement = (
-            {"front_cpus": sorted(front), "node_cpus": sorted(node), "note": "web + gateway + client | vLLM + worker"}
-            if self.cpus
-            else {"note": "one CPU: everything shares it"}
-        )
+        layout = {"front_cpus": sorted(front), "node_cpus": sorted(node)} if self.cpus else {"cpus": "all shared"}
+        self.placement = layout | {
+            "front": "web (gateway), benchmark client, control worker",
+            "node": "vLLM, node agent",
+            "worker_nice": worker_nice(self.env),
+        }
 
     def __enter__(self) -> Stack:
         recreate_database(self.db_url)
@@ -99,11 +100,18 @@ class Stack:
             by=Actor.system(),
         )
         self.supervisor.start("web", web_argv("127.0.0.1", web_port), env=self.env, cpus=front)
+        # The control plane's worker (with beat) beside the web server, the node agent on the node,
+        # both at the CPU priority `make run` gives workers.
+        nice = worker_nice(self.env)
         self.supervisor.start(
             "worker",
-            worker_argv(f"control,node.{NODE}", beat_schedule=self.work / "beat-schedule", log_level="warning"),
+            worker_argv("control", beat_schedule=self.work / "beat-schedule", log_level="warning"),
             env=self.env,
-            cpus=node,
+            cpus=front,
+            nice=nice,
+        )
+        self.supervisor.start(
+            "agent", worker_argv(f"node.{NODE}", log_level="warning"), env=self.env, cpus=node, nice=nice
         )
         wait_http(f"{self.vllm_url}/health", timeout=400)
         wait_http(f"{self.web_url}/healthz", timeout=60)
@@ -113,7 +121,7 @@ class Stack:
 
     def __exit__(self, exc_type, *exc) -> None:
         if exc_type is not None:
-            print_logs(self.supervisor, "vllm", "web", "worker")
+            print_logs(self.supervisor, "vllm", "web", "worker", "agent")
         self.supervisor.stop_all()
         os.sched_setaffinity(0, self._own_cpus)
         shutil.rmtree(self.work, ignore_errors=True)

@@ -58,9 +58,16 @@ class Supervisor:
         self.children: list[tuple[str, subprocess.Popen]] = []
 
     def start(
-        self, name: str, argv: list[str], *, env: dict[str, str] | None = None, cpus: set[int] | None = None
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        cpus: set[int] | None = None,
+        nice: int = 0,
     ) -> subprocess.Popen:
-        """Start `argv` as `name`; `cpus` confines it (and every process and thread it starts) to those CPUs."""
+        """Start `argv` as `name`; `cpus` confines it (and every process and thread it starts) to those CPUs,
+        `nice` lowers its CPU priority (and theirs)."""
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115  (the child owns it)
         process = subprocess.Popen(
             argv,
@@ -72,9 +79,11 @@ class Supervisor:
             start_new_session=True,
         )
         log.close()
+        # Before the child's interpreter has started any thread or process: they all inherit these.
         if cpus:
-            # Before the child's interpreter has started any thread or process: they all inherit it.
             os.sched_setaffinity(process.pid, cpus)
+        if nice:
+            os.setpriority(os.PRIO_PROCESS, process.pid, nice)
         self.children.append((name, process))
         return process
 
@@ -167,6 +176,20 @@ def worker_argv(
     return argv
 
 
+def worker_nice(env: dict[str, str]) -> int:
+    """CPU niceness of Celery workers (MINT_WORKER_NICE, default 10).
+
+    Validation, export, copies, checksums and warm-ups are background work: on a machine they
+    share with vLLM and the gateway (every CPU node, and `make run`), they must yield the CPU
+    to serving rather than slow down requests in flight (benchmarks/readiness_isolation.py).
+    """
+    value = env.get("MINT_WORKER_NICE", "10")
+    try:
+        return min(19, max(0, int(value)))
+    except ValueError:
+        raise SystemExit(f"MINT_WORKER_NICE must be an integer from 0 to 19, not {value!r}") from None
+
+
 def manage(*args: str, env: dict[str, str]) -> str:
     result = subprocess.run(
         [sys.executable, "manage.py", *args], cwd=BASE_DIR, env=env, check=True, capture_output=True, text=True
@@ -251,6 +274,7 @@ def main() -> int:
             "worker",
             worker_argv(f"control,node.{LOCAL_NODE}", beat_schedule=var_dir / "celerybeat-schedule"),
             env=env,
+            nice=worker_nice(env),
         )
         base = f"http://{host}:{port}"
         wait_for(lambda: http_ok(f"{base}/readyz"), timeout=60, what="the web server")

@@ -2,16 +2,20 @@
 
 Admission holds the node row lock while it counts and claims, so the per-node limit
 of cold loads (MINT_NODE_COLD_LOADS) holds however many workers claim at once;
-queued placements are claimed with SKIP LOCKED in priority order. HTTP to vLLM never
+queued placements are claimed with SKIP LOCKED in priority order. Prewarms are paced so
+that they take at most MINT_NODE_PREWARM_DUTY of a node's time (rollbacks are not):
+loads and warm-ups run on the engine that serves everyone else's requests. HTTP to vLLM never
 happens inside these transactions: tasks call vLLM, then record the outcome here.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
@@ -248,12 +252,19 @@ def admit(*, node_id: int) -> list[int]:
         free = settings.MINT_NODE_COLD_LOADS - active
         if free <= 0:
             return []
-        claimed = list(
+        queued = list(
             Placement.objects.select_for_update(skip_locked=True)
             .filter(node=node, state=P.QUEUED)
             .order_by("-priority", "queued_at", "id")
-            .values_list("id", flat=True)[:free]
+            .values_list("id", "priority")[:free]
         )
+        if not queued:
+            return []
+        delay = prewarm_pacing_delay(node, priority=queued[0][1])
+        if delay > 0:
+            _admit_later(node.id, delay)
+            return []
+        claimed = [placement_id for placement_id, _ in queued]
         now = timezone.now()
         Placement.objects.filter(id__in=claimed).update(
             state=P.LOADING, started_at=now, updated_at=now, attempts=F("attempts") + 1
@@ -266,6 +277,37 @@ def admit(*, node_id: int) -> list[int]:
                 lambda p=placement_id, q=node.queue: _send("serving.tasks.placement_prewarm", queue=q, placement_id=p)
             )
     return claimed
+
+
+def prewarm_pacing_delay(node: ServingNode, *, priority: int) -> float:
+    """Seconds before `node` may start its next prewarm of `priority` (0: now).
+
+    A prewarm that kept the node busy for t seconds (fetch, verify and load, then the warm-up)
+    is followed by a pause of t·(1-duty)/duty, at most MINT_NODE_PREWARM_MAX_GAP_S, so that
+    a burst of activations takes at most MINT_NODE_PREWARM_DUTY of the engine's time and the
+    requests it is serving meanwhile keep their latency. A rollback never waits.
+    """
+    duty = settings.MINT_NODE_PREWARM_DUTY
+    if duty >= 1 or priority >= Priority.ROLLBACK:
+        return 0.0
+    last = (
+        Placement.objects.filter(node=node, ready_at__isnull=False)
+        .order_by("-ready_at")
+        .values_list("ready_at", "load_ms", "warm_ms")
+        .first()
+    )
+    if last is None:
+        return 0.0
+    ready_at, load_ms, warm_ms = last
+    busy_s = ((load_ms or 0) + (warm_ms or 0)) / 1000
+    gap = min(busy_s * (1 - duty) / duty, settings.MINT_NODE_PREWARM_MAX_GAP_S)
+    return max(0.0, (ready_at - timezone.now()).total_seconds() + gap)
+
+
+def _admit_later(node_id: int, delay: float) -> None:
+    """Run admission for the node again once its pacing pause is over (once per pause, however often asked)."""
+    if cache.add(f"serving:admit-later:{node_id}", 1, timeout=max(1, math.ceil(delay))):
+        transaction.on_commit(lambda: _send("serving.tasks.node_admit", countdown=delay, node_id=node_id))
 
 
 def _move(placement: Placement, *, sources: tuple[str, ...], to: str, **fields) -> bool:

@@ -156,6 +156,12 @@ def node_cache_cleanup(self, *, node_id: int, name: str) -> None:
 
 
 @shared_task(bind=True, ignore_result=True)
+def node_admit(self, *, node_id: int) -> None:
+    """Admission again after a pacing pause (services.prewarm_pacing_delay)."""
+    services.admit(node_id=node_id)
+
+
+@shared_task(bind=True, ignore_result=True)
 def nodes_heartbeat(self) -> None:
     """Beat: read each node's /health and /v1/models, record up/down, and reconcile up nodes."""
     for node in ServingNode.objects.select_related("base_model"):

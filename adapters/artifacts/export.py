@@ -2,7 +2,10 @@
 
 Dense adapters (and MoE adapters exported without a base model spec) keep their tensors as
 they are; given a MoE base model's spec, per-expert tensors are packed into vLLM's 3-D PEFT
-layout (see adapters.artifacts.packing), which loads several times faster.
+layout (see adapters.artifacts.packing), which loads several times faster, or, where the base
+model opts in (`moe_layout_for`), into MinT's expert-major layout, which only nodes running
+MinT's vLLM plugin load (the record's engine_flags name that capability, so placement never
+sends such a revision to another node).
 
 The output depends only on the adapter's config and tensor bytes, never on file names,
 timestamps or the input layout, so exporting the same revision again gives byte-identical
@@ -62,7 +65,7 @@ def engine_config(adapter: ValidatedAdapter) -> dict:
 class EngineLayout:
     """How an export must be loaded: the layout name, the node flags it needs and the load request's extras."""
 
-    name: str  # "peft" | packing.LAYOUT
+    name: str  # "peft" | packing.LAYOUT | packing.EXPERT_MAJOR
     engine_flags: list[str]
     load_request: dict
     min_max_lora_rank: int  # the node's --max-lora-rank must be at least this (vLLM rounds up to 1, 8, 16, …)
@@ -76,10 +79,43 @@ class EngineLayout:
         }
 
 
-def engine_layout(adapter: ValidatedAdapter, spec: BaseModelSpec | None) -> EngineLayout:
-    """The layout `write_engine_layout(adapter, dest, spec=spec)` writes, and what loading it needs."""
+# BaseModel.config key choosing how MoE adapters of that base model are packed (absent: packing.LAYOUT).
+MOE_LAYOUT_CONFIG_KEY = "moe_lora_layout"
+
+
+def moe_layout_for(base_model_config: dict, frozen_record: dict | None = None) -> str:
+    """The MoE layout an export of a revision uses.
+
+    A revision already exported keeps its frozen layout (a re-export must give the same bytes);
+    otherwise the base model's `config["moe_lora_layout"]` decides, default the 3-D PEFT layout
+    plain vLLM nodes load. Opt a base model in to `mint_expert_major` only once nodes serving
+    it run MinT's vLLM plugin and declare its capability in their engine_flags: placement needs
+    a node with it.
+    """
+    frozen = (frozen_record or {}).get("engine_layout")
+    if frozen in packing.LAYOUTS:
+        return frozen
+    chosen = (base_model_config or {}).get(MOE_LAYOUT_CONFIG_KEY) or packing.LAYOUT
+    if chosen not in packing.LAYOUTS:
+        raise ValueError(f"{MOE_LAYOUT_CONFIG_KEY} must be one of {packing.LAYOUTS}, not {chosen!r}")
+    return chosen
+
+
+def engine_layout(
+    adapter: ValidatedAdapter, spec: BaseModelSpec | None, *, moe_layout: str = packing.LAYOUT
+) -> EngineLayout:
+    """The layout `write_engine_layout(adapter, dest, spec=spec, moe_layout=moe_layout)` writes, and what loading
+    it needs."""
     headers = [_header(path) for path in adapter.tensor_files]
     if spec is not None and packing.needs_packing(spec, [name for h in headers for name in h.tensors]):
+        if moe_layout == packing.EXPERT_MAJOR:
+            # Stored at the adapter's own rank; nothing to read (gate and up are never merged).
+            return EngineLayout(
+                name=packing.EXPERT_MAJOR,
+                engine_flags=list(packing.EXPERT_MAJOR_ENGINE_FLAGS),
+                load_request={},
+                min_max_lora_rank=adapter.rank,
+            )
         described = packing.describe(spec, headers, rank=adapter.rank, dtype=adapter.dtype)
         return EngineLayout(
             name=packing.LAYOUT,
@@ -96,13 +132,13 @@ def _header(path: Path) -> SafetensorsHeader:
 
 
 def write_engine_layout(
-    adapter: ValidatedAdapter, dest: Path, *, spec: BaseModelSpec | None = None
+    adapter: ValidatedAdapter, dest: Path, *, spec: BaseModelSpec | None = None, moe_layout: str = packing.LAYOUT
 ) -> list[ExportedFile]:
     """Write adapter_config.json and adapter_model.safetensors into `dest`; return them sorted by name.
 
     Without `spec`, or for an adapter with no per-expert MoE tensors, tensors are copied with
     their names sorted, one at a time, as raw bytes (bit-identical, whatever the input
-    layout). With a MoE `spec`, per-expert tensors are packed (one stacked tensor in memory
+    layout). With a MoE `spec`, per-expert tensors are packed in `moe_layout` (one stacked tensor in memory
     at a time; `packing.unpack_moe` gives them back bit for bit). Each file is written to a
     temporary name and renamed, so a crash never leaves a half-written file under its final
     name. policy_record.json is the caller's.
@@ -123,6 +159,7 @@ def write_engine_layout(
             rank=adapter.rank,
             dtype=adapter.dtype,
             metadata=SAFETENSORS_METADATA,
+            layout=moe_layout,
         )
         return _exported(dest)
 

@@ -25,6 +25,17 @@ stores the gate/up lora_A and the down lora_B once for all experts. It is exact 
 adapters trained that way, and a node started with that flag silently keeps only expert
 0's factor of any other adapter, so MinT does not emit it.
 
+MinT's own expert-major layout (`mint_expert_major`, see serving.vllm_plugin.layout) keeps every
+projection's factors separate and expert-major, per layer L and projection P:
+
+    layers.L.mlp.experts.P.lora_A.weight  [E, r, in]    expert e's slice is its lora_A, byte for byte
+    layers.L.mlp.experts.P.lora_B.weight  [E, out, r]   expert e's slice is its lora_B, byte for byte
+
+so any adapter, tied or not, keeps its rank r, and a node copies each tensor straight into
+its LoRA slot. Plain vLLM refuses these names; only nodes running MinT's vLLM plugin (which
+declare `EXPERT_MAJOR_ENGINE_FLAGS` in their engine_flags) load it, several times faster than
+the 3-D PEFT layout. A projection the adapter does not adapt is stored as zeros, as above.
+
 Packing streams: each stacked tensor is built from its experts' bytes, written, and
 dropped before the next is read, so memory holds one stacked tensor, never the adapter.
 """
@@ -42,8 +53,14 @@ from adapters.artifacts.errors import ArtifactError
 from adapters.artifacts.peft_config import parse_tensor_name
 from adapters.artifacts.safetensors_io import SafetensorsHeader, read_header, tensor_bytes, write_safetensors
 from adapters.artifacts.spec import BaseModelSpec
+from serving.vllm_plugin import layout as expert_major
 
 LAYOUT = "peft_3d_moe"
+EXPERT_MAJOR = expert_major.LAYOUT
+LAYOUTS = (LAYOUT, EXPERT_MAJOR)
+# What a node must declare in its engine_flags to be given the expert-major layout: a MinT capability
+# token (the plugin is installed on a vLLM it supports), never passed to vLLM itself.
+EXPERT_MAJOR_ENGINE_FLAGS = (expert_major.CAPABILITY,)
 # Flags a node needs to load this layout; its --max-lora-rank must also cover the file's packed rank (r or 2r).
 ENGINE_FLAGS = ("--enable-mixed-moe-lora-format",)
 # What the load request must carry for this layout.
@@ -67,8 +84,9 @@ class PackingPlan:
     # (layer, projection) -> per-expert (lora_A name, lora_B name), expert order
     experts: dict[tuple[int, str], list[tuple[str, str]]]
     passthrough: list[str]  # tensors outside the experts, copied as they are
-    # layer -> (rank of the packed gate+up pair, first lora_A row of up's factor)
+    # layer -> (rank of the packed gate+up pair, first lora_A row of up's factor); empty for EXPERT_MAJOR
     gate_up: dict[int, tuple[int, int]]
+    layout: str = LAYOUT
 
     @property
     def layers(self) -> list[int]:
@@ -83,6 +101,17 @@ class PackingPlan:
 
     def description(self) -> dict:
         """What `unpack_moe` needs, stored in the packed file's metadata."""
+        if self.layout == EXPERT_MAJOR:
+            return {
+                "layout": EXPERT_MAJOR,
+                "format": expert_major.FORMAT_VERSION,
+                "rank": self.rank,
+                "packed_rank": self.rank,
+                "num_experts": self.spec.num_experts,
+                "dtype": self.dtype,
+                "layers": {str(layer): {"projections": self.present(layer)} for layer in self.layers},
+                "shapes": {p: list(self.spec.expert_module_shapes[p]) for p in EXPERT_PROJECTIONS},
+            }
         return {
             "layout": LAYOUT,
             "rank": self.rank,
@@ -113,16 +142,25 @@ def needs_packing(spec: BaseModelSpec, names: list[str]) -> bool:
 
 
 def plan_packing(
-    spec: BaseModelSpec, headers: list[SafetensorsHeader], *, rank: int, dtype: str, read: Callable[[str], bytes]
+    spec: BaseModelSpec,
+    headers: list[SafetensorsHeader],
+    *,
+    rank: int,
+    dtype: str,
+    read: Callable[[str], bytes],
+    layout: str = LAYOUT,
 ) -> PackingPlan:
     """Group a validated adapter's tensors by layer and projection. Every expert must be adapted.
 
     Validation has checked names, shapes, pairs and the single dtype; what is left is that
     each adapted (layer, projection) covers all experts, since the stacked layout has no
-    way to say "expert 7 has no LoRA" other than zeros, which would not round-trip. Reads
-    the gate and up lora_A of each expert (small) to find layers where they are tied.
+    way to say "expert 7 has no LoRA" other than zeros, which would not round-trip. For the
+    3-D PEFT layout, reads the gate and up lora_A of each expert (small) to find layers where
+    they are tied; the expert-major layout keeps them apart and needs no such read.
     """
-    if packed_rank(rank) > VLLM_MAX_LORA_RANKS[-1]:
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown MoE layout {layout!r}")
+    if layout == LAYOUT and packed_rank(rank) > VLLM_MAX_LORA_RANKS[-1]:
         raise ArtifactError(
             "rank_too_high",
             f"A MoE adapter of rank {rank} packs to rank {packed_rank(rank)}, above vLLM's largest "
@@ -148,12 +186,18 @@ def plan_packing(
             )
         experts[(layer, proj)] = [(found[e]["A"], found[e]["B"]) for e in range(spec.num_experts)]
     gate_up: dict[int, tuple[int, int]] = {}
-    for layer in sorted({layer for layer, _ in experts}):
+    for layer in sorted({layer for layer, _ in experts}) if layout == LAYOUT else ():
         gate, up = experts.get((layer, "gate_proj")), experts.get((layer, "up_proj"))
         tied = gate is None or up is None or all(read(g[0]) == read(u[0]) for g, u in zip(gate, up, strict=True))
         gate_up[layer] = (rank, 0) if tied else (2 * rank, rank)
     return PackingPlan(
-        spec=spec, rank=rank, dtype=dtype, experts=experts, passthrough=sorted(passthrough), gate_up=gate_up
+        spec=spec,
+        rank=rank,
+        dtype=dtype,
+        experts=experts,
+        passthrough=sorted(passthrough),
+        gate_up=gate_up,
+        layout=layout,
     )
 
 
@@ -218,14 +262,30 @@ def _down(plan: PackingPlan, layer: int, read, which: str) -> tuple[tuple[int, .
     return (rows, cols * n), _raw(stacked.permute(1, 2, 0))  # column k*E + e
 
 
-def describe(spec: BaseModelSpec, headers: list[SafetensorsHeader], *, rank: int, dtype: str) -> dict:
+def _expert_major(plan: PackingPlan, layer: int, proj: str, which: str, read) -> tuple[tuple[int, ...], memoryview]:
+    stacked = _experts(plan, layer, proj, which, read)
+    stacked = _zeros(plan, proj, which) if stacked is None else stacked
+    return tuple(stacked.shape), _raw(stacked)  # [E, r, in] or [E, out, r]: expert e's bytes, then e+1's
+
+
+def describe(
+    spec: BaseModelSpec, headers: list[SafetensorsHeader], *, rank: int, dtype: str, layout: str = LAYOUT
+) -> dict:
     """The description `write_packed` would store, without writing anything."""
     source = {name: header for header in headers for name in header.tensors}
-    return plan_packing(spec, headers, rank=rank, dtype=dtype, read=lambda n: tensor_bytes(source[n], n)).description()
+    plan = plan_packing(spec, headers, rank=rank, dtype=dtype, read=lambda n: tensor_bytes(source[n], n), layout=layout)
+    return plan.description()
 
 
 def write_packed(
-    spec: BaseModelSpec, headers: list[SafetensorsHeader], dest: Path, *, rank: int, dtype: str, metadata: dict
+    spec: BaseModelSpec,
+    headers: list[SafetensorsHeader],
+    dest: Path,
+    *,
+    rank: int,
+    dtype: str,
+    metadata: dict,
+    layout: str = LAYOUT,
 ) -> dict:
     """Pack the adapter whose (checked) headers are given into one safetensors file at `dest`.
 
@@ -236,7 +296,7 @@ def write_packed(
     def read(name: str) -> bytes:
         return tensor_bytes(source[name], name)
 
-    plan = plan_packing(spec, headers, rank=rank, dtype=dtype, read=read)
+    plan = plan_packing(spec, headers, rank=rank, dtype=dtype, read=read, layout=layout)
     description = plan.description()
     shapes = {name: source[name].tensors[name].shape for name in plan.passthrough}
     write_safetensors(
@@ -258,7 +318,14 @@ def packed_tensors(
     builders: dict[str, Callable[[], tuple[tuple[int, ...], bytes | memoryview]]] = {}
     for name, shape in passthrough_shapes.items():
         builders[name] = lambda name=name, shape=shape: (shape, read(name))
-    for layer in plan.layers:
+    for layer in plan.layers if plan.layout == EXPERT_MAJOR else ():
+        for proj in EXPERT_PROJECTIONS:
+            for which in "AB":
+                name = expert_major.tensor_name(PREFIX, layer, proj, which)
+                builders[name] = lambda layer=layer, proj=proj, which=which: _expert_major(
+                    plan, layer, proj, which, read
+                )
+    for layer in plan.layers if plan.layout == LAYOUT else ():
         base = f"{PREFIX}.{layer}.mlp.experts"
         builders[f"{base}.base_layer.lora_A.weight"] = lambda layer=layer: _gate_up_a(plan, layer, read)
         builders[f"{base}.base_layer.lora_B.weight"] = lambda layer=layer: _gate_up_b(plan, layer, read)
@@ -302,6 +369,11 @@ def unpack_moe(path: Path) -> Iterator[Tensor]:
     for name in sorted(header.tensors):
         if ".mlp.experts." not in name:
             yield name, header.tensors[name].dtype, header.tensors[name].shape, tensor_bytes(header, name)
+            continue
+        if description["layout"] == EXPERT_MAJOR:
+            _, layer, proj, which = expert_major.parse_name(name)
+            if proj in description["layers"][str(layer)]["projections"]:
+                yield from per_expert(layer, proj, which, load(name))
             continue
         layer = int(name[len(PREFIX) + 1 :].split(".", 1)[0])
         entry = description["layers"][str(layer)]

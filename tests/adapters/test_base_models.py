@@ -316,6 +316,20 @@ def test_base_model_upsert_creates_then_updates_with_audit(tiny_models):
     assert events[1].after["architecture"] == "moe" and events[1].after["max_lora_rank"] == 32
 
 
+def test_the_moe_lora_layout_is_chosen_kept_across_updates_and_checked(tiny_models):
+    chosen = base_model_upsert(
+        name="moe", path=tiny_models["moe"], max_lora_rank=8, moe_lora_layout="mint_expert_major", by=Actor.system()
+    )
+    assert chosen.config["moe_lora_layout"] == "mint_expert_major"
+    kept = base_model_upsert(name="moe", path=tiny_models["moe"], max_lora_rank=16, by=Actor.system())
+    assert kept.config["moe_lora_layout"] == "mint_expert_major" and kept.max_lora_rank == 16
+    with pytest.raises(ValueError, match="moe_lora_layout must be one of"):
+        base_model_upsert(
+            name="moe", path=tiny_models["moe"], max_lora_rank=8, moe_lora_layout="w1w2w3", by=Actor.system()
+        )
+    assert BaseModel.objects.get(name="moe").config["moe_lora_layout"] == "mint_expert_major"
+
+
 def test_base_model_upsert_rejects_a_directory_without_config(tmp_path):
     with pytest.raises(ValueError, match=r"config\.json"):
         base_model_upsert(name="nothing", path=tmp_path, max_lora_rank=16, by=Actor.system())

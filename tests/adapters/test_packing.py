@@ -260,3 +260,76 @@ def test_a_moe_revision_is_exported_packed_and_loaded_with_what_its_layout_needs
         tasks.placement_prewarm(placement_id=placement.id)
     name = lora_name(revision)
     engine.load_lora.assert_called_once_with(name, str(Path(node.cache_dir) / name), is_3d_lora_weight=True)
+
+
+@pytest.mark.parametrize("layout", ["peft", "many_file"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_an_expert_major_export_unpacks_to_its_source_bit_for_bit_and_keeps_rank_and_experts_apart(
+    tmp_path, layout, dtype
+):
+    adapter, _ = moe_adapter(tmp_path / "src", layout, dtype=dtype, rank=2)
+    write_engine_layout(adapter, tmp_path / "out", spec=TINY_MOE, moe_layout=packing.EXPERT_MAJOR)
+    path = tmp_path / "out" / PACKED
+
+    unpacked = {name: (dt, shape, bytes(data)) for name, dt, shape, data in packing.unpack_moe(path)}
+    assert unpacked == source_bytes(adapter)
+    description = packing.read_description(path)
+    assert (description["layout"], description["packed_rank"]) == (packing.EXPERT_MAJOR, 2)
+    header = read_header(path, max_header_bytes=LIMIT)
+    gate_b = header.tensors[f"{packing.PREFIX}.1.mlp.experts.gate_proj.lora_B.weight"]
+    assert gate_b.shape == (TINY_MOE.num_experts, 32, 2)  # [E, out, r]
+    assert engine_layout(adapter, TINY_MOE, moe_layout=packing.EXPERT_MAJOR).min_max_lora_rank == 2
+
+
+@pytest.mark.django_db
+def test_a_base_model_opted_in_to_expert_major_exports_it_and_only_plugin_nodes_may_hold_it(
+    tenant_a, moe_base, artifact_root, tmp_path, django_capture_on_commit_callbacks
+):
+    from adapters.artifacts.export import MOE_LAYOUT_CONFIG_KEY
+    from adapters.models import Adapter, AdapterRevision
+    from serving import services, tasks
+    from serving.models import NodeState, Placement, ServingNode, lora_name
+    from tests.adapters.fixtures import uploads_of
+
+    moe_base.config = moe_base.config | {MOE_LAYOUT_CONFIG_KEY: packing.EXPERT_MAJOR}
+    moe_base.save()
+    Adapter.objects.create(tenant=tenant_a.tenant, name="moe-bot", base_model=moe_base)
+    src, _ = moe_adapter(tmp_path / "src", "peft")
+    with django_capture_on_commit_callbacks(execute=True):
+        response = tenant_a.client_as("developer").post(
+            "/api/v1/adapters/moe-bot/revisions/", {"files": uploads_of(src.root)}, format="multipart"
+        )
+    assert response.status_code == 201, response.content
+    revision = AdapterRevision.objects.get(adapter__name="moe-bot", number=1)
+    assert revision.state == "exported", revision.failure_reason
+    record = revision.policy_record
+    assert record["engine_layout"] == packing.EXPERT_MAJOR
+    assert record["engine_flags"] == list(packing.EXPERT_MAJOR_ENGINE_FLAGS) and record["load_request"] == {}
+    assert record["min_max_lora_rank"] == record["rank"]  # gate and up keep their own lora_A: no doubled rank
+    exported = artifact_root / revision.export_uri / PACKED
+    assert {n: (d, s, bytes(b)) for n, d, s, b in packing.unpack_moe(exported)} == source_bytes(src)
+
+    def node(name: str, flags: list[str]) -> ServingNode:
+        return ServingNode.objects.create(
+            name=name,
+            base_model=moe_base,
+            url=f"http://{name}.test",
+            served_model_name="test-moe",
+            state=NodeState.UP,
+            gpu_slots=1,
+            cpu_slots=2,
+            max_lora_rank=8,
+            engine_flags=flags,
+            cache_dir=str(tmp_path / name),
+        )
+
+    plain, plugin = node("plain", list(packing.ENGINE_FLAGS)), node("plugin", list(packing.EXPERT_MAJOR_ENGINE_FLAGS))
+    AdapterRevision.objects.filter(id=revision.id).update(state="approved")
+    assert not services.node_can_load(plain, revision) and services.node_can_load(plugin, revision)
+    placement = Placement.objects.create(node=plugin, revision=revision, state="loading", attempts=1)
+    with mock.patch("serving.tasks.VllmClient") as factory:
+        engine = factory.return_value.__enter__.return_value
+        engine.complete.return_value = " hi"
+        tasks.placement_prewarm(placement_id=placement.id)
+    name = lora_name(revision)
+    engine.load_lora.assert_called_once_with(name, str(Path(plugin.cache_dir) / name))

@@ -7,6 +7,7 @@ from datetime import timedelta
 from unittest import mock
 
 import pytest
+from django.core.cache import cache
 from django.db import connection
 from django.utils import timezone
 
@@ -211,3 +212,59 @@ def test_a_packed_export_goes_only_to_a_node_with_its_flags_and_rank(node, make_
     ServingNode.objects.filter(id=node.id).update(max_lora_rank=8)
     placement = services.placement_request(revision=revision, priority=Priority.ACTIVATION)
     assert placement is not None and placement.node_id == node.id
+
+
+@pytest.fixture
+def paced(settings):
+    settings.MINT_NODE_PREWARM_DUTY = 0.25
+    settings.MINT_NODE_PREWARM_MAX_GAP_S = 10.0
+    cache.clear()
+    yield settings
+    cache.clear()
+
+
+def just_prewarmed(node, revision, *, busy_ms: float, ago_s: float = 0.0) -> Placement:
+    """A placement whose prewarm (load + warm-up) kept the node busy `busy_ms`, finished `ago_s` ago."""
+    return place(
+        node,
+        revision,
+        "ready",
+        load_ms=busy_ms / 2,
+        warm_ms=busy_ms / 2,
+        ready_at=timezone.now() - timedelta(seconds=ago_s),
+    )
+
+
+def test_after_a_prewarm_the_next_waits_so_prewarms_take_the_duty_share(
+    node, make_revision, paced, sent, django_capture_on_commit_callbacks
+):
+    just_prewarmed(node, make_revision(1), busy_ms=200)
+    waiting = place(node, make_revision(2), "queued", priority=Priority.ACTIVATION)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.admit(node_id=node.id) == []
+        assert services.admit(node_id=node.id) == []  # asked again during the pause: still one wake-up
+    # busy 0.2 s at a 25 % share: the node rests 0.6 s, then admission runs again by itself.
+    (call,) = sent.call_args_list
+    assert call.args == ("serving.tasks.node_admit",)
+    assert call.kwargs["node_id"] == node.id
+    assert 0.5 < call.kwargs["countdown"] <= 0.6
+    assert Placement.objects.get(id=waiting.id).state == "queued"
+
+
+def test_once_the_pause_is_over_the_next_prewarm_starts(node, make_revision, paced):
+    just_prewarmed(node, make_revision(1), busy_ms=200, ago_s=0.7)
+    waiting = place(node, make_revision(2), "queued", priority=Priority.ACTIVATION)
+    assert services.admit(node_id=node.id) == [waiting.id]
+
+
+def test_a_rollback_never_waits_for_the_pause(node, make_revision, paced):
+    just_prewarmed(node, make_revision(1), busy_ms=200)
+    rollback = place(node, make_revision(2), "queued", priority=Priority.ROLLBACK)
+    assert services.admit(node_id=node.id) == [rollback.id]
+
+
+def test_the_pause_is_capped_and_a_duty_of_one_turns_pacing_off(node, make_revision, paced):
+    just_prewarmed(node, make_revision(1), busy_ms=100_000)
+    assert services.prewarm_pacing_delay(node, priority=Priority.ACTIVATION) == pytest.approx(10.0, abs=0.1)
+    paced.MINT_NODE_PREWARM_DUTY = 1.0
+    assert services.prewarm_pacing_delay(node, priority=Priority.ACTIVATION) == 0.0
