@@ -26,7 +26,12 @@ class Command(BaseCommand):
         add.add_argument(
             "--cache-dir", default=None, help="Node-local adapter directory (default: var/node-cache/NAME)"
         )
-        add.add_argument("--engine-flag", action="append", default=[], help="Extra vLLM flag (repeatable)")
+        add.add_argument(
+            "--engine-flag",
+            action="append",
+            default=[],
+            help="A vLLM flag the node runs with, or a MinT capability such as mint:moe-expert-major/1 (repeatable)",
+        )
         sub.add_parser("list", help="List nodes.")
         for name in ("drain", "undrain"):
             cmd = sub.add_parser(name, help=f"{name.title()} a node.")
