@@ -216,50 +216,72 @@ def test_an_adapter_missing_some_experts_is_refused_rather_than_packed_inexactly
     assert caught.value.code == "partial_experts"
 
 
-@pytest.mark.django_db
-def test_a_moe_revision_is_exported_packed_and_loaded_with_what_its_layout_needs(
-    tenant_a, moe_base, artifact_root, tmp_path, django_capture_on_commit_callbacks
-):
+def export_moe_revision(tenant, moe_base, src, capture):
+    """Upload `src` as revision 1 of a new adapter `moe-bot` through the API; return it, exported."""
     from adapters.models import Adapter, AdapterRevision
-    from serving import tasks
-    from serving.models import NodeState, Placement, ServingNode, lora_name
     from tests.adapters.fixtures import uploads_of
 
-    Adapter.objects.create(tenant=tenant_a.tenant, name="moe-bot", base_model=moe_base)
-    src, _ = moe_adapter(tmp_path / "src", "many_file")
-    with django_capture_on_commit_callbacks(execute=True):
-        response = tenant_a.client_as("developer").post(
+    Adapter.objects.create(tenant=tenant.tenant, name="moe-bot", base_model=moe_base)
+    with capture(execute=True):
+        response = tenant.client_as("developer").post(
             "/api/v1/adapters/moe-bot/revisions/", {"files": uploads_of(src.root)}, format="multipart"
         )
     assert response.status_code == 201, response.content
     revision = AdapterRevision.objects.get(adapter__name="moe-bot", number=1)
     assert revision.state == "exported", revision.failure_reason
+    return revision
+
+
+def moe_node(moe_base, tmp_path, name: str, flags):
+    from serving.models import NodeState, ServingNode
+
+    return ServingNode.objects.create(
+        name=name,
+        base_model=moe_base,
+        url=f"http://{name}.test",
+        served_model_name="test-moe",
+        state=NodeState.UP,
+        gpu_slots=1,
+        cpu_slots=2,
+        max_lora_rank=8,
+        engine_flags=list(flags),
+        cache_dir=str(tmp_path / name),
+    )
+
+
+def prewarm_load_call(node, revision):
+    """Approve `revision`, prewarm it on `node` against a fake engine; return the engine's load_lora mock."""
+    from adapters.models import AdapterRevision
+    from serving import tasks
+    from serving.models import Placement
+
+    AdapterRevision.objects.filter(id=revision.id).update(state="approved")
+    placement = Placement.objects.create(node=node, revision=revision, state="loading", attempts=1)
+    with mock.patch("serving.tasks.VllmClient") as factory:
+        engine = factory.return_value.__enter__.return_value
+        engine.complete.return_value = " hi"
+        tasks.placement_prewarm(placement_id=placement.id)
+    return engine.load_lora
+
+
+@pytest.mark.django_db
+def test_a_moe_revision_is_exported_packed_and_loaded_with_what_its_layout_needs(
+    tenant_a, moe_base, artifact_root, tmp_path, django_capture_on_commit_callbacks
+):
+    from serving.models import lora_name
+
+    src, _ = moe_adapter(tmp_path / "src", "many_file")
+    revision = export_moe_revision(tenant_a, moe_base, src, django_capture_on_commit_callbacks)
     record = revision.policy_record
     assert record["engine_layout"] == "peft_3d_moe" and record["source_layout"] == "many_file"
     assert record["load_request"] == {"is_3d_lora_weight": True}
     exported = artifact_root / revision.export_uri / PACKED
     assert {n: (d, s, bytes(b)) for n, d, s, b in packing.unpack_moe(exported)} == source_bytes(src)
 
-    AdapterRevision.objects.filter(id=revision.id).update(state="approved")
-    node = ServingNode.objects.create(
-        name="moe-node",
-        base_model=moe_base,
-        url="http://moe-node.test",
-        served_model_name="test-moe",
-        state=NodeState.UP,
-        gpu_slots=1,
-        cpu_slots=2,
-        max_lora_rank=8,
-        engine_flags=list(packing.ENGINE_FLAGS),
-        cache_dir=str(tmp_path / "node-cache"),
-    )
-    placement = Placement.objects.create(node=node, revision=revision, state="loading", attempts=1)
-    with mock.patch("serving.tasks.VllmClient") as factory:
-        engine = factory.return_value.__enter__.return_value
-        engine.complete.return_value = " hi"
-        tasks.placement_prewarm(placement_id=placement.id)
+    node = moe_node(moe_base, tmp_path, "moe-node", packing.ENGINE_FLAGS)
+    load = prewarm_load_call(node, revision)
     name = lora_name(revision)
-    engine.load_lora.assert_called_once_with(name, str(Path(node.cache_dir) / name), is_3d_lora_weight=True)
+    load.assert_called_once_with(name, str(Path(node.cache_dir) / name), is_3d_lora_weight=True)
 
 
 @pytest.mark.parametrize("layout", ["peft", "many_file"])
@@ -286,22 +308,13 @@ def test_a_base_model_opted_in_to_expert_major_exports_it_and_only_plugin_nodes_
     tenant_a, moe_base, artifact_root, tmp_path, django_capture_on_commit_callbacks
 ):
     from adapters.artifacts.export import MOE_LAYOUT_CONFIG_KEY
-    from adapters.models import Adapter, AdapterRevision
-    from serving import services, tasks
-    from serving.models import NodeState, Placement, ServingNode, lora_name
-    from tests.adapters.fixtures import uploads_of
+    from serving import services
+    from serving.models import lora_name
 
     moe_base.config = moe_base.config | {MOE_LAYOUT_CONFIG_KEY: packing.EXPERT_MAJOR}
     moe_base.save()
-    Adapter.objects.create(tenant=tenant_a.tenant, name="moe-bot", base_model=moe_base)
     src, _ = moe_adapter(tmp_path / "src", "peft")
-    with django_capture_on_commit_callbacks(execute=True):
-        response = tenant_a.client_as("developer").post(
-            "/api/v1/adapters/moe-bot/revisions/", {"files": uploads_of(src.root)}, format="multipart"
-        )
-    assert response.status_code == 201, response.content
-    revision = AdapterRevision.objects.get(adapter__name="moe-bot", number=1)
-    assert revision.state == "exported", revision.failure_reason
+    revision = export_moe_revision(tenant_a, moe_base, src, django_capture_on_commit_callbacks)
     record = revision.policy_record
     assert record["engine_layout"] == packing.EXPERT_MAJOR
     assert record["engine_flags"] == list(packing.EXPERT_MAJOR_ENGINE_FLAGS) and record["load_request"] == {}
@@ -309,27 +322,9 @@ def test_a_base_model_opted_in_to_expert_major_exports_it_and_only_plugin_nodes_
     exported = artifact_root / revision.export_uri / PACKED
     assert {n: (d, s, bytes(b)) for n, d, s, b in packing.unpack_moe(exported)} == source_bytes(src)
 
-    def node(name: str, flags: list[str]) -> ServingNode:
-        return ServingNode.objects.create(
-            name=name,
-            base_model=moe_base,
-            url=f"http://{name}.test",
-            served_model_name="test-moe",
-            state=NodeState.UP,
-            gpu_slots=1,
-            cpu_slots=2,
-            max_lora_rank=8,
-            engine_flags=flags,
-            cache_dir=str(tmp_path / name),
-        )
-
-    plain, plugin = node("plain", list(packing.ENGINE_FLAGS)), node("plugin", list(packing.EXPERT_MAJOR_ENGINE_FLAGS))
-    AdapterRevision.objects.filter(id=revision.id).update(state="approved")
+    plain = moe_node(moe_base, tmp_path, "plain", packing.ENGINE_FLAGS)
+    plugin = moe_node(moe_base, tmp_path, "plugin", packing.EXPERT_MAJOR_ENGINE_FLAGS)
     assert not services.node_can_load(plain, revision) and services.node_can_load(plugin, revision)
-    placement = Placement.objects.create(node=plugin, revision=revision, state="loading", attempts=1)
-    with mock.patch("serving.tasks.VllmClient") as factory:
-        engine = factory.return_value.__enter__.return_value
-        engine.complete.return_value = " hi"
-        tasks.placement_prewarm(placement_id=placement.id)
+    load = prewarm_load_call(plugin, revision)
     name = lora_name(revision)
-    engine.load_lora.assert_called_once_with(name, str(Path(plugin.cache_dir) / name))
+    load.assert_called_once_with(name, str(Path(plugin.cache_dir) / name))
