@@ -204,7 +204,7 @@ def revision_export(self, *, revision_id: int) -> None:
             ]
             if restoring and files != revision.policy_record["files"]:
                 raise ArtifactError("export_mismatch", "Re-exporting gave different bytes than the frozen export.")
-            record = frozen or policy_record(revision, checked, files, moe_layout=moe_layout)
+            record = frozen if restoring else policy_record(revision, checked, files, moe_layout=moe_layout)
             (out / "policy_record.json").write_text(json.dumps(record, sort_keys=True, indent=2) + "\n")
             staging = store.new_export_staging_prefix(revision)
             store.upload_dir(out, staging, after_each=_slow_export_for_tests)

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from adapters.artifacts.archive import ArchiveLimits, archive_kind, extract_archive
+from adapters.artifacts.safetensors_io import read_header, tensor_bytes
 from adapters.artifacts.spec import BaseModelSpec
 from adapters.artifacts.validate import ValidatedAdapter, ValidationLimits, validate_adapter_dir
 
@@ -371,3 +372,13 @@ def _make_bad_archive(case: str, workdir: Path, spec: BaseModelSpec) -> Path:
         else:
             raise KeyError(case)
     return path
+
+
+def source_bytes(adapter: ValidatedAdapter) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    """Every tensor of a validated adapter as (dtype, shape, raw bytes), by name: what an export must preserve."""
+    found = {}
+    for path in adapter.tensor_files:
+        header = read_header(path, max_header_bytes=64 * 1024 * 1024)
+        for name, info in header.tensors.items():
+            found[name] = (info.dtype, info.shape, tensor_bytes(header, name))
+    return found

@@ -14,18 +14,9 @@ from adapters.artifacts import export as export_module
 from adapters.artifacts.export import ExportedFile, sha256_file, write_engine_layout
 from adapters.artifacts.safetensors_io import read_header, tensor_bytes
 from adapters.artifacts.validate import validate_adapter_dir
-from tests.adapters.corpus import TINY_DENSE, TINY_MOE, lora_config, lora_tensors, write_adapter_files
+from tests.adapters.corpus import TINY_DENSE, TINY_MOE, lora_config, lora_tensors, source_bytes, write_adapter_files
 
 LIMIT = 64 * 1024 * 1024
-
-
-def source_bytes(adapter) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
-    found = {}
-    for path in adapter.tensor_files:
-        header = read_header(path, max_header_bytes=LIMIT)
-        for name, info in header.tensors.items():
-            found[name] = (info.dtype, info.shape, tensor_bytes(header, name))
-    return found
 
 
 def moe_adapter(root: Path, layout: str, dtype: torch.dtype = torch.bfloat16):

@@ -13,9 +13,9 @@ import torch
 from adapters.artifacts import packing
 from adapters.artifacts.errors import ArtifactError
 from adapters.artifacts.export import engine_layout, write_engine_layout
-from adapters.artifacts.safetensors_io import iter_tensors, read_header, tensor_bytes
+from adapters.artifacts.safetensors_io import iter_tensors, read_header
 from adapters.artifacts.validate import validate_adapter_dir
-from tests.adapters.corpus import TINY_DENSE, TINY_MOE, lora_config, lora_tensors, write_adapter_files
+from tests.adapters.corpus import TINY_DENSE, TINY_MOE, lora_config, lora_tensors, source_bytes, write_adapter_files
 
 LIMIT = 64 * 1024 * 1024
 ALL_EXPERT = ("gate_proj", "up_proj", "down_proj")
@@ -28,15 +28,6 @@ def moe_adapter(root: Path, layout: str = "peft", *, expert_targets=ALL_EXPERT, 
     )
     config = lora_config(rank=rank, targets=("q_proj", "v_proj", *expert_targets))
     return validate_adapter_dir(write_adapter_files(root, config, tensors, layout), TINY_MOE), tensors
-
-
-def source_bytes(adapter) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
-    found = {}
-    for path in adapter.tensor_files:
-        header = read_header(path, max_header_bytes=LIMIT)
-        for name, info in header.tensors.items():
-            found[name] = (info.dtype, info.shape, tensor_bytes(header, name))
-    return found
 
 
 @pytest.mark.parametrize("layout", ["peft", "many_file"])
@@ -233,16 +224,12 @@ def export_moe_revision(tenant, moe_base, src, capture):
 
 
 def moe_node(moe_base, tmp_path, name: str, flags):
-    from serving.models import NodeState, ServingNode
+    from tests.factories import ServingNodeFactory
 
-    return ServingNode.objects.create(
+    return ServingNodeFactory(
         name=name,
         base_model=moe_base,
-        url=f"http://{name}.test",
         served_model_name="test-moe",
-        state=NodeState.UP,
-        gpu_slots=1,
-        cpu_slots=2,
         max_lora_rank=8,
         engine_flags=list(flags),
         cache_dir=str(tmp_path / name),

@@ -9,9 +9,10 @@ from django.test import Client
 from django.utils import timezone
 
 from adapters.models import Adapter, AdapterRevision, Alias, Approval, RevisionState
-from serving.models import NodeState, Placement, PlacementState, ServingNode
+from serving.models import Placement, PlacementState, ServingNode
 from tenants.access import Actor
 from tenants.services import audit_record
+from tests.factories import ServingNodeFactory
 
 
 @dataclass
@@ -64,12 +65,10 @@ def fill(world, adapter: Adapter, node: ServingNode, *, extra: int = 0) -> Catal
 
 @pytest.fixture
 def node(dense_base) -> ServingNode:
-    return ServingNode.objects.create(
+    return ServingNodeFactory(
         name="node-1",
         base_model=dense_base,
         url="http://127.0.0.1:9",
-        served_model_name="tiny",
-        state=NodeState.UP,
         gpu_slots=4,
         cpu_slots=8,
         cache_dir="/tmp/none",

@@ -17,10 +17,11 @@ from adapters import services as adapter_services
 from adapters.models import AdapterRevision, RevisionState
 from mint_site.asgi import application
 from serving import services as serving_services
-from serving.models import NodeState, ServingNode
+from serving.models import NodeState
 from tenants import events
 from tenants.access import Actor
 from tenants.auth import SESSION_TENANT_KEY
+from tests.factories import ServingNodeFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -193,16 +194,7 @@ def test_staff_also_receive_node_state_and_members_do_not(tenant_a, dense_base):
     staff = tenant_a.users["owner"]
     staff.is_staff = True
     staff.save(update_fields=["is_staff"])
-    node = ServingNode.objects.create(
-        name="node-live",
-        base_model=dense_base,
-        url="http://node-live.test",
-        served_model_name="test-dense",
-        state=NodeState.UP,
-        gpu_slots=1,
-        cpu_slots=1,
-        cache_dir="/tmp/node-live-cache",
-    )
+    node = ServingNodeFactory(name="node-live", base_model=dense_base, served_model_name="test-dense", cpu_slots=1)
     staff_ws = communicator(staff)
     member_ws = communicator(tenant_a.users["developer"])
 

@@ -5,18 +5,17 @@ from __future__ import annotations
 import pytest
 
 from adapters.models import AdapterRevision, Alias
-from serving.models import NodeState, Placement, ServingNode
+from serving.models import Placement, ServingNode
+from tests.factories import ServingNodeFactory
 from tests.serving.gateway_world import world  # noqa: F401  (the gateway tests' world of tenants, nodes and a fake vLLM)
 
 
 @pytest.fixture
 def node(dense_base, tmp_path) -> ServingNode:
-    return ServingNode.objects.create(
+    return ServingNodeFactory(
         name="node-1",
         base_model=dense_base,
-        url="http://node-1.test",
         served_model_name="test-dense",
-        state=NodeState.UP,
         gpu_slots=2,
         cpu_slots=3,
         cache_dir=str(tmp_path / "node-cache"),

@@ -16,7 +16,8 @@ from prometheus_client import REGISTRY
 
 from adapters.models import Adapter, AdapterRevision, Alias, BaseModel, RevisionState
 from serving.gateway import drain, proxy, ratelimit, resolve, usage
-from serving.models import NodeState, Placement, PlacementState, ServingNode, lora_name
+from serving.models import Placement, PlacementState, ServingNode, lora_name
+from tests.factories import ServingNodeFactory
 
 # ---------------------------------------------------------------------------------------------
 # A fake vLLM at the HTTP edge
@@ -115,16 +116,7 @@ class World:
 
 
 def gw_node(name: str, base: BaseModel) -> ServingNode:
-    return ServingNode.objects.create(
-        name=name,
-        base_model=base,
-        url=f"http://{name}.test",
-        served_model_name="tiny",
-        state=NodeState.UP,
-        gpu_slots=4,
-        cpu_slots=16,
-        cache_dir="/tmp/mint-node",
-    )
+    return ServingNodeFactory(name=name, base_model=base, gpu_slots=4, cpu_slots=16, cache_dir="/tmp/mint-node")
 
 
 def gw_revision(adapter: Adapter, number: int, state: str = RevisionState.APPROVED) -> AdapterRevision:

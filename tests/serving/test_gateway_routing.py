@@ -93,7 +93,7 @@ def test_node_timeout_is_504(world):
     assert dict(proxy.inflight) == {}
 
 
-def test_node_server_error_is_502_and_hides_themake_node(world):
+def test_node_server_error_is_502_and_hides_the_node(world):
     world.vllm.answers["node-a.test"] = httpx.Response(
         500, json={"error": {"message": f"engine dead at http://node-a.test for {world.lora}", "code": 500}}
     )
