@@ -97,11 +97,19 @@ CACHES = {
     }
 }
 
+CHANNEL_LAYER_READ_TIMEOUT_S = 30
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        # Room for a burst of events (activating many revisions) while a gateway applies them in order.
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": "mint:ch", "capacity": 1000},
+        "CONFIG": {
+            # A receive blocks in Redis for up to 5 s (channels_redis's brpop_timeout), and redis-py 8
+            # gives up on a read after 5 s by default: an idle receive would fail, dropping every
+            # dashboard socket and the gateway's event feed every few seconds. Reads wait longer.
+            "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_READ_TIMEOUT_S}],
+            "prefix": "mint:ch",
+            # Room for a burst of events (activating many revisions) while a gateway applies them in order.
+            "capacity": 1000,
+        },
     }
 }
 

@@ -86,6 +86,27 @@ def test_member_receives_revision_state_after_commit_and_not_before(tenant_a, ad
     }
 
 
+def test_an_idle_connection_outlives_the_layers_blocking_pop(tenant_a, adapter_a):
+    """Nothing happens for longer than the channel layer's blocking pop waits (its brpop_timeout): the
+    socket stays open and the next event still arrives (a Redis read timeout at or below the pop's
+    once failed every idle receive, closing the dashboard's socket every few seconds)."""
+    from channels.layers import get_channel_layer
+
+    revision = exported_revision(adapter_a)
+    ws = communicator(tenant_a.users["viewer"])
+    idle_s = get_channel_layer().brpop_timeout + 1.5
+
+    async def scenario():
+        assert (await ws.connect())[0]
+        assert await ws.receive_nothing(idle_s, interval=0.1)
+        await sync_to_async(request_approval)(revision)
+        event = await ws.receive_json_from(timeout=EVENT_S)
+        await ws.disconnect()
+        return event
+
+    assert async_to_sync(scenario)()["state"] == "pending_approval"
+
+
 def test_rolled_back_change_sends_nothing(tenant_a, adapter_a):
     revision = exported_revision(adapter_a)
     ws = communicator(tenant_a.users["viewer"])

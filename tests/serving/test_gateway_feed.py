@@ -103,6 +103,36 @@ def test_follow_applies_events_committed_by_the_services(world):
     assert async_to_sync(scenario)() == 2
 
 
+def test_the_follower_stays_joined_through_an_idle_spell(world, caplog):
+    """Longer without events than the layer's blocking pop waits: no reconnect (which would drop every
+    cached route and resolve them again), and the next event is still applied."""
+    from channels.layers import get_channel_layer
+
+    key = (world.tenant_a.tenant.id, ModelRef(adapter="support-bot"))
+    Alias.objects.filter(adapter=world.adapter, name=Alias.PRODUCTION).update(desired_revision=world.r2)
+    Placement.objects.create(node=world.node_b, revision=world.r2, state=PlacementState.READY)
+    idle_s = get_channel_layer().brpop_timeout + 1.5
+
+    async def scenario() -> tuple[bool, int | None]:
+        follower = asyncio.create_task(feed.follow())
+        await asyncio.sleep(0.5)
+        stayed = True
+        for _ in range(int(idle_s / 0.1)):
+            await asyncio.sleep(0.1)
+            stayed = stayed and resolve.following and not follower.done()
+        await sync_to_async(services.alias_flip)(adapter=world.adapter, revision=world.r2)
+        for _ in range(100):
+            hit, found = resolve._resolutions.get(key)
+            if hit:
+                break
+            await asyncio.sleep(0.05)
+        follower.cancel()
+        return stayed, found.revision_number if hit else None
+
+    assert async_to_sync(scenario)() == (True, 2)
+    assert "channel layer unavailable" not in caplog.text
+
+
 def test_routes_are_kept_longer_while_the_feed_is_live(settings, monkeypatch):
     settings.MINT_GATEWAY_CACHE_S, settings.MINT_GATEWAY_FOLLOWED_CACHE_S = 1.0, 30.0
 
