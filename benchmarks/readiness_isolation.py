@@ -41,7 +41,7 @@ class Steady:
         self._stop = context.Event()
         self._results, sender = context.Pipe(duplex=False)
         self._process = context.Process(target=_steady, args=(url, token, models, self._stop, sender), daemon=True)
-        self.samples: list[tuple[float, float]] = []
+        self.samples: list[tuple[float, float, dict[str, float]]] = []  # (at, latency, Server-Timing)
         self.errors = 0
 
     def start(self) -> None:
@@ -52,8 +52,13 @@ class Steady:
         self.samples, self.errors = self._results.recv()
         self._process.join()
 
-    def between(self, start: float, end: float) -> list[float]:
-        return [latency for at, latency in self.samples if start <= at < end]
+    def between(self, start: float, end: float, part: str | None = None) -> list[float]:
+        """Latencies (s) of the requests sent in [start, end); with `part`, that Server-Timing part's (s)."""
+        return [
+            latency if part is None else timing.get(part, 0.0) / 1000
+            for at, latency, timing in self.samples
+            if start <= at < end
+        ]
 
 
 def _steady(url: str, token: str, models: list[str], stop, results) -> None:
@@ -67,7 +72,8 @@ def _steady(url: str, token: str, models: list[str], stop, results) -> None:
             response = http.post(url, json=body(models[i % len(models)], prompts), headers=headers)
             elapsed = time.perf_counter() - started
             if response.status_code == 200:
-                samples.append((time.monotonic(), elapsed))  # CLOCK_MONOTONIC: the same clock in every process
+                # CLOCK_MONOTONIC: the same clock in every process
+                samples.append((time.monotonic() - elapsed, elapsed, server_timing(response)))
             else:
                 errors += 1
             i += 1
@@ -129,13 +135,16 @@ def main() -> int:
         before_start = time.monotonic()
         time.sleep(window)
         during_start = time.monotonic()
-        for adapter, revision in fresh:
-            stack.activate(adapter, revision)
-        for adapter, revision in fresh:
-            stack.wait_live(adapter, revision, timeout=600)
+        with stack.as_control_plane():
+            for adapter, revision in fresh:
+                stack.activate(adapter, revision)
+            for adapter, revision in fresh:
+                stack.wait_live(adapter, revision, timeout=600)
         during_end = max(time.monotonic(), during_start + 1.0)
         steady.stop()
         before = steady.between(before_start, during_start)
+        midway = (before_start + during_start) / 2
+        first_half, second_half = steady.between(before_start, midway), steady.between(midway, during_start)
         during = steady.between(during_start, during_end)
 
         with httpx.Client(timeout=60) as http:
@@ -151,6 +160,12 @@ def main() -> int:
         "steady_before": summary_ms(before),
         "steady_during": summary_ms(during),
         "steady_p95_ratio": round(percentile(during, 95) / percentile(before, 95), 4),
+        # The same ratio with nothing changing (the second half of `before` over its first half): how far
+        # this machine moves the steady p95 on its own. A ratio inside this spread is not a measured effect.
+        "steady_p95_null_ratio": round(percentile(second_half, 95) / percentile(first_half, 95), 4),
+        # The same requests' time inside the node, as the gateway saw it: the engine's share of a change.
+        "steady_upstream_before": summary_ms(steady.between(before_start, during_start, "upstream")),
+        "steady_upstream_during": summary_ms(steady.between(during_start, during_end, "upstream")),
         "steady_errors": steady.errors,
         "first_over_warm": {
             "median": round(statistics.median(ratios), 4),

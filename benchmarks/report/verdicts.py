@@ -64,6 +64,7 @@ def rows_readiness_isolation(d: dict) -> list[Row]:
     first = get(d, "first_over_warm.median", "first_over_warm")
     return [
         Row("steady p95 during ÷ before activations", ratio, "≤ 1.05", check(ratio, "<=", 1.05)),
+        Row("the same with nothing activated (noise)", get(d, "steady_p95_null_ratio"), "", None),
         Row("new adapter first ÷ warm request (median)", first, "≤ 1.1", check(first, "<=", 1.1)),
         Row("new adapter first ÷ warm request (p95 / max)", get(d, "first_over_warm.p95"), "", None),
         Row(

@@ -275,6 +275,29 @@ def test_unreachable_channel_layer_does_not_break_the_service(tenant_a, adapter_
     assert "live event revision.state" in caplog.text
 
 
+def test_events_sent_one_after_another_arrive_in_the_order_sent():
+    """Each send from synchronous code is finished before the next begins."""
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    group = events.tenant_group(987_654)
+
+    def send_all() -> None:
+        for i in range(20):
+            events.live_event(tenant_id=987_654, type="revision.state", id=i, state="exported")
+
+    async def scenario() -> list[int]:
+        channel = await layer.new_channel("order.")
+        await layer.group_add(group, channel)
+        try:
+            await sync_to_async(send_all, thread_sensitive=False)()
+            return [(await layer.receive(channel))["event"]["id"] for _ in range(20)]
+        finally:
+            await layer.group_discard(group, channel)
+
+    assert async_to_sync(scenario)() == list(range(20))
+
+
 def test_group_names():
     assert events.tenant_group(7) == "tenant.7"
     assert events.PLATFORM_GROUP == "platform"
