@@ -79,6 +79,16 @@ def test_an_event_touches_only_its_own_tenants_routes(world, settings):
     assert (world.tenant_b.tenant.id, ModelRef(adapter="globex-bot")) in resolve._resolutions.cached_keys()
 
 
+async def _cached_revision_number(key, timeout: float = 5.0) -> int | None:
+    """The revision number of the route cached under `key`, once the feed has put one there (None: never)."""
+    for _ in range(int(timeout / 0.05)):
+        hit, found = resolve._resolutions.get(key)
+        if hit:
+            return found.revision_number
+        await asyncio.sleep(0.05)
+    return None
+
+
 def test_follow_applies_events_committed_by_the_services(world):
     """End to end through the real Redis channel layer: a committed flip reaches the gateway's cache."""
     key = (world.tenant_a.tenant.id, ModelRef(adapter="support-bot"))
@@ -92,13 +102,9 @@ def test_follow_applies_events_committed_by_the_services(world):
         follower = asyncio.create_task(feed.follow())
         await asyncio.sleep(0.5)  # joined the platform group
         await sync_to_async(flip)()
-        for _ in range(100):
-            hit, found = resolve._resolutions.get(key)
-            if hit:
-                break
-            await asyncio.sleep(0.05)
+        number = await _cached_revision_number(key)
         follower.cancel()
-        return found.revision_number if hit else None
+        return number
 
     assert async_to_sync(scenario)() == 2
 
@@ -121,13 +127,9 @@ def test_the_follower_stays_joined_through_an_idle_spell(world, caplog):
             await asyncio.sleep(0.1)
             stayed = stayed and resolve.following and not follower.done()
         await sync_to_async(services.alias_flip)(adapter=world.adapter, revision=world.r2)
-        for _ in range(100):
-            hit, found = resolve._resolutions.get(key)
-            if hit:
-                break
-            await asyncio.sleep(0.05)
+        number = await _cached_revision_number(key)
         follower.cancel()
-        return stayed, found.revision_number if hit else None
+        return stayed, number
 
     assert async_to_sync(scenario)() == (True, 2)
     assert "channel layer unavailable" not in caplog.text
