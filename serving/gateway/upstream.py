@@ -121,12 +121,7 @@ class _Connection(asyncio.Protocol):
         """Send `raw` (the whole request) and wait for the answer's status line and headers."""
         assert self.transport is not None
         self.transport.write(raw)
-        try:
-            async with asyncio.timeout(read_timeout):
-                await self.head
-        except TimeoutError:
-            self.close()
-            raise httpx.ReadTimeout("the node did not start its answer in time", request=request) from None
+        await self._wait(self.head, read_timeout, "the node did not start its answer in time", request)
 
     async def body(self, read_timeout: float | None) -> AsyncIterator[bytes]:
         """The answer's body, chunk by chunk as it arrives."""
@@ -144,13 +139,18 @@ class _Connection(asyncio.Protocol):
                 raise self.error
             self.waiter = asyncio.get_running_loop().create_future()
             try:
-                async with asyncio.timeout(read_timeout):
-                    await self.waiter
-            except TimeoutError:
-                self.close()
-                raise httpx.ReadTimeout("the node stopped answering", request=None) from None
+                await self._wait(self.waiter, read_timeout, "the node stopped answering")
             finally:
                 self.waiter = None
+
+    async def _wait(self, future: asyncio.Future, timeout: float | None, what: str, request=None) -> None:
+        """Await what the node owes; past `timeout` the connection is dropped and the wait is a ReadTimeout."""
+        try:
+            async with asyncio.timeout(timeout):
+                await future
+        except TimeoutError:
+            self.close()
+            raise httpx.ReadTimeout(what, request=request) from None
 
     def release(self) -> None:
         """The caller is done with the answer: keep the connection for the next request, or close it."""

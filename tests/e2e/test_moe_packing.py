@@ -100,13 +100,8 @@ class TestExpertMajorOnAPluginNode:
 
     def test_a_malformed_expert_major_file_is_refused_and_the_engine_survives(self, plugin_node, expert_major):
         with VllmClient(plugin_node.url, timeout=120) as engine:
-            with pytest.raises(VllmError) as refused:
-                engine.load_lora("broken", str(expert_major["broken"]))
             # vLLM answers a worker's ValueError with 500; the message is the plugin's.
-            assert refused.value.status is not None and refused.value.status >= 400
-            assert "down_proj has no lora_A" in refused.value.message
-            assert "broken" not in engine.models()
-            assert engine.health()
+            _assert_refused(engine, "broken", expert_major["broken"], "down_proj has no lora_A")
             engine.load_lora("after-broken", str(expert_major["packed"]))
             assert "after-broken" in engine.models()
 
@@ -123,9 +118,14 @@ def test_a_packed_moe_export_loads_into_a_real_engine_with_the_layout_flags(moe_
 
 def test_a_packed_export_without_the_load_request_marker_is_refused_and_the_engine_survives(moe_engine, exports):
     with VllmClient(moe_engine.url, timeout=120) as engine:
-        with pytest.raises(VllmError) as refused:
-            engine.load_lora("packed-unmarked", str(exports["packed_2"]))
-        assert refused.value.status is not None and refused.value.status >= 400
-        assert "is_3d_lora_weight" in refused.value.message
-        assert "packed-unmarked" not in engine.models()
-        assert engine.health()
+        _assert_refused(engine, "packed-unmarked", exports["packed_2"], "is_3d_lora_weight")
+
+
+def _assert_refused(engine: VllmClient, name: str, path, message: str) -> None:
+    """Loading `path` as `name` is refused with `message`, nothing is registered, and the engine stays up."""
+    with pytest.raises(VllmError) as refused:
+        engine.load_lora(name, str(path))
+    assert refused.value.status is not None and refused.value.status >= 400
+    assert message in refused.value.message
+    assert name not in engine.models()
+    assert engine.health()
