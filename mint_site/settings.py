@@ -6,6 +6,7 @@ The defaults are the embedded set-up of `make run`: SQLite and artifacts under
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -97,15 +98,31 @@ CACHES = {
     }
 }
 
-CHANNEL_LAYER_READ_TIMEOUT_S = 30
+# How soon a channel-layer connection whose Redis went silent (no FIN, no RST) is found dead: TCP
+# keepalive probes after this many idle seconds, then every 5 s, three times.
+CHANNEL_LAYER_KEEPALIVE_IDLE_S = 10
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            # A receive blocks in Redis for up to 5 s (channels_redis's brpop_timeout), and redis-py 8
-            # gives up on a read after 5 s by default: an idle receive would fail, dropping every
-            # dashboard socket and the gateway's event feed every few seconds. Reads wait longer.
-            "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_READ_TIMEOUT_S}],
+            # No client-side socket timeout. A receive blocks in Redis for up to 5 s (channels_redis's
+            # brpop_timeout), and redis-py 8 gives up on a read after 5 s by default: every idle receive
+            # failed, dropping dashboard sockets and the gateway's event feed every few seconds. Any
+            # timeout also sends each write through asyncio.wait_for, which on Python 3.11 can swallow
+            # a cancellation that lands as the write completes: a cancelled receive (a socket closing,
+            # a gateway stopping) then went on popping forever. A dead connection is found by keepalive.
+            "hosts": [
+                {
+                    "address": REDIS_URL,
+                    "socket_timeout": None,
+                    "socket_keepalive": True,
+                    "socket_keepalive_options": {
+                        socket.TCP_KEEPIDLE: CHANNEL_LAYER_KEEPALIVE_IDLE_S,
+                        socket.TCP_KEEPINTVL: 5,
+                        socket.TCP_KEEPCNT: 3,
+                    },
+                }
+            ],
             "prefix": "mint:ch",
             # Room for a burst of events (activating many revisions) while a gateway applies them in order.
             "capacity": 1000,

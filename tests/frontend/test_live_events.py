@@ -107,6 +107,35 @@ def test_an_idle_connection_outlives_the_layers_blocking_pop(tenant_a, adapter_a
     assert async_to_sync(scenario)()["state"] == "pending_approval"
 
 
+def test_a_cancelled_receive_ends():
+    """Closing a socket cancels its consumer's receive on the channel layer, at any point of it: the
+    receive ends. (With a client-side Redis timeout, redis-py writes through asyncio.wait_for, which on
+    Python 3.11 may swallow a cancellation that lands as the write completes; the receive then kept
+    popping forever: a leaked task per closed socket, and a test loop that never finished.)"""
+    import asyncio
+
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+
+    async def scenario() -> list[float]:
+        stuck = []
+        for i in range(300):
+            channel = await layer.new_channel("cancel.")
+            receive = asyncio.ensure_future(layer.receive(channel))
+            delay = (i % 30) / 10_000  # 0 to 3 ms: new connection, handshake, cleanup script, the pop
+            await asyncio.sleep(delay)
+            receive.cancel()
+            done, _ = await asyncio.wait([receive], timeout=2)
+            if not done:
+                stuck.append(delay)
+                receive.cancel()
+                break
+        return stuck
+
+    assert async_to_sync(scenario)() == []
+
+
 def test_rolled_back_change_sends_nothing(tenant_a, adapter_a):
     revision = exported_revision(adapter_a)
     ws = communicator(tenant_a.users["viewer"])
