@@ -1,8 +1,8 @@
 """Live events over `ws/live/`: sent after commit, only to the tenant's members (and staff), refused otherwise.
 
 Each test drives one event loop (`async_to_sync(scenario)()`); service calls inside it run
-through `sync_to_async`, so the on-commit broadcast reaches the real Redis channel layer
-on that same loop.
+through `sync_to_async`, and their on-commit broadcast goes through the real Redis channel
+layer (from the process's own sending loop, as in the services).
 """
 
 from __future__ import annotations
@@ -330,3 +330,36 @@ def test_events_sent_one_after_another_arrive_in_the_order_sent():
 def test_group_names():
     assert events.tenant_group(7) == "tenant.7"
     assert events.PLATFORM_GROUP == "platform"
+
+
+def test_a_forked_process_sends_events_of_its_own():
+    """A Celery pool process is forked from a worker that may have sent events already: the child
+    sends through a loop of its own (the parent's loop thread does not exist in the child)."""
+    import asyncio
+    import os
+
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    group = events.tenant_group(987_655)
+    events._send([group], {"type": "revision.state", "id": 0}, 987_655)  # the parent's loop runs
+
+    def fork_and_send() -> int:
+        pid = os.fork()
+        if pid == 0:
+            try:  # straight to the sender: the child has no use for the parent's database connections
+                events._send([group], {"type": "revision.state", "id": 1}, 987_655)
+            finally:
+                os._exit(0)
+        return os.waitpid(pid, 0)[1]
+
+    async def scenario() -> dict:
+        channel = await layer.new_channel("fork.")
+        await layer.group_add(group, channel)
+        try:
+            assert await sync_to_async(fork_and_send, thread_sensitive=False)() == 0
+            return await asyncio.wait_for(layer.receive(channel), timeout=EVENT_S)
+        finally:
+            await layer.group_discard(group, channel)
+
+    assert async_to_sync(scenario)()["event"]["id"] == 1
