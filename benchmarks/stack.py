@@ -10,8 +10,11 @@ measure how the gateway is starved, not what it costs. The node agent belongs to
 on a GPU node it shares the host's CPUs, never the accelerator that serves; on the engine's own CPU
 here its copies, checksums and Celery bookkeeping (tens of milliseconds of CPU a prewarm) were charged
 to every request in flight. Workers run at the niceness `make run` gives them, and so does the
-benchmark's own control-plane work (`Stack.as_control_plane`). `placement` records the layout in
-every result.
+benchmark's own control-plane work (`Stack.as_control_plane`). The machine's PostgreSQL and Redis
+servers stand for hosts of their own: for the stack's lifetime they are moved off the engine's CPUs
+and to the workers' niceness (`BackingServers`; restored on exit), or every query a worker made ran
+on the accelerator beside vLLM at the gateway's priority. `placement` records the layout in every
+result.
 """
 
 from __future__ import annotations
@@ -40,6 +43,56 @@ def split_cpus() -> tuple[set[int], set[int]] | None:
     return set(cpus[:half]), set(cpus[half:])
 
 
+class BackingServers:
+    """The machine's PostgreSQL and Redis server processes, moved to `cpus` at `nice` while in use.
+
+    Every thread of theirs is moved, and so are processes started meanwhile (PostgreSQL forks a
+    backend per connection from its postmaster, which passes its CPU set and niceness on). On
+    exit each returns to what its server had before. Only root may give the niceness back, so
+    for anyone else they are left alone and `moved` says so.
+    """
+
+    NAMES = ("postgres", "redis-server")
+
+    def __init__(self, cpus: set[int], nice: int):
+        self.cpus, self.nice = cpus, nice
+        self._before: dict[str, tuple[set[int], int]] = {}
+        self.moved = False
+
+    @classmethod
+    def threads(cls) -> Iterator[tuple[str, int]]:
+        """(server name, thread id) of every thread of every server process."""
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                with suppress(OSError):  # gone meanwhile
+                    name = (proc / "comm").read_text().strip()
+                    if name in cls.NAMES:
+                        yield from ((name, int(task.name)) for task in (proc / "task").iterdir())
+
+    def _apply(self, settings: dict[str, tuple[set[int], int]]) -> None:
+        for name, tid in self.threads():
+            if name in settings:
+                cpus, nice = settings[name]
+                with suppress(ProcessLookupError):
+                    os.sched_setaffinity(tid, cpus)
+                    os.setpriority(os.PRIO_PROCESS, tid, nice)
+
+    def __enter__(self) -> BackingServers:
+        if os.geteuid() != 0:
+            return self
+        for name, tid in self.threads():
+            with suppress(OSError):
+                self._before.setdefault(name, (os.sched_getaffinity(tid), os.getpriority(os.PRIO_PROCESS, tid)))
+        self._apply({name: (self.cpus, max(nice, self.nice)) for name, (_, nice) in self._before.items()})
+        self.moved = bool(self._before)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.moved:
+            self._apply(self._before)
+            self.moved = False
+
+
 class Stack:
     def __init__(self, name: str, *, cpu_slots: int = 48, max_loras: int = 4):
         self.work = Path(tempfile.mkdtemp(prefix=f"mint-bench-{name}-"))
@@ -53,6 +106,7 @@ class Stack:
         self.cpus = split_cpus()
         self._own_cpus = os.sched_getaffinity(0)
         front, node = self.cpus or (None, None)
+        self.backing = BackingServers(front, worker_nice(self.env)) if front else None
         layout = {"front_cpus": sorted(front), "node_cpus": sorted(node)} if self.cpus else {"cpus": "all shared"}
         self.placement = layout | {
             "front": "web (gateway), benchmark client, control worker, node agent",
@@ -64,6 +118,11 @@ class Stack:
         recreate_database(self.db_url)
         setup_django(self.env)
         try:
+            if self.backing:
+                self.backing.__enter__()
+                self.placement["database_and_redis"] = (
+                    "front CPUs, workers' niceness" if self.backing.moved else "not moved (needs root)"
+                )
             self._start()
         except BaseException:
             self.__exit__(*sys.exc_info())
@@ -134,6 +193,8 @@ class Stack:
         if exc_type is not None:
             print_logs(self.supervisor, "vllm", "web", "worker", "agent")
         self.supervisor.stop_all()
+        if self.backing:
+            self.backing.__exit__()
         os.sched_setaffinity(0, self._own_cpus)
         shutil.rmtree(self.work, ignore_errors=True)
 
