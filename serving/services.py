@@ -304,10 +304,25 @@ def prewarm_pacing_delay(node: ServingNode, *, priority: int) -> float:
     return max(0.0, (ready_at - timezone.now()).total_seconds() + gap)
 
 
+def _admit_later_key(node_id: int) -> str:
+    return f"serving:admit-later:{node_id}"
+
+
 def _admit_later(node_id: int, delay: float) -> None:
-    """Run admission for the node again once its pacing pause is over (once per pause, however often asked)."""
-    if cache.add(f"serving:admit-later:{node_id}", 1, timeout=max(1, math.ceil(delay))):
+    """Run admission for the node again once its pacing pause is over (once per pause, however often asked).
+
+    The mark lives at least a second (the cache's resolution) but stands for one pause only:
+    `admit_after_pause` clears it, or the next prewarm's pause, often shorter than a second,
+    would find it and wait for nobody (until the heartbeat's reconcile admitted again).
+    """
+    if cache.add(_admit_later_key(node_id), 1, timeout=max(1, math.ceil(delay))):
         transaction.on_commit(lambda: _send("serving.tasks.node_admit", countdown=delay, node_id=node_id))
+
+
+def admit_after_pause(*, node_id: int) -> list[int]:
+    """Admission once a pacing pause is over (the `node_admit` task): the pause's mark goes first."""
+    cache.delete(_admit_later_key(node_id))
+    return admit(node_id=node_id)
 
 
 def _move(placement: Placement, *, sources: tuple[str, ...], to: str, **fields) -> bool:

@@ -158,7 +158,7 @@ def node_cache_cleanup(self, *, node_id: int, name: str) -> None:
 @shared_task(bind=True, ignore_result=True)
 def node_admit(self, *, node_id: int) -> None:
     """Admission again after a pacing pause (services.prewarm_pacing_delay)."""
-    services.admit(node_id=node_id)
+    services.admit_after_pause(node_id=node_id)
 
 
 @shared_task(bind=True, ignore_result=True)
