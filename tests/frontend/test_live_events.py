@@ -7,8 +7,14 @@ layer (from the process's own sending loop, as in the services).
 
 from __future__ import annotations
 
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.db import connections, transaction
 from django.test import Client
@@ -41,6 +47,18 @@ def communicator(user=None, *, query: str = "", origin: bytes = ORIGIN, session:
             stored.save()
         headers.append((b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()))
     return WebsocketCommunicator(application, f"/ws/live/{query}", headers=headers)
+
+
+@asynccontextmanager
+async def joined(group: str, prefix: str) -> AsyncIterator[str]:
+    """A fresh channel of the real layer, in `group` for the block's length."""
+    layer = get_channel_layer()
+    channel = await layer.new_channel(prefix)
+    await layer.group_add(group, channel)
+    try:
+        yield channel
+    finally:
+        await layer.group_discard(group, channel)
 
 
 def exported_revision(adapter, number: int = 1) -> AdapterRevision:
@@ -90,8 +108,6 @@ def test_an_idle_connection_outlives_the_layers_blocking_pop(tenant_a, adapter_a
     """Nothing happens for longer than the channel layer's blocking pop waits (its brpop_timeout): the
     socket stays open and the next event still arrives (a Redis read timeout at or below the pop's
     once failed every idle receive, closing the dashboard's socket every few seconds)."""
-    from channels.layers import get_channel_layer
-
     revision = exported_revision(adapter_a)
     ws = communicator(tenant_a.users["viewer"])
     idle_s = get_channel_layer().brpop_timeout + 1.5
@@ -112,10 +128,6 @@ def test_a_cancelled_receive_ends():
     receive ends. (With a client-side Redis timeout, redis-py writes through asyncio.wait_for, which on
     Python 3.11 may swallow a cancellation that lands as the write completes; the receive then kept
     popping forever: a leaked task per closed socket, and a test loop that never finished.)"""
-    import asyncio
-
-    from channels.layers import get_channel_layer
-
     layer = get_channel_layer()
 
     async def scenario() -> list[float]:
@@ -306,8 +318,6 @@ def test_unreachable_channel_layer_does_not_break_the_service(tenant_a, adapter_
 
 def test_events_sent_one_after_another_arrive_in_the_order_sent():
     """Each send from synchronous code is finished before the next begins."""
-    from channels.layers import get_channel_layer
-
     layer = get_channel_layer()
     group = events.tenant_group(987_654)
 
@@ -316,13 +326,9 @@ def test_events_sent_one_after_another_arrive_in_the_order_sent():
             events.live_event(tenant_id=987_654, type="revision.state", id=i, state="exported")
 
     async def scenario() -> list[int]:
-        channel = await layer.new_channel("order.")
-        await layer.group_add(group, channel)
-        try:
+        async with joined(group, "order.") as channel:
             await sync_to_async(send_all, thread_sensitive=False)()
             return [(await layer.receive(channel))["event"]["id"] for _ in range(20)]
-        finally:
-            await layer.group_discard(group, channel)
 
     assert async_to_sync(scenario)() == list(range(20))
 
@@ -335,11 +341,6 @@ def test_group_names():
 def test_a_forked_process_sends_events_of_its_own():
     """A Celery pool process is forked from a worker that may have sent events already: the child
     sends through a loop of its own (the parent's loop thread does not exist in the child)."""
-    import asyncio
-    import os
-
-    from channels.layers import get_channel_layer
-
     layer = get_channel_layer()
     group = events.tenant_group(987_655)
     events._send([group], {"type": "revision.state", "id": 0}, 987_655)  # the parent's loop runs
@@ -354,12 +355,8 @@ def test_a_forked_process_sends_events_of_its_own():
         return os.waitpid(pid, 0)[1]
 
     async def scenario() -> dict:
-        channel = await layer.new_channel("fork.")
-        await layer.group_add(group, channel)
-        try:
+        async with joined(group, "fork.") as channel:
             assert await sync_to_async(fork_and_send, thread_sensitive=False)() == 0
             return await asyncio.wait_for(layer.receive(channel), timeout=EVENT_S)
-        finally:
-            await layer.group_discard(group, channel)
 
     assert async_to_sync(scenario)()["event"]["id"] == 1
