@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.cache import cache
@@ -33,7 +33,7 @@ from serving.models import (
     ServingNode,
 )
 from tenants.access import Actor
-from tenants.events import live_event
+from tenants.events import epoch_us, live_event
 from tenants.services import audit_record
 
 log = logging.getLogger(__name__)
@@ -153,14 +153,25 @@ def eviction_victim(node: ServingNode, *, protected: set[int]) -> Placement | No
 
 
 def _placement_event(
-    placement_id: int, *, state: str, revision: AdapterRevision, node: ServingNode, **fields: float | None
+    placement_id: int,
+    *,
+    state: str,
+    updated_at: datetime,
+    revision: AdapterRevision,
+    node: ServingNode,
+    **fields: float | None,
 ) -> None:
-    """Tell the revision's tenant (and staff) that a placement moved. `revision.adapter` must be loaded."""
+    """Tell the revision's tenant (and staff) that a placement moved. `revision.adapter` must be loaded.
+
+    `updated_us` is the `updated_at` the move wrote: events from different processes, and a page
+    rendered meanwhile, can reach a browser out of order, and it drops what is older than it shows.
+    """
     live_event(
         tenant_id=revision.adapter.tenant_id,
         type="placement.state",
         id=placement_id,
         state=state,
+        updated_us=epoch_us(updated_at),
         adapter=revision.adapter.name,
         revision=f"r{revision.number}",
         node=node.name,
@@ -184,12 +195,14 @@ def placement_request(*, revision: AdapterRevision, priority: int) -> Placement 
             .first()
         )
         if existing is not None:
+            existing.updated_at = timezone.now()
             if existing.state == P.FAILED:
                 existing.state, existing.attempts, existing.failure_reason = P.QUEUED, 0, ""
-                existing.queued_at = timezone.now()
-                _placement_event(existing.id, state=P.QUEUED, revision=revision, node=existing.node)
+                existing.queued_at = existing.updated_at
+                _placement_event(
+                    existing.id, state=P.QUEUED, updated_at=existing.updated_at, revision=revision, node=existing.node
+                )
             existing.priority = max(existing.priority, priority)
-            existing.updated_at = timezone.now()
             existing.save(update_fields=["state", "attempts", "failure_reason", "queued_at", "priority", "updated_at"])
             if existing.state == P.QUEUED:
                 transaction.on_commit(lambda: admit(node_id=existing.node_id))
@@ -217,13 +230,14 @@ def placement_request(*, revision: AdapterRevision, priority: int) -> Placement 
                 victim = eviction_victim(locked, protected=protected)
                 if victim is None:
                     continue
-                Placement.objects.filter(id=victim.id, state=P.READY).update(
-                    state=P.EVICTING, updated_at=timezone.now()
-                )
+                now = timezone.now()
+                Placement.objects.filter(id=victim.id, state=P.READY).update(state=P.EVICTING, updated_at=now)
                 # Gateways stop routing to it now, not when their cached route expires.
-                _placement_event(victim.id, state=P.EVICTING, revision=victim.revision, node=locked)
+                _placement_event(victim.id, state=P.EVICTING, updated_at=now, revision=victim.revision, node=locked)
             placement = Placement.objects.create(node=locked, revision=revision, priority=priority)
-            _placement_event(placement.id, state=placement.state, revision=revision, node=locked)
+            _placement_event(
+                placement.id, state=placement.state, updated_at=placement.updated_at, revision=revision, node=locked
+            )
             if victim is not None:
                 transaction.on_commit(
                     lambda v=victim, q=locked.queue: _send("serving.tasks.placement_unload", queue=q, placement_id=v.id)
@@ -271,7 +285,7 @@ def admit(*, node_id: int) -> list[int]:
         )
         if claimed:
             for placement in Placement.objects.filter(id__in=claimed).select_related("revision__adapter"):
-                _placement_event(placement.id, state=P.LOADING, revision=placement.revision, node=node)
+                _placement_event(placement.id, state=P.LOADING, updated_at=now, revision=placement.revision, node=node)
         for placement_id in claimed:
             transaction.on_commit(
                 lambda p=placement_id, q=node.queue: _send("serving.tasks.placement_prewarm", queue=q, placement_id=p)
@@ -337,6 +351,7 @@ def _move(placement: Placement, *, sources: tuple[str, ...], to: str, **fields) 
         _placement_event(
             placement.id,
             state=to,
+            updated_at=now,
             revision=placement.revision,
             node=placement.node,
             load_ms=placement.load_ms,
@@ -437,7 +452,7 @@ def node_reconcile(*, node: ServingNode, loaded: set[str]) -> dict[str, int]:
                     updated_at=now,
                     failure_reason="lost by the engine (restart)",
                 )
-                _placement_event(placement.id, state=P.QUEUED, revision=placement.revision, node=node)
+                _placement_event(placement.id, state=P.QUEUED, updated_at=now, revision=placement.revision, node=node)
                 requeued += 1
             else:
                 placement.delete()
@@ -448,6 +463,6 @@ def node_reconcile(*, node: ServingNode, loaded: set[str]) -> dict[str, int]:
             state=P.QUEUED, updated_at=now, failure_reason="prewarm timed out"
         )
         for placement in timed_out:
-            _placement_event(placement.id, state=P.QUEUED, revision=placement.revision, node=node)
+            _placement_event(placement.id, state=P.QUEUED, updated_at=now, revision=placement.revision, node=node)
     admit(node_id=node.id)
     return {"requeued": requeued, "forgotten": forgotten}

@@ -6,6 +6,8 @@ import json
 
 from django import template
 
+from tenants.events import epoch_us as _epoch_us
+
 register = template.Library()
 
 REVISION_PHASES = {
@@ -45,6 +47,12 @@ def placement_since(placement):
         "loading": placement.started_at,
         "warming": placement.loaded_at,
     }.get(placement.state)
+
+
+@register.filter
+def epoch_us(moment) -> int:
+    """For `data-updated-us`: the page's copy of an object's change order (see live.js `patch`)."""
+    return _epoch_us(moment)
 
 
 @register.filter

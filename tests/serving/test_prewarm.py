@@ -8,9 +8,10 @@ from unittest import mock
 import pytest
 
 from adapters.models import AdapterRevision
-from serving import tasks
-from serving.models import Placement, lora_name
+from serving import services, tasks
+from serving.models import Placement, Priority, lora_name
 from serving.vllm import VllmError
+from tenants.events import epoch_us
 from tests.adapters.fixtures import uploads_of
 from tests.serving.conftest import place
 
@@ -50,6 +51,20 @@ def test_prewarm_fetches_verifies_loads_and_warms(node, exported, engine):
     placement.refresh_from_db()
     assert placement.state == "ready"
     assert placement.load_ms > 0 and placement.warm_ms >= 0 and placement.ready_at is not None
+
+
+def test_each_placement_event_carries_the_change_it_reports_in_order(node, exported, engine):
+    """Pages drop a placement event older than what they show (live.js), by the `updated_us` it carries."""
+    with mock.patch("serving.services.live_event") as live_event, mock.patch("serving.services._send"):
+        placement = services.placement_request(revision=exported, priority=Priority.ACTIVATION)
+        services.admit(node_id=node.id)
+        tasks.placement_prewarm(placement_id=placement.id)
+    events = [c.kwargs for c in live_event.call_args_list if c.kwargs["type"] == "placement.state"]
+    assert [e["state"] for e in events] == ["queued", "loading", "warming", "ready"]
+    stamps = [e["updated_us"] for e in events]
+    assert stamps == sorted(set(stamps)), stamps
+    placement.refresh_from_db()
+    assert stamps[-1] == epoch_us(placement.updated_at)
 
 
 def test_prewarm_is_idempotent(node, exported, engine):

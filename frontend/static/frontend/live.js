@@ -2,7 +2,9 @@
  *
  * A live event (revision.state, placement.state, alias.flip, node.state) is applied in two steps:
  * 1. at once, badges whose data attributes match the event get its state (a placement shown for the
- *    first time gets a provisional row), so a short-lived state is still seen;
+ *    first time gets a provisional row), so a short-lived state is still seen; a placement's row keeps
+ *    the `updated_us` of what it shows, and an older event (sent by another process, or overtaken by
+ *    a page or fragment rendered since) leaves it alone;
  * 2. every section marked data-fragment whose data-live-on names the event type (and whose
  *    data-adapter, if any, names the event's adapter) is re-fetched from the server
  *    (`?fragment=<name>`) and replaced, so the whole row is right, not just its badge.
@@ -121,6 +123,8 @@
       var rows = document.querySelectorAll('[data-placement-id="' + event.id + '"]');
       if (!rows.length) addPlacementRow(event);
       Array.prototype.forEach.call(rows, function (row) {
+        if (Number(row.dataset.updatedUs) > event.updated_us) return;
+        row.dataset.updatedUs = String(event.updated_us);
         setBadge(row.querySelector("[data-placement-state]"), event.state);
       });
     } else if (event.type === "revision.state") {
@@ -142,6 +146,7 @@
     if (!table) return;
     var row = template.content.firstElementChild.cloneNode(true);
     row.setAttribute("data-placement-id", String(event.id));
+    row.dataset.updatedUs = String(event.updated_us);
     row.querySelector("[data-node]").textContent = event.node || "";
     setBadge(row.querySelector("[data-placement-state]"), event.state);
     table.querySelector("tbody").appendChild(row);
