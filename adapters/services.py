@@ -20,7 +20,7 @@ from adapters.models import Adapter, AdapterRevision, Alias, Approval, BaseModel
 from adapters.models import RevisionState as S
 from mint_site.errors import Conflict, Forbidden, InvalidTransition, MintError, NotFound, PayloadTooLarge, QuotaExceeded
 from tenants.access import Actor
-from tenants.events import live_event
+from tenants.events import epoch_us, live_event
 from tenants.models import Tenant
 from tenants.services import audit_record
 
@@ -73,6 +73,7 @@ def _transition(
         type="revision.state",
         id=revision.id,
         state=to,
+        updated_us=epoch_us(now),
         adapter=revision.adapter.name,
         revision=f"r{revision.number}",
         **failure,

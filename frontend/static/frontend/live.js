@@ -2,9 +2,9 @@
  *
  * A live event (revision.state, placement.state, alias.flip, node.state) is applied in two steps:
  * 1. at once, badges whose data attributes match the event get its state (a placement shown for the
- *    first time gets a provisional row), so a short-lived state is still seen; a placement's row keeps
- *    the `updated_us` of what it shows, and an older event (sent by another process, or overtaken by
- *    a page or fragment rendered since) leaves it alone;
+ *    first time gets a provisional row), so a short-lived state is still seen; a revision's or a
+ *    placement's element keeps the `updated_us` of what it shows, and an older event (sent by another
+ *    process, or overtaken by a page or fragment rendered since) leaves it alone;
  * 2. every section marked data-fragment whose data-live-on names the event type (and whose
  *    data-adapter, if any, names the event's adapter) is re-fetched from the server
  *    (`?fragment=<name>`) and replaced, so the whole row is right, not just its badge.
@@ -118,18 +118,23 @@
     el.className = el.className.replace(/\bstate-\S+/g, "").trim() + " state-" + state;
   }
 
+  // Whether `event` is at least as new as what `el` shows; if so, `el` now shows it.
+  function newer(el, event) {
+    if (Number(el.dataset.updatedUs) > event.updated_us) return false;
+    el.dataset.updatedUs = String(event.updated_us);
+    return true;
+  }
+
   function patch(event) {
     if (event.type === "placement.state") {
       var rows = document.querySelectorAll('[data-placement-id="' + event.id + '"]');
       if (!rows.length) addPlacementRow(event);
       Array.prototype.forEach.call(rows, function (row) {
-        if (Number(row.dataset.updatedUs) > event.updated_us) return;
-        row.dataset.updatedUs = String(event.updated_us);
-        setBadge(row.querySelector("[data-placement-state]"), event.state);
+        if (newer(row, event)) setBadge(row.querySelector("[data-placement-state]"), event.state);
       });
     } else if (event.type === "revision.state") {
       var rev = document.querySelector('[data-revision-id="' + event.id + '"]');
-      if (rev) setBadge(rev.querySelector("[data-revision-state]"), event.state);
+      if (rev && newer(rev, event)) setBadge(rev.querySelector("[data-revision-state]"), event.state);
     } else if (event.type === "node.state") {
       var nodes = document.querySelectorAll('[data-node="' + event.node + '"] [data-node-state]');
       Array.prototype.forEach.call(nodes, function (b) {
