@@ -262,6 +262,7 @@ MINT_HEARTBEAT_S = env_int("MINT_HEARTBEAT_S", 5, minimum=1)
 # sooner), how often usage is written, upstream timeouts.
 MINT_GATEWAY_CACHE_S = env_float("MINT_GATEWAY_CACHE_S", 1.0, minimum=0)
 MINT_GATEWAY_FOLLOWED_CACHE_S = env_float("MINT_GATEWAY_FOLLOWED_CACHE_S", 30.0, minimum=0)
+MINT_GATEWAY_FOLLOWED_STALE_S = env_float("MINT_GATEWAY_FOLLOWED_STALE_S", 600.0, minimum=0)
 MINT_GATEWAY_KEY_CACHE_S = env_float("MINT_GATEWAY_KEY_CACHE_S", 5.0, minimum=0)
 MINT_GATEWAY_USAGE_FLUSH_S = env_float("MINT_GATEWAY_USAGE_FLUSH_S", 10.0, minimum=0)
 MINT_GATEWAY_NOT_READY_RETRY_S = env_int("MINT_GATEWAY_NOT_READY_RETRY_S", 5, minimum=1)

@@ -6,7 +6,8 @@ for an adapter that just went live pays for resolving its route. Following the `
 group of the channel layer (the same events the dashboard gets, sent after commit), each
 process drops the routes an event touches at once and resolves the live ones again before
 anyone asks. While the feed is connected, routes are kept for MINT_GATEWAY_FOLLOWED_CACHE_S (they are
-refreshed by events); when it is not, for MINT_GATEWAY_CACHE_S, as without it. Events are
+refreshed by events), and one past that is still served, up to MINT_GATEWAY_FOLLOWED_STALE_S, while it is
+resolved again beside the request; when it is not, for MINT_GATEWAY_CACHE_S, as without it. Events are
 applied in the order they arrive, one at a time, so a route is never overwritten by an
 older state of the catalog.
 """

@@ -52,6 +52,16 @@ def cache_ttl() -> float:
     return float(settings.MINT_GATEWAY_CACHE_S)
 
 
+def stale_window() -> float:
+    """How long past its TTL a route is still served, while it is resolved again in the background.
+
+    Only while the feed is live: events keep routes current, so the TTL only bounds the harm of a lost
+    event, and the reload a late answer starts ends it. An adapter idle for longer than the TTL (most
+    of a large catalog) then costs its next request no database round trip.
+    """
+    return float(settings.MINT_GATEWAY_FOLLOWED_STALE_S) if following else 0.0
+
+
 def key_cache_ttl() -> float:
     return float(getattr(settings, "MINT_GATEWAY_KEY_CACHE_S", 5.0))
 
@@ -74,12 +84,13 @@ class _TTLCache:
         self._reloading: set[Any] = set()
         self.epoch = 0
 
-    def get(self, key: Any) -> tuple[bool, Any]:
+    def get(self, key: Any, *, stale_s: float = 0.0) -> tuple[bool, Any]:
+        """(True, value) for an entry that has not expired, or expired less than `stale_s` ago (it is due)."""
         entry = self._entries.get(key)
         if entry is None:
             return False, None
         expires, _, value = entry
-        if expires <= time.monotonic():
+        if expires + stale_s <= time.monotonic():
             self._entries.pop(key, None)
             return False, None
         return True, value
@@ -358,7 +369,7 @@ async def resolve(tenant_id: int, ref: ModelRef, model: str) -> Resolution:
     waits on a load.
     """
     key = (tenant_id, ref)
-    hit, found = _resolutions.get(key)
+    hit, found = _resolutions.get(key, stale_s=stale_window())
     if not hit:
         found = await sync_to_async(_resolve_sync)(tenant_id, ref)
         _resolutions.put(key, found, cache_ttl())

@@ -163,6 +163,40 @@ def test_a_hot_route_is_reloaded_in_the_background_before_it_expires(world, sett
     assert complete(token).status == 200 and world.vllm.calls[-1][0] == "node-b.test"
 
 
+def test_an_idle_route_is_answered_at_once_while_followed_and_reloaded_beside_it(world, settings, monkeypatch):
+    settings.MINT_GATEWAY_FOLLOWED_CACHE_S, settings.MINT_GATEWAY_FOLLOWED_STALE_S = 0.3, 60.0
+    monkeypatch.setattr(resolve, "following", True)
+    token = world.token
+    assert complete(token).status == 200  # caches the key and the route to r1
+    _make_r2_live(world)  # as if its event were lost: only the reload can see it
+    time.sleep(0.4)  # idle past the TTL
+
+    late = complete(token)
+
+    assert late.status == 200 and world.vllm.calls[-1][0] == "node-a.test"  # the cached route: nothing resolved first
+    assert complete(token).status == 200 and world.vllm.calls[-1][0] == "node-b.test"  # the reload's route
+
+
+def test_a_route_idle_past_the_stale_window_is_resolved_on_the_request_path(world, settings, monkeypatch):
+    settings.MINT_GATEWAY_FOLLOWED_CACHE_S, settings.MINT_GATEWAY_FOLLOWED_STALE_S = 0.2, 0.2
+    monkeypatch.setattr(resolve, "following", True)
+    assert complete(world.token).status == 200
+    _make_r2_live(world)
+    time.sleep(0.45)
+
+    assert complete(world.token).status == 200 and world.vllm.calls[-1][0] == "node-b.test"
+
+
+def test_without_the_feed_an_expired_route_is_never_served(settings, monkeypatch):
+    settings.MINT_GATEWAY_FOLLOWED_STALE_S = 60.0
+    monkeypatch.setattr(resolve, "following", False)
+    assert resolve.stale_window() == 0.0
+    cache = resolve._TTLCache()
+    cache.put("route", "old", ttl=0.05)
+    time.sleep(0.1)
+    assert cache.get("route", stale_s=resolve.stale_window()) == (False, None)
+
+
 def test_a_revoked_key_is_refused_after_a_background_reload(world, settings):
     settings.MINT_GATEWAY_KEY_CACHE_S = 0.6
     key, token = world.tenant_a.key("inference")
