@@ -250,7 +250,7 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024  # larger uploads spill to tempora
 MINT_NODE_COLD_LOADS = env_int("MINT_NODE_COLD_LOADS", 1, minimum=1)  # loads in flight per node
 # Share of a node's time that prewarms may take: after a prewarm that kept the node busy t s, its
 # next one (rollbacks excepted) waits t·(1-duty)/duty, at most MINT_NODE_PREWARM_MAX_GAP_S. 1 = no pacing.
-MINT_NODE_PREWARM_DUTY = min(1.0, env_float("MINT_NODE_PREWARM_DUTY", 0.1, minimum=0.01))
+MINT_NODE_PREWARM_DUTY = min(1.0, env_float("MINT_NODE_PREWARM_DUTY", 0.02, minimum=0.01))
 MINT_NODE_PREWARM_MAX_GAP_S = env_float("MINT_NODE_PREWARM_MAX_GAP_S", 10.0, minimum=0)
 MINT_PREWARM_ATTEMPTS = env_int("MINT_PREWARM_ATTEMPTS", 3, minimum=1)
 MINT_PREWARM_TIMEOUT_S = env_int("MINT_PREWARM_TIMEOUT_S", 300, minimum=10)
