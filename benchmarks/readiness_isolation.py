@@ -23,6 +23,7 @@ from benchmarks.common import parser, percentile, server_timing, summary_ms, wri
 from benchmarks.stack import Stack
 
 BODY = {"max_tokens": 4, "temperature": 0}
+SERIES_BUCKET_S = 5.0
 _prompts = itertools.count()
 
 
@@ -51,6 +52,24 @@ class Steady:
         self._stop.set()
         self.samples, self.errors = self._results.recv()
         self._process.join()
+
+    def series(self, start: float, end: float, *, origin: float) -> list[dict[str, float]]:
+        """p50 and p95 (ms) of each SERIES_BUCKET_S of [start, end), stamped with its start after `origin`."""
+        buckets = []
+        at = start
+        while at < end:
+            latencies = self.between(at, min(at + SERIES_BUCKET_S, end))
+            if latencies:
+                buckets.append(
+                    {
+                        "t_s": round(at - origin, 2),
+                        "n": len(latencies),
+                        "p50_ms": round(percentile(latencies, 50) * 1000, 3),
+                        "p95_ms": round(percentile(latencies, 95) * 1000, 3),
+                    }
+                )
+            at += SERIES_BUCKET_S
+        return buckets
 
     def between(self, start: float, end: float, part: str | None = None) -> list[float]:
         """Latencies (s) of the requests sent in [start, end); with `part`, that Server-Timing part's (s)."""
@@ -141,11 +160,15 @@ def main() -> int:
             for adapter, revision in fresh:
                 stack.wait_live(adapter, revision, timeout=600)
         during_end = max(time.monotonic(), during_start + 1.0)
+        time.sleep(window / 2)  # the same traffic after: what stays changed (more adapters loaded, drift)
+        after_end = time.monotonic()
         steady.stop()
         before = steady.between(before_start, during_start)
         midway = (before_start + during_start) / 2
         first_half, second_half = steady.between(before_start, midway), steady.between(midway, during_start)
         during = steady.between(during_start, during_end)
+        after = steady.between(during_end, after_end)
+        series = steady.series(before_start, after_end, origin=during_start)
 
         with httpx.Client(timeout=60) as http:
             for model in warm_models:  # connect, as the steady client had
@@ -163,6 +186,12 @@ def main() -> int:
         # The same ratio with nothing changing (the second half of `before` over its first half): how far
         # this machine moves the steady p95 on its own. A ratio inside this spread is not a measured effect.
         "steady_p95_null_ratio": round(percentile(second_half, 95) / percentile(first_half, 95), 4),
+        # Once the activations are over: a change that stays (the engine holding 35 adapters instead of 3,
+        # or the machine drifting) rather than one the prewarms cause while they run.
+        "steady_after": summary_ms(after),
+        "steady_p95_after_ratio": round(percentile(after, 95) / percentile(before, 95), 4),
+        # p50 and p95 per SERIES_BUCKET_S of steady traffic, from the start of `before`; t_s = 0 when activations start.
+        "steady_series": series,
         # The same requests' time inside the node, as the gateway saw it: the engine's share of a change.
         "steady_upstream_before": summary_ms(steady.between(before_start, during_start, "upstream")),
         "steady_upstream_during": summary_ms(steady.between(during_start, during_end, "upstream")),

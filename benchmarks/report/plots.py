@@ -67,11 +67,24 @@ def plot_gateway_overhead(d: dict, plt) -> Any:
 
 
 def plot_readiness_isolation(d: dict, plt) -> Any:
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5), gridspec_kw={"width_ratios": [2, 1]})
-    _percentile_bars(
-        left, [("before activations", get(d, "steady_before") or {}), ("during", get(d, "steady_during") or {})]
-    )
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.5), gridspec_kw={"width_ratios": [2, 2, 1]})
+    windows = [("before activations", get(d, "steady_before") or {}), ("during", get(d, "steady_during") or {})]
+    if get(d, "steady_after"):
+        windows.append(("after", get(d, "steady_after")))
+    _percentile_bars(left, windows)
     left.set_title(f"Steady traffic: p95 ratio {fmt(get(d, 'steady_p95_ratio'))} (target ≤ 1.05)", fontsize=10)
+    series = get(d, "steady_series", default=[]) or []
+    for key, label in (("p50_ms", "p50"), ("p95_ms", "p95")):
+        middle.plot([b["t_s"] for b in series], [b[key] for b in series], marker=".", label=label)
+    window = number(get(d, "activation_window_s"))
+    if window:
+        middle.axvspan(0, window, color="tab:orange", alpha=0.15, label="activations")
+    middle.set_xlabel("s from the first activation")
+    middle.set_ylabel("ms")
+    middle.set_ylim(bottom=0)
+    middle.set_title("Steady traffic over time", fontsize=10)
+    middle.legend(fontsize=8)
+    middle.grid(alpha=0.3)
     first = get(d, "first_over_warm") or {}
     keys = [k for k in ("median", "p95", "max") if k in first] if isinstance(first, dict) else []
     right.bar(keys, [first[k] for k in keys], color="tab:purple")

@@ -65,6 +65,7 @@ def rows_readiness_isolation(d: dict) -> list[Row]:
     return [
         Row("steady p95 during ÷ before activations", ratio, "≤ 1.05", check(ratio, "<=", 1.05)),
         Row("the same with nothing activated (noise)", get(d, "steady_p95_null_ratio"), "", None),
+        Row("steady p95 after ÷ before activations (what stays)", get(d, "steady_p95_after_ratio"), "", None),
         Row("new adapter first ÷ warm request (median)", first, "≤ 1.1", check(first, "<=", 1.1)),
         Row("new adapter first ÷ warm request (p95 / max)", get(d, "first_over_warm.p95"), "", None),
         Row(
