@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from django.db import connections
+from django.utils import timezone
 
 from adapters.models import AdapterRevision, Alias
 from serving import services as serving_services
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.e2e
 
 CHROMIUM = "/usr/bin/chromium"
 PHASE_DELAY_MS = 1500  # each prewarm phase is held this long, so every state is on screen for a while
+QUEUED_HOLD_S = 3
 LIVE_LATENCY_S = 1.0  # a change must show on the page within this long after its commit
 
 # Records each distinct state the badge of r<n>'s first placement shows, with the browser's clock.
@@ -109,6 +111,9 @@ def test_approver_approves_activates_watches_prewarm_and_rolls_back(
         "MINT_ARTIFACT_ROOT": str(artifact_root),
         "MINT_HEARTBEAT_S": "1",
         "MINT_TEST_PREWARM_DELAY_MS": str(PHASE_DELAY_MS),
+        # The pacing pause after a prewarm (held phases make it the longest) keeps r2 queued for a while.
+        "MINT_NODE_PREWARM_DUTY": "0.02",
+        "MINT_NODE_PREWARM_MAX_GAP_S": str(QUEUED_HOLD_S),
     }
     world = make_serving_world(tenant_a.tenant, env)
     adapter = world.adapter
@@ -150,6 +155,9 @@ def test_approver_approves_activates_watches_prewarm_and_rolls_back(
     navigations = []
     page.on("framenavigated", lambda frame: navigations.append(frame.url))
     page.evaluate(WATCH, "r2")
+    # r1's prewarm has just ended, as far as pacing knows: r2 stays queued for QUEUED_HOLD_S, so the
+    # page shows "queued" however the activation's own re-fetch and its events race to the browser.
+    Placement.objects.filter(revision=r1).update(ready_at=timezone.now())
     r2_card = page.locator("[data-revision='r2']")
     r2_card.get_by_text("Activate…").click()
     r2_card.get_by_role("button", name="Confirm activation of r2").click()
@@ -171,6 +179,8 @@ def test_approver_approves_activates_watches_prewarm_and_rolls_back(
 
     # Each state showed within LIVE_LATENCY_S of its commit (timestamps from the same machine's clock).
     placement = Placement.objects.get(revision=r2)
+    held = (placement.started_at - placement.queued_at).total_seconds()
+    assert held > QUEUED_HOLD_S - 1, f"r2 was admitted {held:.2f}s after it was queued: pacing did not hold it"
     shown = {s["state"]: s["at"] / 1000 for s in states}
     for state, committed in (("warming", placement.loaded_at), ("ready", placement.ready_at)):
         lag = shown[state] - committed.timestamp()
