@@ -69,8 +69,9 @@ def plot_gateway_overhead(d: dict, plt) -> Any:
 def plot_readiness_isolation(d: dict, plt) -> Any:
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.5), gridspec_kw={"width_ratios": [2, 2, 1]})
     windows = [("before activations", get(d, "steady_before") or {}), ("during", get(d, "steady_during") or {})]
-    if get(d, "steady_after"):
-        windows.append(("after", get(d, "steady_after")))
+    after = get(d, "steady_after")
+    if after:
+        windows.append(("after", after))
     _percentile_bars(left, windows)
     left.set_title(f"Steady traffic: p95 ratio {fmt(get(d, 'steady_p95_ratio'))} (target ≤ 1.05)", fontsize=10)
     series = get(d, "steady_series", default=[]) or []

@@ -6,9 +6,11 @@ import json
 
 from django import template
 
-from tenants.events import epoch_us as _epoch_us
+from tenants.events import epoch_us
 
 register = template.Library()
+# For `data-updated-us`: the page's copy of an object's change order (see live.js `patch`).
+register.filter("epoch_us", epoch_us)
 
 REVISION_PHASES = {
     "registered": "validating",
@@ -47,12 +49,6 @@ def placement_since(placement):
         "loading": placement.started_at,
         "warming": placement.loaded_at,
     }.get(placement.state)
-
-
-@register.filter
-def epoch_us(moment) -> int:
-    """For `data-updated-us`: the page's copy of an object's change order (see live.js `patch`)."""
-    return _epoch_us(moment)
 
 
 @register.filter
