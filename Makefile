@@ -24,7 +24,7 @@ run: install
 	$(PY) -m mint_site.launcher
 
 test: install
-	scripts/services.sh
+	scripts/services.sh --install
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install

@@ -91,6 +91,16 @@ class AdapterRevision(models.Model):
     policy_record = models.JSONField(null=True, blank=True)
     failure_reason = models.TextField(blank=True)
     failure_code = models.CharField(max_length=64, blank=True)
+    # Control work (validation, then export) on this revision: when it was handed to the workers (None while
+    # it waits for a slot, adapters.dispatch) and how many deliveries of the current stage's task started and
+    # did not come back. A task killed with its worker is delivered again; past MINT_TASK_MAX_DELIVERIES the
+    # revision fails instead, so a poison task never runs forever.
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    deliveries = models.PositiveIntegerField(default=0)
+    export_bytes = models.PositiveBigIntegerField(default=0, help_text="Bytes of the frozen export.")
+    purged_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the files of this failed or rejected revision were collected."
+    )
     created_at = models.DateTimeField(default=timezone.now)
     validated_at = models.DateTimeField(null=True, blank=True)
     exported_at = models.DateTimeField(null=True, blank=True)
@@ -111,6 +121,18 @@ class AdapterRevision(models.Model):
             models.Index(fields=["adapter", "state", "-number"], name="revision_adapter_state"),
             models.Index(fields=["adapter", "-id"], name="revision_adapter_page"),
             models.Index(fields=["adapter", "state", "-id"], name="revision_adapter_state_page"),
+            # The control queue (adapters.dispatch): the few revisions still to validate or export.
+            models.Index(
+                fields=["created_at"],
+                condition=Q(state__in=["registered", "validated"]),
+                name="revision_control_queue",
+            ),
+            # Failed and rejected revisions whose files are still stored (adapters.collect).
+            models.Index(
+                fields=["updated_at"],
+                condition=Q(state__in=["failed", "rejected"], purged_at__isnull=True),
+                name="revision_collectable",
+            ),
         ]
 
     def __str__(self) -> str:

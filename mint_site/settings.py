@@ -242,9 +242,39 @@ MINT_ARCHIVE_MAX_RATIO = env_int("MINT_ARCHIVE_MAX_RATIO", 200, minimum=1)
 MINT_WORK_DIR = env_str("MINT_WORK_DIR", "") or None  # scratch space for validation/export (default: system temp)
 MINT_TEST_EXPORT_DELAY_MS = env_int("MINT_TEST_EXPORT_DELAY_MS", 0, minimum=0)  # test hook: slows each export file
 MINT_TEST_PREWARM_DELAY_MS = env_int("MINT_TEST_PREWARM_DELAY_MS", 0, minimum=0)  # test hook: holds each prewarm phase
-# Many-file adapters (one safetensors per tensor) are uploaded as tens of thousands of files.
-DATA_UPLOAD_MAX_NUMBER_FILES = env_int("MINT_UPLOAD_MAX_FILES", 100_000, minimum=1)
+
+# ---------------------------------------------------------------- hostile tenants (README, "Security and limits")
+# Work on tenant files (validation, export) runs in a child process of the worker under these bounds
+# (mint_site/sandbox.py): past the soft time limit it is asked to stop, past the hard one it is killed;
+# its memory may grow by MINT_TASK_MEMORY_MB over what the worker had mapped.
+MINT_TASK_SOFT_TIME_LIMIT_S = env_float("MINT_TASK_SOFT_TIME_LIMIT_S", 600.0, minimum=0.1)
+MINT_TASK_TIME_LIMIT_S = max(
+    env_float("MINT_TASK_TIME_LIMIT_S", MINT_TASK_SOFT_TIME_LIMIT_S + 30, minimum=0.2), MINT_TASK_SOFT_TIME_LIMIT_S
+)
+MINT_TASK_MEMORY_MB = env_int("MINT_TASK_MEMORY_MB", 4096, minimum=64)
+# Deliveries of one stage's task that may start and never come back (a killed worker) before the revision fails.
+MINT_TASK_MAX_DELIVERIES = env_int("MINT_TASK_MAX_DELIVERIES", 3, minimum=1)
+# Validations and exports handed to the control workers at once, fairly across tenants (adapters/dispatch.py);
+# each tenant at most its plan's max_concurrent_tasks. Set it to the control workers' total concurrency.
+MINT_CONTROL_CONCURRENCY = env_int("MINT_CONTROL_CONCURRENCY", 2, minimum=1)
+# Uploads of failed and rejected revisions are removed this long after they ended (the rows and audit stay).
+MINT_UPLOAD_RETENTION_DAYS = env_float("MINT_UPLOAD_RETENTION_DAYS", 7.0, minimum=0)
+
+# Request bodies, refused by the ASGI layer before Django reads (and spools) them (mint_site/limits.py):
+# any route but the upload routes and the gateway. Upload routes take at most MINT_MAX_UPLOAD_BYTES from
+# anyone, and no more than the caller's tenant allows once its key or session is resolved.
+MINT_MAX_REQUEST_BYTES = env_int("MINT_MAX_REQUEST_BYTES", 4 * 1024 * 1024, minimum=1024)
+MINT_MAX_UPLOAD_BYTES = env_int("MINT_MAX_UPLOAD_BYTES", 8 * 1024**3, minimum=1024)
+# Many-file adapters (one safetensors per tensor) are uploaded as tens of thousands of files: the upload routes
+# take up to MINT_UPLOAD_MAX_FILES, every other form MINT_FORM_MAX_FILES (mint_site/uploads.py).
+MINT_UPLOAD_MAX_FILES = env_int("MINT_UPLOAD_MAX_FILES", 100_000, minimum=1)
+MINT_FORM_MAX_FILES = env_int("MINT_FORM_MAX_FILES", 100, minimum=0)
+DATA_UPLOAD_MAX_NUMBER_FILES = max(MINT_UPLOAD_MAX_FILES, MINT_FORM_MAX_FILES)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024  # larger uploads spill to temporary files, never whole in memory
+
+# Failed authentication (bad or unknown API keys, on the REST API and the gateway) per client address:
+# past this many in a minute, the address gets 429 with Retry-After before any key is looked up.
+MINT_AUTH_FAILURES_PER_MIN = env_int("MINT_AUTH_FAILURES_PER_MIN", 30, minimum=1)
 
 # Serving plane.
 MINT_NODE_COLD_LOADS = env_int("MINT_NODE_COLD_LOADS", 1, minimum=1)  # loads in flight per node

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make sure PostgreSQL and Redis answer on their standard local ports (or at DATABASE_URL/REDIS_URL,
 # which are then the caller's to run). Starts the Debian-packaged servers when they are installed
-# but stopped; installs them first when --install is given (CI on a clean machine).
+# but stopped; with --install (`make test`, CI) it first installs what is missing, Chromium included.
 set -euo pipefail
 
 install=0
@@ -10,6 +10,8 @@ install=0
 need_install=()
 command -v pg_ctlcluster >/dev/null 2>&1 || need_install+=(postgresql)
 command -v redis-server >/dev/null 2>&1 || need_install+=(redis-server)
+# The dashboard's browser tests drive Debian's Chromium (never a downloaded browser).
+if [ $install = 1 ] && ! command -v chromium >/dev/null 2>&1; then need_install+=(chromium); fi
 if [ ${#need_install[@]} -gt 0 ]; then
   if [ $install = 1 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_install[@]}" >/dev/null

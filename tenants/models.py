@@ -7,6 +7,7 @@ from django.db import models
 from django.utils import timezone
 
 MiB = 1024 * 1024
+GiB = 1024 * MiB
 
 
 class Tenant(models.Model):
@@ -21,6 +22,17 @@ class Tenant(models.Model):
     )
     rate_limit_rpm = models.PositiveIntegerField(default=600, help_text="Gateway requests per minute.")
     max_upload_bytes = models.PositiveBigIntegerField(default=512 * MiB, help_text="Largest adapter upload.")
+    max_storage_bytes = models.PositiveBigIntegerField(
+        default=50 * GiB, help_text="Bytes of uploads and exports this tenant may keep in the artifact store."
+    )
+    max_revisions = models.PositiveIntegerField(
+        default=1000, help_text="Revisions whose files this tenant may keep (failed and rejected ones count until collected)."
+    )
+    max_concurrent_tasks = models.PositiveIntegerField(
+        default=1, help_text="Validations and exports of this tenant running at once on the control workers."
+    )
+    api_read_rpm = models.PositiveIntegerField(default=600, help_text="REST API reads per minute, per key or person.")
+    api_write_rpm = models.PositiveIntegerField(default=60, help_text="REST API writes per minute, per key or person.")
     four_eyes = models.BooleanField(
         default=True, help_text="Nobody approves a revision they registered (or that a key they created registered)."
     )
@@ -96,9 +108,13 @@ class ApiKey(models.Model):
 
 
 class AuditEvent(models.Model):
-    """An append-only record of a change: who (a person or a key) did what to which object, before and after."""
+    """An append-only record of a change: who (a person or a key) did what to which object, before and after.
 
-    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="audit_events")
+    Rows outlive their tenant: deleting a tenant clears `tenant` and keeps `tenant_slug`.
+    """
+
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_events")
+    tenant_slug = models.SlugField(max_length=63, blank=True, help_text="The tenant's slug when the event was recorded.")
     actor_user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

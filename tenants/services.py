@@ -31,6 +31,7 @@ def audit_record(
     user = actor.user if actor.user is not None and actor.user.pk is not None else None
     return AuditEvent.objects.create(
         tenant=tenant,
+        tenant_slug=tenant.slug if tenant is not None else "",
         actor_user=user,
         actor_key=actor.key,
         actor=actor.label,
