@@ -26,7 +26,8 @@ class Tenant(models.Model):
         default=50 * GiB, help_text="Bytes of uploads and exports this tenant may keep in the artifact store."
     )
     max_revisions = models.PositiveIntegerField(
-        default=1000, help_text="Revisions whose files this tenant may keep (failed and rejected ones count until collected)."
+        default=1000,
+        help_text="Revisions whose files this tenant may keep (failed and rejected ones count until collected).",
     )
     max_concurrent_tasks = models.PositiveIntegerField(
         default=1, help_text="Validations and exports of this tenant running at once on the control workers."
@@ -114,7 +115,7 @@ class AuditEvent(models.Model):
     """
 
     tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_events")
-    tenant_slug = models.SlugField(max_length=63, blank=True, help_text="The tenant's slug when the event was recorded.")
+    tenant_slug = models.SlugField(max_length=63, blank=True, help_text="The tenant's slug at the time of the event.")
     actor_user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

@@ -20,9 +20,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="auditevent",
             name="tenant_slug",
-            field=models.SlugField(
-                blank=True, help_text="The tenant's slug when the event was recorded.", max_length=63
-            ),
+            field=models.SlugField(blank=True, help_text="The tenant's slug at the time of the event.", max_length=63),
         ),
         migrations.AddField(
             model_name="tenant",
