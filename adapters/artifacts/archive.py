@@ -5,6 +5,11 @@ may be links or devices, and a small archive may expand to terabytes. Every memb
 type is checked before anything is written for it, sizes are checked against the declared
 sizes and again against the bytes actually streamed out, and on any refusal everything
 written so far is removed before `ArtifactError` is raised.
+
+The archive's own bookkeeping is bounded before the standard library allocates it: tarfile
+reads a GNU long name or a PAX header whole into memory (a 400 KB .tar.gz can declare a
+400 MiB name), so tar headers go through `_BoundedTarInfo`; zipfile reads the whole central
+directory into objects before anyone can count them, so its end records are read first.
 """
 
 from __future__ import annotations
@@ -13,12 +18,13 @@ import os
 import re
 import shutil
 import stat
+import struct
 import tarfile
 import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, ClassVar
 
 from adapters.artifacts.errors import ArtifactError
 
@@ -29,13 +35,36 @@ _READ_ERRORS = (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSEr
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
 
+# Extended headers (GNU long name/link, PAX) tar may chain in front of one member: real writers use
+# at most four (a global and an extended PAX header, a long name, a long link). tarfile follows a
+# chain by recursion, so an endless one would end in RecursionError instead of a refusal.
+MAX_HEADERS_PER_MEMBER = 8
+# A zip's end-of-central-directory record, the zip64 locator and the zip64 record, and one
+# central directory entry's fixed part, as zipfile reads them.
+_ZIP_END = struct.Struct("<4s4H2LH")
+_ZIP64_LOCATOR = struct.Struct("<4sLQL")
+_ZIP64_END = struct.Struct("<4sQ2H2L4Q")
+_ZIP_ENTRY_SIZE = 46
+_ZIP_MAX_COMMENT = 0xFFFF
+
+
 @dataclass(frozen=True)
 class ArchiveLimits:
-    """Upper bounds on what one archive may unpack to."""
+    """Upper bounds on what one archive may unpack to, and on the archive's own headers."""
 
     max_files: int = 100_000
     max_total_bytes: int = 4 * 1024**3
     max_compression_ratio: float = 200.0
+    # One member's name (bytes, UTF-8), however it is stored: ustar fields, GNU long name, PAX path.
+    max_name_bytes: int = 4096
+    # One PAX extended or global header, and the global headers of an archive together.
+    max_pax_header_bytes: int = 64 * 1024
+    # Records (key=value) in one PAX header, and in the global headers together: tarfile applies
+    # every global record to every later member, so their number multiplies with max_files.
+    max_pax_records: int = 256
+    # A zip's central directory: zipfile reads it whole and makes an object per entry before
+    # any member is looked at.
+    max_zip_directory_bytes: int = 32 * 1024 * 1024
 
 
 def archive_kind(path: Path) -> str | None:
@@ -114,6 +143,9 @@ class _Extraction:
         self.created: list[Path] = []
         self.files: list[Path] = []
         self.known_dirs: set[Path] = set()
+        # Tar header bookkeeping, kept by _BoundedTarInfo.
+        self.headers_in_a_row = 0
+        self.global_pax_bytes = 0
 
     # -- checks -----------------------------------------------------------------------------
 
@@ -124,11 +156,8 @@ class _Extraction:
         """Check one member before anything is written for it; return its path components under dest."""
         self.entries += 1
         if self.entries > self.limits.max_files:
-            raise ArtifactError(
-                "archive_too_many_files",
-                f"{self.archive.name} holds more than {self.limits.max_files} entries; "
-                "upload only the adapter's files (adapter_config.json and its safetensors).",
-            )
+            raise self.too_many_files()
+        self.check_name_length(len(name.encode("utf-8", "surrogatepass")), name)
         parts = _safe_parts(name, self.archive.name)
         if kind == "link":
             raise ArtifactError(
@@ -147,6 +176,47 @@ class _Extraction:
         self.check_size(self.unpacked + declared_size, name)
         return parts
 
+    def check_name_length(self, length: int, name: str | None) -> None:
+        """Refuse a member name (None: one not read yet, e.g. a GNU long name) longer than `max_name_bytes`."""
+        if length > self.limits.max_name_bytes:
+            which = "a GNU long name or link" if name is None else f"a member name starting {name[:60]!r}"
+            raise ArtifactError(
+                "archive_name_too_long",
+                f"{self.archive.name} has {which} of {length} bytes, above the limit of "
+                f"{self.limits.max_name_bytes}; archive the adapter with short relative paths.",
+            )
+
+    def too_many_files(self) -> ArtifactError:
+        return ArtifactError(
+            "archive_too_many_files",
+            f"{self.archive.name} holds more than {self.limits.max_files} entries; "
+            "upload only the adapter's files (adapter_config.json and its safetensors).",
+        )
+
+    def header_too_large(self, what: str) -> ArtifactError:
+        return ArtifactError(
+            "archive_header_too_large",
+            f"{self.archive.name} has {what}; archive the adapter's files with a standard tool (tar, zip), "
+            "without extended attributes.",
+        )
+
+    def check_stream(self, position: int, name: str) -> None:
+        """Bound the bytes decompressed so far, headers included, by the compression ratio.
+
+        File data is bounded by `check_size`; this also counts headers, which a bomb can fill
+        instead (a hundred thousand members, each behind a PAX header at its size limit).
+        """
+        if position > self.limits.max_compression_ratio * self.archive_size:
+            raise self.ratio_exceeded(name)
+
+    def ratio_exceeded(self, name: str) -> ArtifactError:
+        return ArtifactError(
+            "archive_compression_ratio",
+            f"{self.archive.name} expands more than {self.limits.max_compression_ratio:g} times its size "
+            f"(reached at {name!r}), which looks like a decompression bomb; "
+            "archive the adapter without padding or filler files.",
+        )
+
     def check_size(self, total: int, name: str) -> None:
         if total > self.limits.max_total_bytes:
             raise ArtifactError(
@@ -155,12 +225,7 @@ class _Extraction:
                 f"(reached at {name!r}); upload a smaller adapter or only its needed files.",
             )
         if total > self.limits.max_compression_ratio * self.archive_size:
-            raise ArtifactError(
-                "archive_compression_ratio",
-                f"{self.archive.name} expands more than {self.limits.max_compression_ratio:g} times its size "
-                f"(reached at {name!r}), which looks like a decompression bomb; "
-                "archive the adapter without padding or filler files.",
-            )
+            raise self.ratio_exceeded(name)
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -239,11 +304,153 @@ def _safe_parts(name: str, archive_name: str) -> tuple[str, ...]:
     return parts
 
 
+class _BoundedTarInfo(tarfile.TarInfo):
+    """tarfile's header reader with our bounds applied before a header's payload is read.
+
+    tarfile reads a GNU long name or long link (types L/K) and a PAX header (x/g) whole into
+    memory, parses PAX records with a regular expression that can match across records
+    (a 64 KiB header of short overlapping records costs a gigabyte of keys), and reads the
+    sparse maps of GNU sparse members for as many blocks as the archive says. `_proc_member`
+    is tarfile's documented extension point for this (see its comment in tarfile.py): it sees
+    each header's type and declared size before any of that happens. Long names and PAX
+    headers above their bounds are refused, PAX headers are parsed here with a strict parser,
+    and sparse members (which an adapter never needs) are refused outright.
+
+    One subclass is made per extraction (`for_job`), carrying that extraction's limits.
+    """
+
+    job: ClassVar[_Extraction]
+
+    @classmethod
+    def for_job(cls, job: _Extraction) -> type[_BoundedTarInfo]:
+        return type(cls.__name__, (cls,), {"job": job})
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        job = self.job
+        if self.type in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, *_PAX_TYPES):
+            job.headers_in_a_row += 1
+            if job.headers_in_a_row > MAX_HEADERS_PER_MEMBER:
+                raise job.header_too_large(
+                    f"more than {MAX_HEADERS_PER_MEMBER} extended headers (GNU long names, PAX) in front of one member"
+                )
+        else:
+            job.headers_in_a_row = 0
+        if self.type in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK):
+            # The stored name ends with a NUL.
+            job.check_name_length(self.size - 1, None)
+        elif self.type == tarfile.GNUTYPE_SPARSE:
+            raise _sparse_refusal(job, self.name)
+        elif self.type in _PAX_TYPES:
+            return self._proc_bounded_pax(tarfile_)
+        return super()._proc_member(tarfile_)
+
+    def _proc_bounded_pax(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        """tarfile's `_proc_pax` for a header within our bounds, with a parser that reads each record once."""
+        job = self.job
+        limits = job.limits
+        if self.size > limits.max_pax_header_bytes:
+            raise job.header_too_large(
+                f"a PAX header of {self.size} bytes, above the limit of {limits.max_pax_header_bytes}"
+            )
+        buf = tarfile_.fileobj.read(self._block(self.size))
+        if len(buf) < self.size:
+            raise tarfile.ReadError("unexpected end of data in a PAX header")
+        records = _pax_records(buf[: self.size], job)
+        if self.type == tarfile.XGLTYPE:
+            # Global records apply to every member after this one.
+            pax_headers = tarfile_.pax_headers
+            job.global_pax_bytes += self.size
+            if job.global_pax_bytes > limits.max_pax_header_bytes:
+                raise job.header_too_large(
+                    f"PAX global headers of {job.global_pax_bytes} bytes together, above the limit of "
+                    f"{limits.max_pax_header_bytes}"
+                )
+        else:
+            pax_headers = tarfile_.pax_headers.copy()
+        # As tarfile does: hdrcharset=BINARY (here or in a global header) means names are in the archive's encoding.
+        charset = next((v.decode("utf-8", "replace") for k, v in records if k == b"hdrcharset"), None)
+        charset = charset or pax_headers.get("hdrcharset")
+        name_encoding = tarfile_.encoding if charset == "BINARY" else "utf-8"
+        for key, value in records:
+            keyword = _decode_pax(key, "utf-8", tarfile_)
+            pax_headers[keyword] = _decode_pax(
+                value, name_encoding if keyword in tarfile.PAX_NAME_FIELDS else "utf-8", tarfile_
+            )
+        if len(pax_headers) > limits.max_pax_records:
+            raise job.header_too_large(
+                f"PAX headers with {len(pax_headers)} records for one member, "
+                f"above the limit of {limits.max_pax_records}"
+            )
+
+        try:
+            member = self.fromtarfile(tarfile_)
+        except tarfile.HeaderError as exc:
+            raise tarfile.SubsequentHeaderError(str(exc)) from None
+        if self.type != tarfile.XGLTYPE:
+            # As tarfile does: the extended header patches the member after it.
+            member._apply_pax_info(pax_headers, tarfile_.encoding, tarfile_.errors)
+            member.offset = self.offset
+            if "size" in pax_headers:
+                offset = member.offset_data
+                if member.isreg() or member.type not in tarfile.SUPPORTED_TYPES:
+                    offset += member._block(member.size)
+                tarfile_.offset = offset
+        return member
+
+
+_PAX_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
+
+
+def _pax_records(buf: bytes, job: _Extraction) -> list[tuple[bytes, bytes]]:
+    """The (key, value) records of a PAX header: each "<length> <key>=<value>\\n", lengths tiling the header.
+
+    Anything else is a damaged archive. GNU sparse records are refused: their maps make
+    tarfile read as many numbers as the archive claims.
+    """
+    records: list[tuple[bytes, bytes]] = []
+    position = 0
+    while position < len(buf) and buf[position] != 0:  # NUL padding may follow the last record
+        space = buf.find(b" ", position, position + 21)
+        length_field = buf[position:space] if space > position else b""
+        if not length_field.isdigit():
+            raise tarfile.ReadError("malformed PAX header record")
+        end = position + int(length_field)
+        if end <= space + 1 or end > len(buf) or buf[end - 1] != 0x0A:
+            raise tarfile.ReadError("malformed PAX header record")
+        key, equals, value = buf[space + 1 : end - 1].partition(b"=")
+        if not equals or not key:
+            raise tarfile.ReadError("malformed PAX header record")
+        if key.startswith(b"GNU.sparse."):
+            raise _sparse_refusal(job, "<a PAX header>")
+        records.append((key, value))
+        if len(records) > job.limits.max_pax_records:
+            raise job.header_too_large(f"a PAX header with more than {job.limits.max_pax_records} records")
+        position = end
+    return records
+
+
+def _decode_pax(raw: bytes, encoding: str, tarfile_: tarfile.TarFile) -> str:
+    """Decode a PAX field as tarfile does: strictly first, then with the archive's own encoding and error handler."""
+    try:
+        return raw.decode(encoding, "strict")
+    except UnicodeDecodeError:
+        return raw.decode(tarfile_.encoding, tarfile_.errors)
+
+
+def _sparse_refusal(job: _Extraction, name: str) -> ArtifactError:
+    return ArtifactError(
+        "archive_sparse_file",
+        f"{job.archive.name} contains {name!r}, a sparse file; archive the adapter's files without "
+        "--sparse (adapters never need sparse files).",
+    )
+
+
 def _extract_tar(job: _Extraction) -> None:
     # Stream mode ("r|*"): members are read in order, once, so a .tar.gz is decompressed a
     # single time and limits apply to members as they arrive.
+    tarinfo = _BoundedTarInfo.for_job(job)
     try:
-        tar = tarfile.open(job.archive, mode="r|*")  # noqa: SIM115 - closed by the `with` below
+        tar = tarfile.open(job.archive, mode="r|*", tarinfo=tarinfo)  # noqa: SIM115 - closed by the `with` below
     except _READ_ERRORS as exc:
         raise job.bad(str(exc) or type(exc).__name__) from exc
     with tar:
@@ -254,6 +461,14 @@ def _extract_tar(job: _Extraction) -> None:
                 raise job.bad(str(exc) or type(exc).__name__) from exc
             if member is None:
                 break
+            # Stream mode needs no index of past members (links are refused), but tarfile keeps
+            # one: drop it, so memory does not grow with the member count.
+            tar.members.clear()
+            # offset_data: where this member's data starts in the decompressed stream, i.e. every
+            # byte read so far, headers included (its data is counted as it is written).
+            job.check_stream(member.offset_data, member.name)
+            if member.sparse is not None:  # pragma: no cover - sparse headers are refused while read
+                raise _sparse_refusal(job, member.name)
             if member.issym() or member.islnk():
                 kind = "link"
             elif member.isdir():
@@ -288,7 +503,79 @@ def _zip_kind(info: zipfile.ZipInfo) -> str:
     return "file"
 
 
+def _check_zip_directory(job: _Extraction) -> None:
+    """Refuse a zip whose central directory is too large or lists too many entries, before zipfile reads it.
+
+    zipfile reads the whole central directory into memory and makes a ZipInfo per entry, and
+    it does not trust the entry count the end record states (it reads entries until the
+    directory's stated size is used up). So both are checked: the count and size the end
+    records state, then the entries actually there, counted without building anything. The
+    records are found the way zipfile finds them (`_EndRecData`), so both read the same bytes;
+    anything zipfile would refuse as damaged is left for it to refuse.
+    """
+    with open(job.archive, "rb") as f:
+        located = _zip_directory_location(f, job.archive_size)
+        if located is None:
+            return
+        entries, directory_start, directory_size = located
+        if entries > job.limits.max_files:
+            raise job.too_many_files()
+        if directory_size > job.limits.max_zip_directory_bytes:
+            raise job.header_too_large(
+                f"a central directory of {directory_size} bytes, above the limit of "
+                f"{job.limits.max_zip_directory_bytes}"
+            )
+        if directory_start < 0:
+            return
+        f.seek(directory_start)
+        directory = f.read(directory_size)
+    position = counted = 0
+    while position < directory_size and position + _ZIP_ENTRY_SIZE <= len(directory):
+        if directory[position : position + 4] != b"PK\x01\x02":
+            return
+        name_length, extra_length, comment_length = struct.unpack_from("<3H", directory, position + 28)
+        counted += 1
+        if counted > job.limits.max_files:
+            raise job.too_many_files()
+        if name_length > job.limits.max_name_bytes:
+            start = position + _ZIP_ENTRY_SIZE
+            job.check_name_length(name_length, directory[start : start + 60].decode("utf-8", "replace"))
+        position += _ZIP_ENTRY_SIZE + name_length + extra_length + comment_length
+
+
+def _zip_directory_location(f: BinaryIO, file_size: int) -> tuple[int, int, int] | None:
+    """(entries, start, size) of the central directory zipfile will read, or None where it finds no end record."""
+    if file_size < _ZIP_END.size:
+        return None
+    f.seek(file_size - _ZIP_END.size)
+    record = f.read(_ZIP_END.size)
+    if record[:4] == b"PK\x05\x06" and record[-2:] == b"\x00\x00":
+        end_at = file_size - _ZIP_END.size
+    else:
+        # An archive comment follows the end record: search the last 64 KiB for its signature.
+        search_from = max(file_size - _ZIP_MAX_COMMENT - 1 - _ZIP_END.size, 0)
+        f.seek(search_from)
+        tail = f.read()
+        found = tail.rfind(b"PK\x05\x06")
+        if found < 0 or len(tail) - found < _ZIP_END.size:
+            return None
+        end_at = search_from + found
+        record = tail[found : found + _ZIP_END.size]
+    _, _, _, _, entries, directory_size, _, _ = _ZIP_END.unpack(record)
+    directory_end = end_at
+    # Zip64: a locator right before the end record, and the zip64 end record right before it.
+    if end_at >= _ZIP64_LOCATOR.size + _ZIP64_END.size:
+        f.seek(end_at - _ZIP64_LOCATOR.size - _ZIP64_END.size)
+        data = f.read(_ZIP64_END.size + _ZIP64_LOCATOR.size)
+        if data[_ZIP64_END.size : _ZIP64_END.size + 4] == b"PK\x06\x07" and data[:4] == b"PK\x06\x06":
+            fields = _ZIP64_END.unpack(data[: _ZIP64_END.size])
+            entries, directory_size = fields[7], fields[8]
+            directory_end = end_at - _ZIP64_LOCATOR.size - _ZIP64_END.size
+    return entries, directory_end - directory_size, directory_size
+
+
 def _extract_zip(job: _Extraction) -> None:
+    _check_zip_directory(job)
     try:
         archive = zipfile.ZipFile(job.archive)
     except _READ_ERRORS as exc:

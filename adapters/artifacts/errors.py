@@ -29,6 +29,9 @@ CODES = frozenset(
         "archive_too_many_files",
         "archive_too_large",
         "archive_compression_ratio",
+        "archive_name_too_long",
+        "archive_header_too_large",
+        "archive_sparse_file",
         "bad_archive",
         "partial_experts",
     }
@@ -48,3 +51,7 @@ class ArtifactError(Exception):
 
     def __repr__(self) -> str:
         return f"ArtifactError({self.code!r}, {self.message!r})"
+
+    def __reduce__(self):
+        # Pickled with both arguments: it travels back from the sandboxed child process (mint_site/sandbox.py).
+        return (type(self), (self.code, self.message))

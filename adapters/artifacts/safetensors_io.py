@@ -3,12 +3,18 @@
 The format: 8 bytes little-endian header length N, N bytes of JSON (`{name: {dtype, shape,
 data_offsets: [start, end]}, "__metadata__": {str: str}}`, may be padded with spaces), then
 the data section; offsets are relative to the data section. `read_header` checks the header
-against the file before anyone reads a tensor from it; `write_safetensors` streams tensors
-to disk one at a time and produces byte-identical files for identical input.
+against the file before anyone reads a tensor from it; `first_non_finite` scans the tensor
+data a chunk at a time; `write_safetensors` streams tensors to disk one at a time and
+produces byte-identical files for identical input.
+
+Nothing here but `iter_tensors` needs torch (safetensors imports it for framework="pt"), and
+this module does not import it: validation runs in a forked child process on tenant files and
+reads headers and raw bytes only.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -16,11 +22,16 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 from safetensors import SafetensorError, safe_open
 
+from adapters.artifacts.bounded_json import JsonBoundExceeded, check_json_bounds
 from adapters.artifacts.errors import ArtifactError
+
+if TYPE_CHECKING:
+    import torch
 
 # Bits per element, for every dtype name the safetensors format defines.
 DTYPE_BITS: dict[str, int] = {
@@ -50,6 +61,21 @@ DTYPE_BITS: dict[str, int] = {
 
 METADATA_KEY = "__metadata__"
 COPY_CHUNK_BYTES = 1024 * 1024
+# A valid header nests three levels ({name: {"shape": [...]}}); unknown keys inside an entry are
+# ignored (as the reference reader does), so allow some room, but not a parser's whole stack.
+MAX_HEADER_DEPTH = 16
+# The tensor data is checked for NaN/Inf this many bytes at a time: memory stays at one chunk
+# whatever the size of a tensor.
+NON_FINITE_CHUNK_BYTES = 4 * 1024 * 1024
+
+# For each float dtype: the unsigned integer type of one element (little-endian, as safetensors
+# stores it) and the exponent bits that are all set exactly when the value is NaN or infinite.
+_EXPONENT_MASKS: dict[str, tuple[str, int]] = {
+    "F16": ("<u2", 0x7C00),
+    "BF16": ("<u2", 0x7F80),
+    "F32": ("<u4", 0x7F800000),
+    "F64": ("<u8", 0x7FF0000000000000),
+}
 
 
 @dataclass(frozen=True)
@@ -83,8 +109,35 @@ def expected_nbytes(dtype: str, shape: tuple[int, ...]) -> int | None:
     return bits // 8 if bits % 8 == 0 else None
 
 
-def read_header(path: Path, *, max_header_bytes: int) -> SafetensorsHeader:
-    """Read and check the header of a safetensors file (nothing is unpickled; no tensor is read)."""
+class HeaderBudget:
+    """Header bytes still allowed across all the files of one adapter.
+
+    Each file's header is bounded by itself; without a budget, many files each just under that
+    bound would have their headers read and parsed again and again (and held, parsed, at once).
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+
+    def take(self, path: Path, header_len: int) -> None:
+        """Charge one file's declared header length; `header_too_large` once the adapter's total passes the limit."""
+        if self.used + header_len > self.limit:
+            raise ArtifactError(
+                "header_too_large",
+                f"The adapter's safetensors headers together exceed {self.limit} bytes (reached at {path.name}, "
+                f"after {self.used} bytes in earlier files); put the tensors in fewer files, without padding "
+                "or metadata in their headers.",
+            )
+        self.used += header_len
+
+
+def read_header(path: Path, *, max_header_bytes: int, budget: HeaderBudget | None = None) -> SafetensorsHeader:
+    """Read and check the header of a safetensors file (nothing is unpickled; no tensor is read).
+
+    The header is refused above `max_header_bytes`, or when `budget` (shared by the files of
+    one adapter) cannot pay for it, before any of it is read.
+    """
     path = Path(path)
     file_size = path.stat().st_size
     with open(path, "rb") as f:
@@ -107,6 +160,8 @@ def read_header(path: Path, *, max_header_bytes: int) -> SafetensorsHeader:
                 f"{path.name} declares a {header_len}-byte header but the file is only {file_size} bytes; "
                 "the upload was cut short, upload it again.",
             )
+        if budget is not None:
+            budget.take(path, header_len)
         raw = f.read(header_len)
     data_offset = 8 + header_len
     data_len = file_size - data_offset
@@ -118,7 +173,11 @@ def read_header(path: Path, *, max_header_bytes: int) -> SafetensorsHeader:
         # The reference reader refuses anything else too (leading whitespace included).
         raise bad("its header does not start with '{'.")
     try:
+        # The length was bounded above; the nesting is bounded before the parser recurses into it.
+        check_json_bounds(raw, max_bytes=header_len, max_depth=MAX_HEADER_DEPTH)
         parsed = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except JsonBoundExceeded as exc:
+        raise bad(f"its header is {exc}, which no safetensors writer produces.") from exc
     except _DuplicateKey as exc:
         raise bad(f"the header lists {exc.args[0]!r} twice.") from exc
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
@@ -189,6 +248,59 @@ def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
 
 def _is_index(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def first_non_finite(header: SafetensorsHeader, *, chunk_bytes: int = NON_FINITE_CHUNK_BYTES) -> str | None:
+    """The name of the first tensor (in file order) holding a NaN or an infinity, or None; reads no tensor whole.
+
+    Float tensors (F16, BF16, F32, F64) are read straight from the file `chunk_bytes` at a
+    time, whatever their size, and a value is non-finite exactly when all its exponent bits are
+    set; other dtypes cannot hold NaN and are skipped. Check the file with `read_header` first.
+    """
+    runs = _float_runs(header)
+    if not runs:
+        return None
+    buffer = np.empty(max(chunk_bytes, 8), dtype=np.uint8)
+    with open(header.path, "rb") as f:
+        for dtype, tensors in runs:
+            element, mask = _EXPONENT_MASKS[dtype]
+            itemsize = np.dtype(element).itemsize
+            # Whole elements per read, so no value straddles two chunks.
+            step = max(itemsize, chunk_bytes - chunk_bytes % itemsize)
+            begin, end = tensors[0].start, tensors[-1].end
+            f.seek(header.data_offset + begin)
+            position = begin
+            while position < end:
+                want = min(step, end - position)
+                got = f.readinto(memoryview(buffer)[:want])
+                if got != want:
+                    raise ArtifactError(
+                        "truncated_file",
+                        f"{header.path.name} ends inside its tensor data; "
+                        "the file changed or was cut short, upload it again.",
+                    )
+                values = buffer[:want].view(element)
+                hits = np.flatnonzero((values & mask) == mask)
+                if hits.size:
+                    offset = position + int(hits[0]) * itemsize
+                    # Tensors of a run are contiguous and sorted: the one holding `offset` starts last at or before it.
+                    index = bisect.bisect_right([t.start for t in tensors], offset) - 1
+                    return tensors[index].name
+                position += want
+    return None
+
+
+def _float_runs(header: SafetensorsHeader) -> list[tuple[str, list[TensorInfo]]]:
+    """The header's non-empty float tensors in file order, grouped into runs of one dtype lying back to back."""
+    runs: list[tuple[str, list[TensorInfo]]] = []
+    for info in sorted(header.tensors.values(), key=lambda t: (t.start, t.end)):
+        if info.dtype not in _EXPONENT_MASKS or info.nbytes == 0:
+            continue
+        if runs and runs[-1][0] == info.dtype and runs[-1][1][-1].end == info.start:
+            runs[-1][1].append(info)
+        else:
+            runs.append((info.dtype, [info]))
+    return runs
 
 
 def iter_tensors(path: Path, names: Iterable[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:

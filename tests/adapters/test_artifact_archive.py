@@ -13,7 +13,7 @@ import pytest
 
 from adapters.artifacts.archive import ArchiveLimits, archive_kind, extract_archive
 from adapters.artifacts.errors import ArtifactError
-from tests.adapters.corpus import TINY_DENSE, add_tar_member, make_archive, write_lora_adapter
+from tests.adapters.corpus import TINY_DENSE, add_tar_member, make_archive, write_lora_adapter, write_many_empty_zip
 
 LIMITS = ArchiveLimits()
 
@@ -281,3 +281,159 @@ def test_gnu_long_names_and_pax_headers_are_supported(tmp_path):
     (written,) = extract_archive(archive, tmp_path / "out", LIMITS)
     assert written == tmp_path / "out" / long_name
     assert written.read_bytes() == b"pax"
+
+
+# -- the archive's own headers, bounded before the standard library reads them ----------------------
+
+
+def test_gnu_format_long_names_are_supported_up_to_the_name_bound(tmp_path):
+    name = "deep/" + "n" * 190 + ".txt"  # 199 bytes: stored as a GNU long name (type L)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        add_tar_member(tar, name, b"gnu")
+    archive = tmp_path / "gnu.tar"
+    archive.write_bytes(buffer.getvalue())
+    (written,) = extract_archive(archive, tmp_path / "out", ArchiveLimits(max_name_bytes=199))
+    assert written.read_bytes() == b"gnu"
+    error = refuse(archive, tmp_path / "refused", "archive_name_too_long", ArchiveLimits(max_name_bytes=198))
+    assert "198" in error.message
+
+
+@pytest.mark.parametrize("tar_format", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_member_names_above_the_bound_are_refused_after_cleaning_up(tmp_path, upload, tar_format):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tar_format) as tar:
+        tar.add(upload, arcname=".")
+        add_tar_member(tar, "my-adapter/" + "x" * 300, b"x")
+    archive = tmp_path / "long.tar"
+    archive.write_bytes(buffer.getvalue())
+    refuse(archive, tmp_path / "out", "archive_name_too_long", ArchiveLimits(max_name_bytes=256))
+
+
+def test_pax_headers_above_their_bounds_are_refused(tmp_path, upload):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.add(upload, arcname=".")
+        info = tarfile.TarInfo("my-adapter/notes.txt")
+        info.pax_headers = {f"MINT.note{i}": "n" * 100 for i in range(20)}  # ~2.5 KB, 20 records
+        tar.addfile(info)
+    archive = tmp_path / "pax.tar"
+    archive.write_bytes(buffer.getvalue())
+    assert len(extract_archive(archive, tmp_path / "ok", ArchiveLimits(max_pax_header_bytes=4096))) == 4
+    error = refuse(archive, tmp_path / "big", "archive_header_too_large", ArchiveLimits(max_pax_header_bytes=2048))
+    assert "PAX header" in error.message and "2048" in error.message
+    refuse(archive, tmp_path / "many", "archive_header_too_large", ArchiveLimits(max_pax_records=16))
+
+
+def test_pax_global_headers_are_applied_and_bounded_together(tmp_path):
+    # git archive writes one global header (comment=<commit>) before every member.
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT, pax_headers={"comment": "c" * 600}) as tar:
+        add_tar_member(tar, "a.txt", b"a")
+    archive = tmp_path / "global.tar"
+    archive.write_bytes(buffer.getvalue())
+    assert [p.name for p in extract_archive(archive, tmp_path / "ok", LIMITS)] == ["a.txt"]
+    refuse(archive, tmp_path / "out", "archive_header_too_large", ArchiveLimits(max_pax_header_bytes=512))
+
+
+def raw_pax_tar(path: Path, payload: bytes, member: tarfile.TarInfo, data: bytes = b"") -> Path:
+    """A tar with a PAX extended header holding exactly `payload`, then `member` and its data."""
+    pax = tarfile.TarInfo("./PaxHeaders/x")
+    pax.type = tarfile.XHDTYPE
+    pax.size = len(payload)
+    blocks = [
+        pax.tobuf(tarfile.USTAR_FORMAT),
+        payload,
+        b"\0" * (-len(payload) % 512),
+        member.tobuf(tarfile.USTAR_FORMAT),
+    ]
+    blocks += [data, b"\0" * (-len(data) % 512), b"\0" * 1024]
+    path.write_bytes(b"".join(blocks))
+    return path
+
+
+def test_pax_size_and_path_records_patch_the_member_after_them(tmp_path):
+    # The member's own header says 0 bytes and a short name; the PAX records say otherwise.
+    payload = b"13 size=5000\n" + b"32 path=dir/from-pax-header.txt\n"
+    archive = raw_pax_tar(tmp_path / "pax.tar", payload, tarfile.TarInfo("short"), b"p" * 5000)
+    (written,) = extract_archive(archive, tmp_path / "out", LIMITS)
+    assert written == tmp_path / "out" / "dir" / "from-pax-header.txt"
+    assert written.read_bytes() == b"p" * 5000
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"2 2 2 2 2 2 2 2 =x\n",  # records overlapping each other: tarfile's parser read each as a key
+        b"99 path=a\n",  # a length past the header's end
+        b"10 path=ab\n",  # a length that does not end on the newline
+        b"x path=a\n",
+        b"7 patha\n",  # no '='
+    ],
+)
+def test_malformed_pax_records_are_bad_archive(tmp_path, payload):
+    archive = raw_pax_tar(tmp_path / "pax.tar", payload, tarfile.TarInfo("a.txt"))
+    refuse(archive, tmp_path / "out", "bad_archive")
+
+
+def test_tar_headers_count_toward_the_compression_ratio(tmp_path):
+    # No file data at all, only headers: a bomb can fill PAX headers instead of files.
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for i in range(200):
+            info = tarfile.TarInfo(f"f{i:03d}")
+            info.pax_headers = {"comment": "z" * 20_000}
+            tar.addfile(info)
+    archive = tmp_path / "headers.tar.gz"
+    archive.write_bytes(gzip.compress(buffer.getvalue()))
+    assert buffer.tell() > 200 * archive.stat().st_size
+    error = refuse(archive, tmp_path / "out", "archive_compression_ratio")
+    assert "f0" in error.message
+
+
+def zip_bytes(members: list[tuple[str, bytes]], comment: bytes = b"") -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        for name, data in members:
+            zf.writestr(name, data)
+        zf.comment = comment
+    return buffer.getvalue()
+
+
+def test_zip_central_directory_above_its_bound_is_refused_before_zipfile_reads_it(tmp_path, monkeypatch):
+    archive = tmp_path / "dir.zip"
+    archive.write_bytes(zip_bytes([(f"f{i:04d}", b"") for i in range(100)]))
+    monkeypatch.setattr(zipfile, "ZipFile", None)  # nothing may get as far as constructing one
+    error = refuse(archive, tmp_path / "out", "archive_header_too_large", ArchiveLimits(max_zip_directory_bytes=1024))
+    assert "central directory" in error.message
+    refuse(archive, tmp_path / "out", "archive_too_many_files", ArchiveLimits(max_files=99))
+
+
+def test_zip_entries_are_counted_whatever_the_end_record_claims(tmp_path):
+    data = bytearray(zip_bytes([(f"f{i:02d}", b"") for i in range(30)]))
+    end = data.rindex(b"PK\x05\x06")
+    data[end + 8 : end + 12] = (1).to_bytes(2, "little") * 2  # "1 entry" on this disk and in total
+    archive = tmp_path / "lying.zip"
+    archive.write_bytes(bytes(data))
+    refuse(archive, tmp_path / "out", "archive_too_many_files", ArchiveLimits(max_files=29))
+    assert len(extract_archive(archive, tmp_path / "ok", ArchiveLimits(max_files=30))) == 30
+
+
+def test_zip_with_a_comment_and_zip64_records_is_read_like_zipfile_reads_it(tmp_path):
+    archive = tmp_path / "comment.zip"
+    archive.write_bytes(zip_bytes([("a.txt", b"a"), ("b/c.txt", b"c")], comment=b"PK made by a tool " * 100))
+    assert [p.name for p in extract_archive(archive, tmp_path / "out", ArchiveLimits(max_files=2))] == [
+        "a.txt",
+        "c.txt",
+    ]
+    refuse(archive, tmp_path / "refused", "archive_too_many_files", ArchiveLimits(max_files=1))
+    many = write_many_empty_zip(tmp_path / "zip64.zip", 40)  # always written with zip64 end records
+    assert len(extract_archive(many, tmp_path / "many", ArchiveLimits(max_files=40))) == 40
+    refuse(many, tmp_path / "many-refused", "archive_too_many_files", ArchiveLimits(max_files=39))
+
+
+def test_zip_member_names_above_the_bound_are_refused(tmp_path):
+    archive = tmp_path / "names.zip"
+    archive.write_bytes(zip_bytes([("a.txt", b"a"), ("d/" + "n" * 300, b"n")]))
+    error = refuse(archive, tmp_path / "out", "archive_name_too_long", ArchiveLimits(max_name_bytes=256))
+    assert "d/nnn" in error.message

@@ -15,7 +15,14 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from adapters.artifacts.errors import ArtifactError
-from adapters.artifacts.safetensors_io import iter_tensors, read_header, tensor_bytes, write_safetensors
+from adapters.artifacts.safetensors_io import (
+    MAX_HEADER_DEPTH,
+    HeaderBudget,
+    iter_tensors,
+    read_header,
+    tensor_bytes,
+    write_safetensors,
+)
 
 LIMIT = 64 * 1024 * 1024
 DTYPE_NAMES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.int64: "I64"}
@@ -140,6 +147,30 @@ def entry(dtype: str = "F32", shape: list | None = None, offsets: list | None = 
 )
 def test_headers_that_do_not_describe_the_file_are_refused(tmp_path, header, data):
     assert_refused(write_raw(tmp_path / "bad.safetensors", header, data), "bad_safetensors")
+
+
+def test_headers_nested_deeper_than_any_writer_nests_them_are_refused(tmp_path):
+    deep = b'{"a": ' + b"[" * MAX_HEADER_DEPTH + b"]" * MAX_HEADER_DEPTH + b"}"
+    error = assert_refused(write_raw(tmp_path / "deep.safetensors", deep), "bad_safetensors")
+    assert str(MAX_HEADER_DEPTH) in error.message
+    # Brackets inside names and metadata are not nesting.
+    names = {"__metadata__": {"note": "[[[[[[[[[[[[[[[[[[[[[["}, "a[[[[[[[[[[[[[[[[[[[": entry()}
+    header = read_header(write_raw(tmp_path / "ok.safetensors", names, bytes(8)), max_header_bytes=LIMIT)
+    assert set(header.tensors) == {"a[[[[[[[[[[[[[[[[[[["}
+
+
+def test_a_header_budget_is_charged_per_file_and_refuses_before_reading(tmp_path):
+    first = write_raw(tmp_path / "a.safetensors", {"a": entry()}, bytes(8))
+    second = write_raw(tmp_path / "b.safetensors", {"b": entry()}, bytes(8))
+    one = int.from_bytes(first.read_bytes()[:8], "little")
+    budget = HeaderBudget(2 * one - 1)
+    read_header(first, max_header_bytes=LIMIT, budget=budget)
+    assert budget.used == one
+    with pytest.raises(ArtifactError) as caught:
+        read_header(second, max_header_bytes=LIMIT, budget=budget)
+    assert caught.value.code == "header_too_large"
+    assert "b.safetensors" in caught.value.message and "together" in caught.value.message
+    assert budget.used == one
 
 
 def test_data_end_beyond_the_file_is_truncated(tmp_path):

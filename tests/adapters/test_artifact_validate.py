@@ -9,8 +9,15 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from adapters.artifacts import peft_config
 from adapters.artifacts.errors import ArtifactError
-from adapters.artifacts.peft_config import TensorKey, parse_adapter_config, parse_tensor_name
+from adapters.artifacts.peft_config import (
+    MAX_CONFIG_BYTES,
+    MAX_TARGET_PATTERN_CHARS,
+    TensorKey,
+    parse_adapter_config,
+    parse_tensor_name,
+)
 from adapters.artifacts.validate import ValidationLimits, validate_adapter_dir
 from tests.adapters.corpus import (
     BAD_CASES,
@@ -170,6 +177,7 @@ def test_target_modules_regex_and_all_linear(tmp_path):
         (r"model\.layers\.\d+\.self_attn\.(q_proj|v_proj)", True),
         (r".*\.(q_proj|v_proj)", True),
         ("all-linear", True),
+        ("ALL-LINEAR", True),  # PEFT compares the shorthand case-insensitively
         (r"model\.layers\.\d+\.self_attn\.q_proj", False),
         (r"q_proj|v_proj", False),  # fullmatch against the module's path, as PEFT does
     ]:
@@ -335,6 +343,8 @@ def test_non_finite_values_are_found_in_many_file_layout_and_bf16(tmp_path):
         {**lora_config(), "target_modules": []},
         {**lora_config(), "target_modules": [1, 2]},
         {**lora_config(), "target_modules": "(unclosed"},
+        {**lora_config(), "target_modules": r"model\.layers\.\d+\.self_attn\.q_proj\z"},  # RE2 only: PEFT could not
+        json.dumps(lora_config())[:-1] + ', "x": ' + "[" * 100 + "]" * 100 + "}",  # nested 101 deep
     ],
 )
 def test_bad_adapter_configs_are_refused(tmp_path, config):
@@ -380,3 +390,69 @@ def test_parse_adapter_config_keeps_the_raw_config(tmp_path):
 )
 def test_parse_tensor_name(name, key):
     assert parse_tensor_name(name) == key
+
+
+def test_an_oversized_config_is_refused_without_parsing_it(tmp_path):
+    path = tmp_path / "adapter_config.json"
+    path.write_text(json.dumps({**lora_config(), "notes": "n" * MAX_CONFIG_BYTES}))
+    with pytest.raises(ArtifactError) as caught:
+        parse_adapter_config(path)
+    assert caught.value.code == "bad_adapter_config"
+    assert str(MAX_CONFIG_BYTES) in caught.value.message
+
+
+@pytest.mark.parametrize(
+    "pattern", [r"(.*)\1(q|v)_proj", r"(?=.*q_proj).*", r".*(?<!k)_proj", r"(?!.*k_proj).*", r"(?P<m>q)(?P=m)"]
+)
+def test_target_modules_patterns_without_a_linear_time_match_are_refused(tmp_path, pattern):
+    tensors = lora_tensors(TINY_DENSE, targets=("q_proj", "v_proj"))
+    root = write_adapter_files(tmp_path / "a", lora_config(targets=pattern), tensors)
+    error = refuse(root, "bad_adapter_config")
+    assert "without backreferences or lookaround" in error.message and "linear time" in error.message
+
+
+def test_target_modules_patterns_longer_than_the_bound_are_refused(tmp_path):
+    tensors = lora_tensors(TINY_DENSE, targets=("q_proj", "v_proj"))
+    pattern = ".*(" + "|".join(["q_proj", "v_proj"] * 100) + ")"
+    assert len(pattern) > MAX_TARGET_PATTERN_CHARS
+    error = refuse(write_adapter_files(tmp_path / "a", lora_config(targets=pattern), tensors), "bad_adapter_config")
+    assert str(MAX_TARGET_PATTERN_CHARS) in error.message
+    fits = ".*(" + "|".join(["q_proj", "v_proj"] * 70) + ")"
+    assert len(fits) <= MAX_TARGET_PATTERN_CHARS
+    root = write_adapter_files(tmp_path / "b", lora_config(targets=fits), tensors)
+    assert validate_adapter_dir(root, TINY_DENSE).target_modules == ["q_proj", "v_proj"]
+
+
+def test_a_backtracking_pattern_is_matched_in_linear_time(tmp_path):
+    # Python's re needs hours for this on a 31-character module path; RE2 answers at once.
+    tensors = lora_tensors(TINY_DENSE, targets=("q_proj", "v_proj"))
+    root = write_adapter_files(tmp_path / "a", lora_config(targets=r"(.*.*)*\.(q|v)_proj"), tensors)
+    assert validate_adapter_dir(root, TINY_DENSE).target_modules == ["q_proj", "v_proj"]
+    root = write_adapter_files(tmp_path / "b", lora_config(targets=r"(.*.*)*x"), tensors)
+    refuse(root, "target_modules_mismatch")
+
+
+def test_the_target_pattern_is_compiled_once_per_validation(tmp_path, monkeypatch):
+    compiled = []
+    real_compile = peft_config.re2.compile
+
+    def counting_compile(pattern, options=None):
+        compiled.append(pattern)
+        return real_compile(pattern, options)
+
+    monkeypatch.setattr(peft_config.re2, "compile", counting_compile)
+    root = write_lora_adapter(tmp_path / "moe", TINY_MOE, expert_targets=("gate_proj", "up_proj", "down_proj"))
+    config = json.loads((root / "adapter_config.json").read_text())
+    (root / "adapter_config.json").write_text(json.dumps({**config, "target_modules": r".*\.(q|v|gate|up|down)_proj"}))
+    assert validate_adapter_dir(root, TINY_MOE).tensor_count == 2 * (2 + 4 * 3) * 2
+    assert compiled == [r".*\.(q|v|gate|up|down)_proj"]
+
+
+def test_headers_of_all_files_together_are_bounded(tmp_path):
+    root = write_lora_adapter(tmp_path / "many", TINY_DENSE, layout="many_file")
+    files = sorted(root.glob("*.safetensors"))
+    header_bytes = [int.from_bytes(p.read_bytes()[:8], "little") for p in files]
+    total = sum(header_bytes)
+    assert validate_adapter_dir(root, TINY_DENSE, ValidationLimits(max_total_header_bytes=total)).tensor_count == 8
+    error = refuse(root, "header_too_large", limits=ValidationLimits(max_total_header_bytes=total - 1))
+    assert files[-1].name in error.message and str(total - 1) in error.message
