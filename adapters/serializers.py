@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import re
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from adapters.models import Adapter, AdapterRevision, Alias, Approval, BaseModel
@@ -142,6 +143,7 @@ class RevisionRegisterSerializer(serializers.Serializer):
     parent = serializers.IntegerField(required=False, min_value=1, allow_null=True, help_text="Parent number (n of rn)")
 
 
+@extend_schema_field({"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": "^r?[0-9]+$"}]})
 class RevisionNumberField(serializers.Field):
     """A revision as 3, "3" or "r3"."""
 

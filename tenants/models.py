@@ -22,18 +22,33 @@ class Tenant(models.Model):
     )
     rate_limit_rpm = models.PositiveIntegerField(default=600, help_text="Gateway requests per minute.")
     max_upload_bytes = models.PositiveBigIntegerField(default=512 * MiB, help_text="Largest adapter upload.")
+    # Plan limits added after the first release carry database defaults too, so rows written in SQL (bulk loads)
+    # get the same plan as rows made through the ORM.
     max_storage_bytes = models.PositiveBigIntegerField(
-        default=50 * GiB, help_text="Bytes of uploads and exports this tenant may keep in the artifact store."
+        default=50 * GiB,
+        db_default=50 * GiB,
+        help_text="Bytes of uploads and exports this tenant may keep in the artifact store.",
     )
     max_revisions = models.PositiveIntegerField(
         default=1000,
+        db_default=1000,
         help_text="Revisions whose files this tenant may keep (failed and rejected ones count until collected).",
     )
     max_concurrent_tasks = models.PositiveIntegerField(
-        default=1, help_text="Validations and exports of this tenant running at once on the control workers."
+        default=1,
+        db_default=1,
+        help_text="Validations and exports of this tenant running at once on the control workers.",
     )
-    api_read_rpm = models.PositiveIntegerField(default=600, help_text="REST API reads per minute, per key or person.")
-    api_write_rpm = models.PositiveIntegerField(default=60, help_text="REST API writes per minute, per key or person.")
+    api_read_rpm = models.PositiveIntegerField(
+        default=600, db_default=600, help_text="REST API reads per minute, per key or person."
+    )
+    api_write_rpm = models.PositiveIntegerField(
+        default=60, db_default=60, help_text="REST API writes per minute, per key or person."
+    )
+    # What the tenant keeps now, counted against max_storage_bytes and max_revisions. Kept up to date by the
+    # services that store and collect files (adapters.services, adapters.collect), under this row's lock.
+    stored_bytes = models.PositiveBigIntegerField(default=0, db_default=0, editable=False)
+    stored_revisions = models.PositiveIntegerField(default=0, db_default=0, editable=False)
     four_eyes = models.BooleanField(
         default=True, help_text="Nobody approves a revision they registered (or that a key they created registered)."
     )

@@ -1,10 +1,21 @@
-"""Sign in, sign out (Django auth), and the tenant switcher for people in several tenants."""
+"""Sign in, sign out (Django auth), and the tenant switcher for people in several tenants.
+
+Sign-in is throttled by django-axes (settings: "Login throttling"), for this login page and
+the admin's alike: the hooks it calls, for the client address and the lockout page, are here.
+"""
 
 from __future__ import annotations
 
+import math
+from datetime import timedelta
+from typing import Any
+
+from axes.backends import AxesStandaloneBackend
+from axes.helpers import get_cool_off
 from django.contrib.auth import views as auth_views
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect
+from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from frontend.views.base import not_found, page
@@ -18,6 +29,47 @@ class LoginView(auth_views.LoginView):
 
 class LogoutView(auth_views.LogoutView):
     next_page = "frontend:login"
+
+
+class LoginThrottleBackend(AxesStandaloneBackend):
+    """Refuses a username + client address that failed too often, before any password is checked.
+
+    django-axes' backend, except that a call without a request is let through to the next backend
+    instead of raising: it comes from code (the test client's `login()`, a shell), which has no client
+    address to throttle. Every login over HTTP (this app's form, the admin's) passes its request.
+    """
+
+    def authenticate(
+        self, request: HttpRequest | None, username: str | None = None, password: str | None = None, **kwargs
+    ):
+        if request is None:
+            return None
+        return super().authenticate(request, username=username, password=password, **kwargs)
+
+
+def login_client_address(request: HttpRequest) -> str | None:
+    """The address failures are counted for: REMOTE_ADDR, which uvicorn sets from X-Forwarded-For only for the
+    proxies it trusts (--forwarded-allow-ips). Any other header is the client's to forge, so none is read."""
+    return request.META.get("REMOTE_ADDR")
+
+
+def login_locked_out(request: HttpRequest, original_response: Any = None, credentials: Any = None) -> HttpResponse:
+    """The 429 page for a locked-out username + address, saying why and when to try again.
+
+    django-axes passes the response and credentials in an order that differs between its sync and async
+    middleware; neither is needed here.
+    """
+    cool_off = get_cool_off(request) or timedelta(0)
+    # A refused attempt restarts the cool-off (AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT), so the whole
+    # cool-off is what is left now.
+    retry_after = max(1, math.ceil(cool_off.total_seconds()))
+    context = {
+        "minutes": math.ceil(retry_after / 60),
+        "retry_at": timezone.now() + timedelta(seconds=retry_after),
+    }
+    response = render(request, "frontend/locked_out.html", context, status=429)
+    response["Retry-After"] = str(retry_after)
+    return response
 
 
 @require_POST

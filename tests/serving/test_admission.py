@@ -14,6 +14,7 @@ from django.utils import timezone
 from adapters.models import AdapterRevision, Alias
 from serving import services
 from serving.models import NodeState, Placement, Priority, ServingNode
+from tests.metrics_scrape import scrape_metrics
 from tests.serving.conftest import make_live, place
 
 pytestmark = pytest.mark.django_db
@@ -191,7 +192,7 @@ def test_reconcile_requeues_lost_live_placements_and_forgets_the_rest(node, make
 def test_metrics_show_placements_by_state(node, make_revision, client):
     place(node, make_revision(1), "ready", load_ms=12.5, warm_ms=40.0)
     place(node, make_revision(2), "queued")
-    text = client.get("/metrics").content.decode()
+    text = scrape_metrics(client)
     assert 'mint_placements{node="node-1",state="ready"} 1.0' in text
     assert 'mint_admission_queue_depth{node="node-1"} 1.0' in text
     assert 'mint_placement_load_ms{node="node-1",stat="avg"} 12.5' in text

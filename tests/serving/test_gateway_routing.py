@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from adapters.models import Adapter, Alias
 from serving.gateway import drain, proxy, ratelimit, usage
 from serving.models import Placement, PlacementState
+from tests.metrics_scrape import scrape_metrics
 from tests.serving.gateway_world import (
     call,
     close_clients,
@@ -220,7 +221,7 @@ def test_model_retrieve_finds_only_the_callers_models(world):
 def test_metrics_endpoint_shows_gateway_series(world, client):
     complete(world.token)
 
-    text = client.get("/metrics").content.decode()
+    text = scrape_metrics(client)
 
     assert 'mint_gateway_requests_total{adapter="support-bot",status="200",tenant="acme"}' in text
     assert "mint_gateway_request_seconds_bucket" in text
