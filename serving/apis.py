@@ -16,6 +16,7 @@ from serving import services
 from serving.models import PlacementState, ServingNode
 from serving.serializers import ServingNodeCreateSerializer, ServingNodeSerializer
 from tenants.access import Actor
+from tenants.throttles import ApiRateThrottle
 
 
 class PlatformApi(GenericAPIView):
@@ -23,6 +24,8 @@ class PlatformApi(GenericAPIView):
 
     authentication_classes = [SessionAuthentication]
     permission_classes = [IsAdminUser]
+    # Per person, at the defaults of the tenant plan's API rates (staff act for no tenant here).
+    throttle_classes = [ApiRateThrottle]
 
 
 class ServingNodeListCreateApi(PlatformApi):

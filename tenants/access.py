@@ -1,7 +1,9 @@
 """Who is calling, for which tenant, and what they may do.
 
-A person acts with the capabilities of their role in the tenant; a key acts with the
-capabilities its scopes name. Every API view declares the capability each method
+A person acts with the capabilities of their role in the tenant. A key acts with the
+capabilities its scopes name, narrowed to what its creator may do there now: a key never
+outlives or outranks the person who made it (a key made without a person, by an operator
+on the command line, keeps its scopes). Every API view declares the capability each method
 needs, and `TenantPermission` checks it once, so no view re-implements the rules.
 """
 
@@ -23,11 +25,15 @@ class Capability(StrEnum):
     INFERENCE = "inference"  # the OpenAI-compatible gateway
 
 
+# Every member may run inference, so that an inference key of any member works; people themselves
+# reach the gateway only through a key (it accepts nothing else).
 ROLE_CAPABILITIES: dict[str, frozenset[Capability]] = {
-    Role.VIEWER: frozenset({Capability.READ}),
-    Role.DEVELOPER: frozenset({Capability.READ, Capability.REGISTER}),
-    Role.APPROVER: frozenset({Capability.READ, Capability.REGISTER, Capability.DECIDE}),
-    Role.OWNER: frozenset({Capability.READ, Capability.REGISTER, Capability.DECIDE, Capability.MANAGE_KEYS}),
+    Role.VIEWER: frozenset({Capability.READ, Capability.INFERENCE}),
+    Role.DEVELOPER: frozenset({Capability.READ, Capability.REGISTER, Capability.INFERENCE}),
+    Role.APPROVER: frozenset({Capability.READ, Capability.REGISTER, Capability.DECIDE, Capability.INFERENCE}),
+    Role.OWNER: frozenset(
+        {Capability.READ, Capability.REGISTER, Capability.DECIDE, Capability.MANAGE_KEYS, Capability.INFERENCE}
+    ),
 }
 
 SCOPE_CAPABILITIES: dict[str, frozenset[Capability]] = {
@@ -59,7 +65,7 @@ class Actor:
 
     @property
     def person(self) -> AbstractBaseUser | None:
-        """The person responsible: a key acts as the user who created it."""
+        """The person responsible: a key acts as the user who created it (None for a key made without one)."""
         if self.key is not None:
             return self.key.created_by
         return self.user
@@ -86,11 +92,35 @@ class Access:
         return capability in self.capabilities
 
 
-def key_access(key: ApiKey) -> Access:
+def scope_capabilities(scopes: list[str] | tuple[str, ...]) -> frozenset[Capability]:
+    """What a set of key scopes allows, before the key's creator's role narrows it."""
     capabilities: frozenset[Capability] = frozenset()
-    for scope in key.scopes:
+    for scope in scopes:
         capabilities |= SCOPE_CAPABILITIES.get(scope, frozenset())
-    return Access(tenant=key.tenant, actor=Actor(key=key), role=None, capabilities=capabilities)
+    return capabilities
+
+
+def key_capabilities(key: ApiKey) -> frozenset[Capability]:
+    """What a key may do now: its scopes' capabilities ∩ its creator's current role in the key's tenant.
+
+    Reads `key.creator_role`, the creator's role in the key's tenant now (None: not a member), which
+    `selectors.api_key_by_prefix` (and so `tenants.auth.authenticate_token`) annotates in the key's
+    own query. A key loaded without it counts as one whose creator has no role: it may do nothing.
+    A creator who left the tenant or was deactivated leaves the key with nothing; a key without a
+    creator (made by an operator with `mint_key create`) keeps its scopes.
+    """
+    capabilities = scope_capabilities(key.scopes)
+    if key.created_by_id is None:
+        return capabilities
+    creator_role = getattr(key, "creator_role", None)
+    if creator_role is None or not key.created_by.is_active:
+        return frozenset()
+    return capabilities & ROLE_CAPABILITIES.get(creator_role, frozenset())
+
+
+def key_access(key: ApiKey) -> Access:
+    """A key's access: its tenant, itself as the actor, and `key_capabilities` (see there for what it reads)."""
+    return Access(tenant=key.tenant, actor=Actor(key=key), role=None, capabilities=key_capabilities(key))
 
 
 def member_access(user: AbstractBaseUser, tenant: Tenant, role: str) -> Access:

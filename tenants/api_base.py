@@ -1,8 +1,9 @@
 """The one base class every tenant API view inherits.
 
 It resolves the caller's tenant (`TenantPermission`), checks the capability each
-HTTP method needs, and narrows every queryset to `request.tenant`, so an object of
-another tenant is indistinguishable from a missing one (404).
+HTTP method needs, throttles the caller (per key or person, reads and writes apart, at
+the tenant plan's rates: `ApiRateThrottle`), and narrows every queryset to
+`request.tenant`, so an object of another tenant is indistinguishable from a missing one (404).
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from rest_framework.generics import GenericAPIView
 from tenants.access import Capability
 from tenants.auth import TenantPermission
 from tenants.models import Tenant
+from tenants.throttles import ApiRateThrottle
 
 
 class TenantApi(GenericAPIView):
     permission_classes = [TenantPermission]
+    # DRF runs throttles after permissions: the throttle reads the tenant and key TenantPermission resolved.
+    throttle_classes = [ApiRateThrottle]
     # The capability each method needs. Safe methods default to READ; others must be named.
     capabilities: dict[str, Capability] = {}
     # The lookup from the view's model to its tenant, e.g. "adapter__tenant".

@@ -2,32 +2,84 @@
 
 from __future__ import annotations
 
+import math
+
+from django.conf import settings
 from django.utils import timezone
+from drf_spectacular.authentication import SessionScheme
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, SessionAuthentication, get_authorization_header
 from rest_framework.permissions import BasePermission
 
 from tenants import selectors, services
-from tenants.access import Access, Capability, key_access, member_access, roles_granting, scopes_granting
+from tenants.access import (
+    Access,
+    Capability,
+    key_access,
+    member_access,
+    roles_granting,
+    scope_capabilities,
+    scopes_granting,
+)
 from tenants.keys import parse_token, secret_matches
 from tenants.models import ApiKey
+from tenants.throttles import auth_failures, auth_failures_message, client_bucket
 
 TENANT_HEADER = "HTTP_X_MINT_TENANT"
 SESSION_TENANT_KEY = "mint_tenant"
+# The refusal that counts as a failed attempt against the client's address (tenants/throttles.py): the token
+# named no key, or not with that secret. The other refusals are about genuine keys.
+FAILURE_CODE = "invalid_api_key"
 
 
 class KeyRefused(exceptions.AuthenticationFailed):
     pass
 
 
-def authenticate_token(token: str) -> ApiKey:
-    """The live key a bearer token names, or `AuthenticationFailed` saying why not."""
+class TooManyAuthFailures(exceptions.Throttled):
+    """429 `too_many_auth_failures`: the client's address failed to authenticate too often this minute."""
+
+    default_code = "too_many_auth_failures"
+
+    def __init__(self, *, wait: float) -> None:
+        # Not Throttled.__init__: it would append its own "Expected available in …" to the message.
+        exceptions.APIException.__init__(self, auth_failures_message(wait), self.default_code)
+        self.wait = max(1, math.ceil(wait))
+
+
+def authenticate_token(token: str, *, client: str | None = None) -> ApiKey:
+    """The live key a bearer token names, or `KeyRefused` (401) saying why not.
+
+    `client` is the caller's address (REMOTE_ADDR): an address past MINT_AUTH_FAILURES_PER_MIN failed
+    attempts this minute gets `TooManyAuthFailures` (429) before any key is looked up, and a failure here
+    counts against it. Without `client`, nothing is counted (callers that are not a network client).
+
+    The key is returned with `creator_role` (its creator's role in the key's tenant now): what the key may
+    do is its scopes narrowed to that role (`tenants.access.key_access`).
+    """
+    bucket = client_bucket(client)
+    failures = auth_failures(settings.REDIS_URL) if bucket is not None else None
+    if failures is not None and (wait := failures.wait(bucket)) is not None:
+        raise TooManyAuthFailures(wait=wait)
+    try:
+        key = _live_key(token)
+    except KeyRefused as refused:
+        if failures is not None and refused.get_codes() == FAILURE_CODE:
+            failures.record(bucket)
+        raise
+    services.api_key_touch(key=key)
+    return key
+
+
+def _live_key(token: str) -> ApiKey:
+    """The key a token names if it may act now (secret, revocation, expiry, tenant, creator), else `KeyRefused`."""
     parsed = parse_token(token)
     if parsed is None:
-        raise KeyRefused("The API key is malformed; expected mint_<prefix>_<secret>.", code="invalid_api_key")
+        raise KeyRefused("The API key is malformed; expected mint_<prefix>_<secret>.", code=FAILURE_CODE)
     key = selectors.api_key_by_prefix(prefix=parsed.prefix)
     if key is None or not secret_matches(parsed.secret, key.key_hash):
-        raise KeyRefused("The API key is not valid.", code="invalid_api_key")
+        raise KeyRefused("The API key is not valid.", code=FAILURE_CODE)
     if key.revoked_at is not None:
         raise KeyRefused(f"The API key mint_{key.prefix}_… was revoked.", code="api_key_revoked")
     if key.expires_at is not None and key.expires_at <= timezone.now():
@@ -36,7 +88,13 @@ def authenticate_token(token: str) -> ApiKey:
         )
     if not key.tenant.is_active:
         raise KeyRefused("The tenant of this API key is suspended.", code="tenant_inactive")
-    services.api_key_touch(key=key)
+    # A key acts for the person who made it: once they are gone from the tenant (or from the platform), so is it.
+    if key.created_by_id is not None and (key.creator_role is None or not key.created_by.is_active):
+        raise KeyRefused(
+            f"The API key mint_{key.prefix}_… was created by someone who no longer has access to tenant "
+            f"{key.tenant.slug}; ask an owner of the tenant for a new key.",
+            code="api_key_owner_inactive",
+        )
     return key
 
 
@@ -50,7 +108,7 @@ class ApiKeyAuthentication(BaseAuthentication):
         kind, _, token = header.partition(" ")
         if kind.lower() != "bearer":
             return None
-        key = authenticate_token(token.strip())
+        key = authenticate_token(token.strip(), client=request.META.get("REMOTE_ADDR"))
         user = key.created_by if key.created_by is not None else _KeyOnlyUser()
         return (user, key)
 
@@ -73,6 +131,23 @@ class _KeyOnlyUser:
 
 class TenantSessionAuthentication(SessionAuthentication):
     """Session login for people (dashboard and browsable API calls), with CSRF checks."""
+
+
+class ApiKeyScheme(OpenApiAuthenticationExtension):
+    """ApiKeyAuthentication in the OpenAPI schema: the `ApiKey` bearer scheme."""
+
+    target_class = ApiKeyAuthentication
+    name = "ApiKey"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer", "bearerFormat": "mint_<prefix>_<secret>"}
+
+
+class TenantSessionScheme(SessionScheme):
+    """TenantSessionAuthentication in the OpenAPI schema: drf-spectacular's session cookie scheme."""
+
+    target_class = TenantSessionAuthentication
+    name = "TenantSession"
 
 
 def resolve_access(request) -> Access:
@@ -110,7 +185,16 @@ class TenantPermission(BasePermission):
         needed: Capability = view.required_capability(request)
         if access.can(needed):
             return True
-        if access.actor.key is not None:
+        key = access.actor.key
+        if key is not None and needed in scope_capabilities(key.scopes):
+            # The scope allows it; the creator's current role does not (they were demoted since).
+            raise exceptions.PermissionDenied(
+                f"This key's creator ({key.created_by.get_username()}) is now {key.creator_role} in tenant "
+                f"{access.tenant.slug}, and that role no longer allows this (it needs "
+                f"{' or '.join(roles_granting(needed))}); a key never does more than the person who created it.",
+                code="forbidden",
+            )
+        if key is not None:
             raise exceptions.PermissionDenied(
                 f"This key's scopes ({', '.join(access.actor.key.scopes)}) do not allow this; "
                 f"it needs a key with scope {' or '.join(scopes_granting(needed)) or '(none: people only)'}.",

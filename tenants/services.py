@@ -8,12 +8,14 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from mint_site.errors import Conflict, MintError
 from tenants.access import Actor
+from tenants.events import live_event
 from tenants.keys import new_token
 from tenants.models import ApiKey, AuditEvent, Membership, Role, Scope, Tenant
 
@@ -59,19 +61,35 @@ def tenant_create(*, slug: str, name: str = "", owner: AbstractBaseUser, by: Act
     return tenant
 
 
+# The live event that tells every gateway process to authenticate a tenant's keys (or one key) again.
+API_KEY_CHANGED = "api_key.changed"
+
+
+def api_keys_changed(*, tenant_id: int, reason: str, key_id: int | None = None) -> None:
+    """Announce, once committed, that what a tenant's keys (or one key) may do has changed.
+
+    Gateway processes cache authenticated keys (serving/gateway/resolve.py); on this event they drop
+    the tenant's (or the key's) entries, so a revocation or a change of their creators' rights is seen
+    by the next request, not at the end of the cache's TTL. `reason`: revoked, membership, person, tenant.
+    """
+    live_event(tenant_id=tenant_id, type=API_KEY_CHANGED, id=key_id or tenant_id, state=reason, key=key_id)
+
+
 @transaction.atomic
 def membership_set(*, tenant: Tenant, user: AbstractBaseUser, role: str, by: Actor) -> Membership:
-    """Add `user` to `tenant` with `role`, or change the role they have."""
+    """Add `user` to `tenant` with `role`, or change the role they have. Their keys follow at once."""
     if role not in Role.values:
         raise MintError(f"Unknown role {role!r}; use one of {', '.join(Role.values)}.", code="invalid_role")
     membership = Membership.objects.select_for_update().filter(tenant=tenant, user=user).first()
     before = {"role": membership.role} if membership else None
     if membership is None:
         membership = Membership.objects.create(tenant=tenant, user=user, role=role)
+        api_keys_changed(tenant_id=tenant.id, reason="membership")
     elif membership.role != role:
         _keep_an_owner(tenant=tenant, leaving=membership)
         membership.role = role
         membership.save(update_fields=["role"])
+        api_keys_changed(tenant_id=tenant.id, reason="membership")
     audit_record(
         tenant=tenant,
         actor=by,
@@ -85,11 +103,13 @@ def membership_set(*, tenant: Tenant, user: AbstractBaseUser, role: str, by: Act
 
 @transaction.atomic
 def membership_remove(*, tenant: Tenant, user: AbstractBaseUser, by: Actor) -> None:
+    """Remove `user` from `tenant`. The keys they created there stop working at once (401 api_key_owner_inactive)."""
     membership = Membership.objects.select_for_update().filter(tenant=tenant, user=user).first()
     if membership is None:
         raise MintError(f"{user.get_username()} is not a member of {tenant.slug}.", code="not_a_member")
     _keep_an_owner(tenant=tenant, leaving=membership)
     membership.delete()
+    api_keys_changed(tenant_id=tenant.id, reason="membership")
     audit_record(
         tenant=tenant,
         actor=by,
@@ -161,10 +181,14 @@ def api_key_create(
 
 @transaction.atomic
 def api_key_revoke(*, key: ApiKey, by: Actor) -> ApiKey:
-    """Revoke a key at once. Revoking a revoked key changes nothing and records nothing."""
+    """Revoke a key at once (gateway processes drop it from their caches on the event).
+
+    Revoking a revoked key changes nothing and records nothing.
+    """
     now = timezone.now()
     if ApiKey.objects.filter(id=key.id, revoked_at__isnull=True).update(revoked_at=now) == 1:
         key.revoked_at = now
+        api_keys_changed(tenant_id=key.tenant_id, reason="revoked", key_id=key.id)
         audit_record(
             tenant=key.tenant,
             actor=by,
@@ -187,3 +211,64 @@ def api_key_touch(*, key: ApiKey) -> None:
     stale = Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - interval)
     if ApiKey.objects.filter(stale, id=key.id).update(last_used_at=now):
         key.last_used_at = now
+
+
+# What tenant_update may change: the plan limits, the switches and the display name. The slug is how people,
+# pipelines (X-Mint-Tenant), sessions and the audit log name the tenant, so it never changes.
+TENANT_UPDATABLE_FIELDS = (
+    "name",
+    "is_active",
+    "four_eyes",
+    "max_adapters",
+    "max_ready_revisions",
+    "rate_limit_rpm",
+    "max_upload_bytes",
+    "max_storage_bytes",
+    "max_revisions",
+    "max_concurrent_tasks",
+    "api_read_rpm",
+    "api_write_rpm",
+)
+
+
+@transaction.atomic
+def tenant_update(*, tenant: Tenant, changes: dict[str, Any], by: Actor) -> Tenant:
+    """Change a tenant's plan limits, four-eyes rule, active flag or name, and record it (`tenant.update`).
+
+    The audit event's before/after hold only the fields whose value changes; a call that changes nothing
+    records nothing. Values are checked as the model's fields check them. Returns the tenant as saved.
+    """
+    unknown = sorted(set(changes) - set(TENANT_UPDATABLE_FIELDS))
+    if unknown:
+        raise MintError(
+            f"Tenant field(s) {', '.join(unknown)} cannot be changed; use {', '.join(TENANT_UPDATABLE_FIELDS)}.",
+            code="invalid_field",
+            detail={"fields": unknown},
+        )
+    current = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    before: dict[str, Any] = {}
+    after: dict[str, Any] = {}
+    errors: dict[str, list[str]] = {}
+    for name, raw in changes.items():
+        try:
+            value = Tenant._meta.get_field(name).clean(raw, current)
+        except ValidationError as exc:
+            errors[name] = exc.messages
+            continue
+        if getattr(current, name) != value:
+            before[name], after[name] = getattr(current, name), value
+            setattr(current, name, value)
+    if errors:
+        message = "; ".join(f"{name}: {' '.join(messages)}" for name, messages in errors.items())
+        raise MintError(message, code="invalid_request", detail=errors)
+    if after:
+        current.save(update_fields=list(after))
+        audit_record(
+            tenant=current,
+            actor=by,
+            action="tenant.update",
+            target=f"tenant:{current.slug}",
+            before=before,
+            after=after,
+        )
+    return current

@@ -41,6 +41,29 @@ def artifact_root(tmp_path, settings):
 
 
 @pytest.fixture(autouse=True)
+def _fresh_throttles():
+    """No test inherits another's API throttle or failed-authentication counts.
+
+    They live in Redis for a minute, and ids restart with each test database, so a key or person of this
+    test could otherwise find a previous one's requests counted against it. Only those keys go (by prefix):
+    Celery and Channels share the Redis database.
+    """
+    import redis
+    from django.conf import settings as django_settings
+    from django.core.cache import cache
+
+    from tenants.throttles import API_THROTTLE_KEY_BASE, AUTH_FAILURE_KEY_PREFIX
+
+    client = redis.Redis.from_url(django_settings.REDIS_URL)
+    try:
+        for pattern in (f"{AUTH_FAILURE_KEY_PREFIX}:*", f"{cache.make_key(API_THROTTLE_KEY_BASE)}*"):
+            for key in client.scan_iter(match=pattern, count=1000):
+                client.delete(key)
+    finally:
+        client.close()
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hashing(settings):
     # Real hashing costs ~0.3 s per user; the suite creates hundreds of users.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -149,7 +149,9 @@ async def _serve(scope: Scope, receive: Receive) -> Reply:
                 405, "method_not_allowed", f"Use {method} for {scope['path']}.", headers={"Allow": method}
             )
         request = await _read(scope, receive)
-        caller = await resolve.authenticate(request.headers.get("authorization", ""))
+        # The peer as the server saw it (uvicorn puts a trusted proxy's X-Forwarded-For there); never a header here.
+        peer = scope.get("client")
+        caller = await resolve.authenticate(request.headers.get("authorization", ""), client=peer[0] if peer else None)
         labels["tenant"] = caller.tenant_slug
         retry_after = ratelimit.hit(caller.tenant_id, caller.rate_limit_rpm)
         if retry_after is not None:

@@ -10,6 +10,11 @@ refreshed by events), and one past that is still served, up to MINT_GATEWAY_FOLL
 resolved again beside the request; when it is not, for MINT_GATEWAY_CACHE_S, as without it. Events are
 applied in the order they arrive, one at a time, so a route is never overwritten by an
 older state of the catalog.
+
+Keys too: `api_key.changed` (a key revoked; a member added, re-roled or removed; a person
+deactivated; a tenant suspended) drops the cached keys of that tenant, or that one key, so
+every gateway process refuses a revoked key, or narrows a key, on its next request rather
+than at the end of MINT_GATEWAY_KEY_CACHE_S.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 
 from adapters.models import Alias
 from serving.gateway import resolve
+from tenants.services import API_KEY_CHANGED
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +54,19 @@ def routes_touched(tenant_id: int | None, event: dict[str, Any]) -> list[tuple[i
     return dropped
 
 
+def keys_touched(tenant_id: int | None, event: dict[str, Any]) -> int:
+    """Drop the cached keys an `api_key.changed` event concerns (one key, or a tenant's); return how many.
+
+    Nothing is loaded again here: the next request with such a key authenticates it from the database.
+    """
+    if event.get("type") != API_KEY_CHANGED or tenant_id is None:
+        return 0
+    return resolve.forget_keys(tenant_id=tenant_id, key_id=event.get("key"))
+
+
 async def on_message(message: dict[str, Any]) -> None:
     event = message.get("event") or {}
+    keys_touched(message.get("tenant_id"), event)
     keys = routes_touched(message.get("tenant_id"), event)
     if keys:
         await resolve.prefetch(keys)
@@ -70,8 +87,9 @@ async def follow(layer=None) -> None:
             channel = await layer.new_channel("gateway.")
             await layer.group_add(PLATFORM_GROUP, channel)
             joined = time.monotonic()
-            # Routes cached before joining may have missed events: resolve them again from now on.
+            # Routes and keys cached before joining may have missed events: resolve them again from now on.
             resolve.invalidate()
+            resolve.forget_keys()
             resolve.following = True
             failures = 0
             while True:

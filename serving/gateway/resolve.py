@@ -2,16 +2,24 @@
 
 Both lookups are cached in-process for a short TTL so that a steady stream of requests
 for a ready adapter does no database query at all; a change (a revoked key, an alias
-flip, a placement becoming ready) is seen within that TTL. Misses run the ORM through
-`sync_to_async`.
+flip, a placement becoming ready) is seen within that TTL, and at once where a live event
+announces it (serving/gateway/feed.py: `api_key.changed` drops a tenant's or a key's cached
+keys). Misses run the ORM through `sync_to_async`.
+
+Failed authentications (a token that names no key, or a wrong secret) are counted per client
+address in Redis (tenants/throttles.py, shared with the REST API); an address past the limit is
+answered 429 before its token is looked up.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
+import math
 import re
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,13 +29,15 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 from django.utils import timezone
+from limits.aio.storage import RedisStorage as AsyncRedisStorage
 
 from adapters.models import Adapter, AdapterRevision, Alias, RevisionState
-from serving.gateway import GatewayError, spawn
+from serving.gateway import GatewayError, ratelimit, spawn
 from serving.models import NodeState, Placement, PlacementState, Priority, lora_name
 from tenants.access import Capability, key_access
-from tenants.auth import KeyRefused, authenticate_token
+from tenants.auth import FAILURE_CODE, KeyRefused, authenticate_token
 from tenants.models import Scope
+from tenants.throttles import AUTH_FAILURE_KEY_PREFIX, AsyncAuthFailures, auth_failures_message, client_bucket
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +122,14 @@ class _TTLCache:
         self._entries.pop(key, None)
         self.epoch += 1
 
+    def drop_where(self, predicate: Callable[[Any], bool]) -> int:
+        """Drop every entry whose value matches; a reload already under way is discarded. Returns how many."""
+        dropped = [key for key, (_, _, value) in self._entries.items() if predicate(value)]
+        for key in dropped:
+            del self._entries[key]
+        self.epoch += 1
+        return len(dropped)
+
     def cached_keys(self) -> list[Any]:
         return list(self._entries)
 
@@ -154,16 +172,24 @@ def in_pool_thread(load: Callable[..., Any], *args: Any) -> Any:
 
 @dataclass(frozen=True)
 class Caller:
-    """What the gateway needs to know about a live key, without holding ORM objects across requests."""
+    """What the gateway needs to know about a live key, without holding ORM objects across requests.
+
+    `capabilities` are the key's scopes narrowed to its creator's role when it was authenticated; an
+    `api_key.changed` event drops the entry when that role (or anything else here) changes.
+    """
 
     key_id: int
     key_prefix: str
     scopes: tuple[str, ...]
-    can_infer: bool
+    capabilities: frozenset[Capability]
     expires_at: datetime | None
     tenant_id: int
     tenant_slug: str
     rate_limit_rpm: int
+
+    @property
+    def can_infer(self) -> bool:
+        return Capability.INFERENCE in self.capabilities
 
 
 @dataclass(frozen=True)
@@ -171,17 +197,24 @@ class _Refusal:
     code: str
     message: str
 
+    @property
+    def counts_as_failure(self) -> bool:
+        """A token that names no key (or not with that secret): counted against the client's address."""
+        return self.code == FAILURE_CODE
+
 
 _keys = _TTLCache()
 
 
 def _authenticate_sync(token: str) -> Caller:
-    key = authenticate_token(token)  # checks the secret, revocation, expiry, tenant; touches last_used_at
+    # Checks the secret, revocation, expiry, tenant and creator; touches last_used_at. No client address:
+    # failures are counted here, on the event loop, with redis.asyncio (`authenticate`).
+    key = authenticate_token(token)
     return Caller(
         key_id=key.id,
         key_prefix=key.prefix,
         scopes=tuple(key.scopes),
-        can_infer=key_access(key).can(Capability.INFERENCE),
+        capabilities=key_access(key).capabilities,
         expires_at=key.expires_at,
         tenant_id=key.tenant_id,
         tenant_slug=key.tenant.slug,
@@ -197,13 +230,59 @@ def _load_key(token: str) -> Caller | _Refusal:
         return _Refusal(codes if isinstance(codes, str) else "invalid_api_key", str(refused.detail))
 
 
-async def authenticate(authorization: str) -> Caller:
-    """The caller an `Authorization` header names, or a 401/403 `GatewayError`.
+def forget_keys(*, tenant_id: int | None = None, key_id: int | None = None) -> int:
+    """Drop cached keys: one key, a tenant's keys, or every key (no arguments). Returns how many were dropped.
+
+    Cached refusals about genuine keys (revoked, a creator without access, a suspended tenant) go too,
+    whatever their tenant: the change may have made such a key work again. Refusals of tokens that name
+    no key stay.
+    """
+
+    def stale(value: Caller | _Refusal) -> bool:
+        if isinstance(value, _Refusal):
+            return not value.counts_as_failure
+        if key_id is not None:
+            return value.key_id == key_id
+        return tenant_id is None or value.tenant_id == tenant_id
+
+    return _keys.drop_where(stale)
+
+
+# One failure counter per event loop, on the loop's pooled Redis client of the rate limiter (its connections
+# belong to the loop that opened them; serving/gateway/ratelimit.py closes them with the loop).
+_failure_counters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, AsyncAuthFailures]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _auth_failures() -> AsyncAuthFailures:
+    pool = ratelimit._client().connection_pool
+    loop = asyncio.get_running_loop()
+    known = _failure_counters.get(loop)
+    if known is None or known[0] is not pool:
+        storage = AsyncRedisStorage(
+            f"async+{settings.REDIS_URL}",
+            implementation="redispy",
+            key_prefix=AUTH_FAILURE_KEY_PREFIX,
+            wrap_exceptions=True,
+            connection_pool=pool,
+        )
+        known = _failure_counters[loop] = (pool, AsyncAuthFailures(storage))
+    return known[1]
+
+
+async def authenticate(authorization: str, *, client: str | None = None) -> Caller:
+    """The caller an `Authorization` header names, or a 401/403/429 `GatewayError`.
 
     Cached by the token's SHA-256 (never the token itself) for MINT_GATEWAY_KEY_CACHE_S,
-    refreshed in the background after half of it: a revoked key is refused within that time.
-    Refusals are cached too, so a client hammering with a bad key costs one query per TTL,
-    not one per request.
+    refreshed in the background after half of it; an `api_key.changed` event (a revocation, a
+    change of the creator's rights) drops the entry at once. Refusals are cached too, so a client
+    hammering with a bad key costs one query per TTL, not one per request.
+
+    `client` is the caller's address (the ASGI scope's, which uvicorn takes from trusted proxies
+    only). A token not already known to be valid is checked against the address's failure count
+    first: past MINT_AUTH_FAILURES_PER_MIN failures this minute, 429 before any lookup. A token
+    cached as valid is served without that check: it cannot be a guess.
     """
     kind, _, token = authorization.strip().partition(" ")
     token = token.strip()
@@ -213,12 +292,27 @@ async def authenticate(authorization: str) -> Caller:
         )
     digest = hashlib.sha256(token.encode()).hexdigest()
     hit, cached = _keys.get(digest)
+    bucket = client_bucket(client)
+    failures = _auth_failures() if bucket is not None and not isinstance(cached, Caller) else None
+    if failures is not None and (wait := await failures.wait(bucket)) is not None:
+        raise GatewayError(
+            429,
+            "too_many_auth_failures",
+            auth_failures_message(wait),
+            headers={"Retry-After": str(max(1, math.ceil(wait)))},
+        )
     if not hit:
+        epoch = _keys.epoch
         cached = await sync_to_async(_load_key)(token)
-        _keys.put(digest, cached, key_cache_ttl())
+        # An event that dropped keys while this was reading may have been about this key: use the answer
+        # for this request, but do not keep it (the next request reads again).
+        if _keys.epoch == epoch:
+            _keys.put(digest, cached, key_cache_ttl())
     else:
         _keys.refresh_ahead(digest, lambda: in_pool_thread(_load_key, token), key_cache_ttl)
     if isinstance(cached, _Refusal):
+        if failures is not None and cached.counts_as_failure:
+            await failures.record(bucket)
         # A fresh exception each time: re-raising one cached instance would grow its traceback forever.
         raise GatewayError(401, cached.code, cached.message)
     caller: Caller = cached

@@ -1,4 +1,5 @@
-"""Four-eyes, per role and per key scope: nobody approves what they (or a key they created) registered."""
+"""Four-eyes, per role and per key scope: nobody approves what they (or a key they created) registered,
+and a key without an owner (an operator's, from `mint_key create`) is nobody: it never decides."""
 
 from __future__ import annotations
 
@@ -88,9 +89,7 @@ def test_a_key_acts_as_the_person_who_created_it(tenant_a, adapter_a):
 
 
 def test_one_key_with_both_scopes_cannot_approve_its_own_registration(tenant_a, adapter_a):
-    key, token = tenant_services.api_key_create(
-        tenant=tenant_a.tenant, name="ci", scopes=["pipeline", "deploy"], created_by=None, by=Actor.system()
-    )
+    key, token = key_made_by(tenant_a, tenant_a.users["owner"], "pipeline", "deploy")
     pending(adapter_a, key=key)
     response = approve_with_token(token)
     assert response.status_code == 403 and error_of(response)["code"] == "four_eyes"
@@ -115,3 +114,54 @@ def test_four_eyes_also_guards_reject(tenant_a, adapter_a):
     pending(adapter_a, user=tenant_a.users["approver"])
     response = tenant_a.client_as("approver").post(f"{URL}/reject/", {}, format="json")
     assert response.status_code == 403 and error_of(response)["code"] == "four_eyes"
+
+
+# ---------------------------------------------------------------------------------------------
+# A key without an owner is nobody
+
+
+def ownerless_key(world, *scopes: str):
+    """A key made by an operator (`mint_key create` without --user): it has no creator."""
+    return tenant_services.api_key_create(
+        tenant=world.tenant, name="ops", scopes=scopes, created_by=None, by=Actor.system()
+    )
+
+
+def decide_with_token(token: str, action: str):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client.post(f"{URL}/{action}/", {}, format="json")
+
+
+@pytest.mark.parametrize("action", ["approve", "reject"])
+def test_an_ownerless_key_cannot_decide_under_four_eyes(tenant_a, adapter_a, action):
+    _, token = ownerless_key(tenant_a, "deploy")
+    pending(adapter_a, user=tenant_a.users["developer"])
+    response = decide_with_token(token, action)
+    assert response.status_code == 403
+    error = error_of(response)
+    assert error["code"] == "four_eyes"
+    assert "without an owner" in error["message"] and "created by a person" in error["message"]
+    assert not Approval.objects.exists()
+
+
+def test_two_ownerless_keys_are_not_two_people(tenant_a, adapter_a):
+    registrar, _ = ownerless_key(tenant_a, "pipeline")
+    _, decider = ownerless_key(tenant_a, "deploy")
+    AdapterRevision.objects.create(
+        adapter=adapter_a, number=1, state="pending_approval", source_uri="x", created_by_key=registrar
+    )
+    response = decide_with_token(decider, "approve")
+    assert response.status_code == 403 and error_of(response)["code"] == "four_eyes"
+    # A person may decide what an ownerless key registered: it was registered by nobody.
+    assert tenant_a.client_as("approver").post(f"{URL}/approve/", {}, format="json").status_code == 200
+
+
+def test_an_ownerless_key_decides_where_four_eyes_is_off(tenant_a, adapter_a):
+    tenant_a.tenant.four_eyes = False
+    tenant_a.tenant.save()
+    _, token = ownerless_key(tenant_a, "deploy")
+    pending(adapter_a, user=tenant_a.users["developer"])
+    assert decide_with_token(token, "approve").status_code == 200

@@ -189,6 +189,111 @@ def test_key_without_inference_scope_is_403(world, scopes):
     assert world.vllm.calls == []
 
 
+def test_an_inference_key_of_any_member_may_infer(world):
+    viewer = world.tenant_a.users[Role.VIEWER]
+    _, token = tenant_services.api_key_create(
+        tenant=world.tenant_a.tenant, name="viewer", scopes=["inference"], created_by=viewer, by=Actor(user=viewer)
+    )
+    assert complete(token).status == 200
+
+
+def test_a_signed_in_person_still_needs_a_key(world):
+    from django.test import Client
+
+    from mint_site.asgi import application
+
+    browser = Client()
+    browser.force_login(world.tenant_a.users[Role.OWNER])  # every role may infer, but only through a key
+    cookie = f"sessionid={browser.cookies['sessionid'].value}"
+
+    async def models():
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            response = await client.get("/v1/models", headers={"Cookie": cookie})
+        await close_clients()
+        return response
+
+    response = async_to_sync(models)()
+    assert response.status_code == 401 and response.json()["error"]["code"] == "missing_api_key"
+
+
+def test_a_removed_members_key_is_401_naming_the_key(world):
+    developer = world.tenant_a.users[Role.DEVELOPER]
+    key, token = tenant_services.api_key_create(
+        tenant=world.tenant_a.tenant, name="dev", scopes=["inference"], created_by=developer, by=Actor.system()
+    )
+    tenant_services.membership_remove(tenant=world.tenant_a.tenant, user=developer, by=Actor.system())
+
+    answer = complete(token)
+
+    assert answer.status == 401
+    error = answer.error()
+    assert error["code"] == "api_key_owner_inactive" and error["type"] == "authentication_error"
+    assert f"mint_{key.prefix}_" in error["message"] and "ask an owner" in error["message"]
+    assert world.vllm.calls == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Failed authentications per client address
+
+
+async def _models_from(address: str, token: str):
+    from mint_site.asgi import application
+
+    transport = httpx.ASGITransport(app=application, client=(address, 40000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        response = await client.get("/v1/models", headers={"Authorization": f"Bearer {token}"})
+    await drain()
+    await close_clients()
+    return response
+
+
+def models_from(address: str, token: str) -> httpx.Response:
+    return async_to_sync(_models_from)(address, token)
+
+
+def test_an_address_past_the_failure_limit_gets_429_before_any_lookup(world, settings):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    settings.MINT_AUTH_FAILURES_PER_MIN = 3
+    good = world.token
+    assert models_from("203.0.113.5", good).status_code == 200  # cached as valid
+    for guess in ("mint_nope_secret", "not-a-token", "mint_0123456789ab_wrong"):
+        assert models_from("203.0.113.5", guess).status_code == 401
+
+    with CaptureQueriesContext(connection) as queries:
+        refused = models_from("203.0.113.5", "mint_0123456789ab_another")
+    assert len(queries) == 0
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "too_many_auth_failures"
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    assert 1 <= int(refused.headers["Retry-After"]) <= 60
+    # A key already known to be valid is no guess: served. A key not looked up yet waits like any token.
+    assert models_from("203.0.113.5", good).status_code == 200
+    assert models_from("203.0.113.5", world.tenant_a.key("inference", "pipeline")[1]).status_code == 429
+    assert models_from("203.0.113.6", "mint_nope_secret").status_code == 401
+
+
+def test_failures_at_the_rest_api_count_at_the_gateway(world, settings):
+    from rest_framework.test import APIClient
+
+    settings.MINT_AUTH_FAILURES_PER_MIN = 2
+    rest = APIClient(REMOTE_ADDR="203.0.113.9")
+    rest.credentials(HTTP_AUTHORIZATION="Bearer mint_nope_secret")
+    assert rest.get("/api/v1/").status_code == 401
+    assert rest.get("/api/v1/").status_code == 401
+    assert models_from("203.0.113.9", "mint_0123456789ab_guess").status_code == 429
+
+
+def test_revoked_keys_are_not_failures_at_the_gateway(world, settings):
+    settings.MINT_AUTH_FAILURES_PER_MIN = 2
+    key, token = world.tenant_a.key("inference")
+    tenant_services.api_key_revoke(key=key, by=Actor.system())
+    for _ in range(4):
+        assert models_from("203.0.113.7", token).json()["error"]["code"] == "api_key_revoked"
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad requests and unknown models
 

@@ -224,3 +224,111 @@ def test_a_reload_that_started_before_an_invalidation_is_discarded():
     async_to_sync(scenario)()
     assert cache.get("route") == (True, "old")
     assert "route" not in cache._reloading  # and a later reload may start again
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys: `api_key.changed` drops cached keys at once
+
+
+def _key_event(tenant_id: int, *, key: int | None = None, state: str = "revoked") -> dict:
+    event = {"type": "api_key.changed", "id": key or tenant_id, "state": state, "key": key}
+    return {"type": "live.event", "tenant_id": tenant_id, "event": event}
+
+
+def _cached_callers() -> list[resolve.Caller]:
+    values = (resolve._keys.get(digest)[1] for digest in resolve._keys.cached_keys())
+    return [value for value in values if isinstance(value, resolve.Caller)]
+
+
+def test_a_revocation_event_refuses_the_key_on_its_next_request(world, settings):
+    settings.MINT_GATEWAY_KEY_CACHE_S = 3600  # without the event, the revoked key would be served for an hour
+    key, token = world.tenant_a.key("inference")
+    assert complete(token).status == 200
+    tenant_services.api_key_revoke(key=key, by=Actor(user=world.tenant_a.users[Role.OWNER]))
+    assert complete(token).status == 200  # cached: only the event can tell
+
+    async_to_sync(feed.on_message)(_key_event(world.tenant_a.tenant.id, key=key.id))
+
+    assert complete(token).error()["code"] == "api_key_revoked"
+
+
+def test_a_key_event_drops_only_its_own_tenants_keys(world, settings):
+    settings.MINT_GATEWAY_KEY_CACHE_S = 3600
+    _, token_b = world.tenant_b.key("inference")
+    assert complete(world.token).status == 200
+    assert complete(token_b, "globex-bot").status == 200
+
+    async_to_sync(feed.on_message)(_key_event(world.tenant_a.tenant.id, state="membership"))
+
+    assert [c.tenant_slug for c in _cached_callers()] == ["globex"]
+
+
+def test_a_removed_and_readded_member_is_refused_then_served_at_once(world, settings):
+    settings.MINT_GATEWAY_KEY_CACHE_S = 3600
+    tenant, developer = world.tenant_a.tenant, world.tenant_a.users[Role.DEVELOPER]
+    _, token = tenant_services.api_key_create(
+        tenant=tenant, name="dev", scopes=["inference"], created_by=developer, by=Actor.system()
+    )
+    assert complete(token).status == 200
+
+    tenant_services.membership_remove(tenant=tenant, user=developer, by=Actor.system())
+    async_to_sync(feed.on_message)(_key_event(tenant.id, state="membership"))
+    assert complete(token).error()["code"] == "api_key_owner_inactive"  # and this refusal is cached …
+
+    tenant_services.membership_set(tenant=tenant, user=developer, role=Role.VIEWER, by=Actor.system())
+    async_to_sync(feed.on_message)(_key_event(tenant.id, state="membership"))
+    assert complete(token).status == 200  # … until the next event about the tenant's keys
+
+
+def test_the_cached_caller_carries_the_rights_narrowed_to_the_creators_role(world, settings):
+    settings.MINT_GATEWAY_KEY_CACHE_S = 3600
+    tenant, approver = world.tenant_a.tenant, world.tenant_a.users[Role.APPROVER]
+    key, token = tenant_services.api_key_create(
+        tenant=tenant, name="ci", scopes=["inference", "deploy"], created_by=approver, by=Actor.system()
+    )
+    assert complete(token).status == 200
+    [caller] = [c for c in _cached_callers() if c.key_id == key.id]
+    assert caller.capabilities == {"read", "decide", "inference"}
+
+    tenant_services.membership_set(tenant=tenant, user=approver, role=Role.VIEWER, by=Actor.system())
+    async_to_sync(feed.on_message)(_key_event(tenant.id, state="membership"))
+    assert complete(token).status == 200  # every role may infer
+
+    [caller] = [c for c in _cached_callers() if c.key_id == key.id]
+    assert caller.capabilities == {"read", "inference"}
+
+
+def test_a_key_read_while_an_event_dropped_keys_is_used_once_and_not_kept(world, monkeypatch):
+    load = resolve._load_key
+
+    def load_racing_an_event(token):
+        found = load(token)
+        resolve.forget_keys(tenant_id=world.tenant_a.tenant.id)  # the event lands while this was reading
+        return found
+
+    monkeypatch.setattr(resolve, "_load_key", load_racing_an_event)
+    assert complete(world.token).status == 200
+    assert _cached_callers() == []
+
+
+def test_follow_applies_key_events_committed_by_the_services(world, settings):
+    """End to end through the real Redis channel layer: a committed revocation reaches the gateway's key cache."""
+    settings.MINT_GATEWAY_KEY_CACHE_S = 3600
+    key, token = world.tenant_a.key("inference")
+
+    async def scenario() -> float | None:
+        follower = asyncio.create_task(feed.follow())
+        await asyncio.sleep(0.5)  # joined the platform group (joining drops every cached key)
+        await resolve.authenticate(f"Bearer {token}")
+        revoked = time.monotonic()
+        await sync_to_async(tenant_services.api_key_revoke)(key=key, by=Actor.system())
+        for _ in range(100):
+            if not [c for c in _cached_callers() if c.key_id == key.id]:
+                follower.cancel()
+                return time.monotonic() - revoked
+            await asyncio.sleep(0.01)
+        follower.cancel()
+        return None
+
+    latency = async_to_sync(scenario)()
+    assert latency is not None and latency < 1.0

@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from rest_framework.test import APIClient
 
 from adapters.models import Adapter, AdapterRevision, BaseModel
+from tenants import services
+from tenants.access import Actor
+from tenants.models import Scope
 from tests.conftest import ALL_SCOPES
 
 pytestmark = pytest.mark.django_db
@@ -42,25 +46,53 @@ SUCCESS = {"GET": 200, "POST": 200, "DELETE": 204}
 CREATES = {"/api/v1/keys/", "/api/v1/adapters/", "/api/v1/adapters/bot/revisions/"}
 
 
-@pytest.mark.parametrize("principal", ROLES + KEYS)
-@pytest.mark.parametrize(("method", "path"), list(ALLOWED))
-def test_role_and_scope_matrix(tenant_a, artifact_root, principal, method, path):
-    allowed, state, body = ALLOWED[(method, path)]
-    victim, _ = tenant_a.key("inference")
+def _call(world, artifact_root, client, method: str, path: str):
+    """Set up what the endpoint needs (adapter `bot`, r1 in the row's state, an upload) and call it."""
+    _, state, body = ALLOWED[(method, path)]
+    victim, _ = world.key("inference")
     base = BaseModel.objects.create(name="roles-base", architecture="dense", config={}, max_lora_rank=16)
-    adapter = Adapter.objects.create(tenant=tenant_a.tenant, name="bot", base_model=base)
+    adapter = Adapter.objects.create(tenant=world.tenant, name="bot", base_model=base)
     if state:
         AdapterRevision.objects.create(adapter=adapter, number=1, state=state, source_uri="x")
         adapter.revision_counter = 1
         adapter.save()
-    incoming = artifact_root / f"t/{tenant_a.tenant.id}/incoming/run"
+    incoming = artifact_root / f"t/{world.tenant.id}/incoming/run"
     incoming.mkdir(parents=True)
     (incoming / "adapter_config.json").write_text("{}")
 
     url = path.format(prefix=victim.prefix)
-    data = None if body is None else json.dumps(body).replace("{tenant_id}", str(tenant_a.tenant.id))
-    response = tenant_a.client_as(principal).generic(method, url, data=data, content_type="application/json")
+    data = None if body is None else json.dumps(body).replace("{tenant_id}", str(world.tenant.id))
+    return client.generic(method, url, data=data, content_type="application/json")
+
+
+@pytest.mark.parametrize("principal", ROLES + KEYS)
+@pytest.mark.parametrize(("method", "path"), list(ALLOWED))
+def test_role_and_scope_matrix(tenant_a, artifact_root, principal, method, path):
+    allowed = ALLOWED[(method, path)][0]
+    response = _call(tenant_a, artifact_root, tenant_a.client_as(principal), method, path)
     if principal in allowed:
+        expected = 201 if method == "POST" and path in CREATES else SUCCESS[method]
+        assert response.status_code == expected, response.content
+    else:
+        assert response.status_code == 403, response.content
+        assert response.json()["error"]["code"] in {"forbidden", "insufficient_scope"}
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize(("method", "path"), list(ALLOWED))
+def test_a_key_with_every_scope_does_what_its_creators_role_does_and_no_more(
+    tenant_a, artifact_root, role, method, path
+):
+    """Keys follow people: scopes ∩ the creator's role. Managing keys stays with people (sessions)."""
+    allowed = ALLOWED[(method, path)][0]
+    creator = tenant_a.users[role]
+    _, token = services.api_key_create(
+        tenant=tenant_a.tenant, name="all", scopes=Scope.values, created_by=creator, by=Actor(user=creator)
+    )
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    response = _call(tenant_a, artifact_root, client, method, path)
+    if role in allowed and EVERY_KEY in allowed:
         expected = 201 if method == "POST" and path in CREATES else SUCCESS[method]
         assert response.status_code == expected, response.content
     else:

@@ -1,0 +1,288 @@
+"""Request throttles of the REST API, and the count of failed key authentications per client address.
+
+Both are kept in Redis, so every process of the site (web servers, gateways) shares them:
+
+- `ApiRateThrottle`: DRF throttling per API key (by key id) or per signed-in person (by user id, in one
+  tenant), reads (GET, HEAD, OPTIONS) and writes counted apart, at the rate of the caller's tenant plan
+  (`Tenant.api_read_rpm`, `Tenant.api_write_rpm`; staff endpoints without a tenant use those fields'
+  defaults). It is DRF's `SimpleRateThrottle` on the Django cache (a sliding log of the last minute's
+  requests); `api_write_wait` counts one write outside DRF (the ASGI upload gate) in the same entries.
+- Failed key authentications (a malformed token, an unknown prefix, a wrong secret) per client address,
+  over a fixed one-minute window, counted with the `limits` library: one Lua INCR+EXPIRE per failure, one
+  GET per check. Django (redis-py) and the gateway (redis.asyncio, never blocking its event loop) use the
+  same keys, so a client guessing keys is answered 429 by both once it is past MINT_AUTH_FAILURES_PER_MIN,
+  before any key is looked up. Answers about genuine keys (revoked, expired, a creator without access, a
+  suspended tenant) are not failures: the secret matched, so nothing was being guessed, and a pipeline
+  retrying with a revoked key must not lock its colleagues behind the same address out.
+
+When Redis cannot be reached, both let requests through and log it (for a few seconds without trying
+again): a throttle must not take the API down with it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+import time
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from limits import RateLimitItemPerMinute
+from limits.aio.storage import Storage as AsyncStorage
+from limits.aio.strategies import FixedWindowRateLimiter as AsyncFixedWindowRateLimiter
+from limits.errors import StorageError
+from limits.storage import RedisStorage
+from limits.strategies import FixedWindowRateLimiter
+from redis.exceptions import RedisError
+from rest_framework import exceptions
+from rest_framework.throttling import SimpleRateThrottle
+
+from tenants.models import ApiKey, Tenant
+
+log = logging.getLogger(__name__)
+
+# Redis keys of the failure counts: `<prefix>:LIMITER/<address>/<limit>/1/minute` (the `limits` layout).
+AUTH_FAILURE_KEY_PREFIX = "mint:authfail"
+# Django cache keys of the API throttle (under the cache's own `mint:<version>:` prefix).
+API_THROTTLE_KEY_BASE = "throttle_api_"
+WINDOW_S = 60
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# After a Redis failure, count nothing for this long: a dead Redis must not cost a timeout on every request.
+_BREAKER_S = 5.0
+_SOCKET_TIMEOUT_S = 0.5
+_STORAGE_ERRORS = (StorageError, RedisError, OSError, TimeoutError)
+
+
+# ---------------------------------------------------------------------------------------------
+# Failed authentications per client address
+
+
+def client_bucket(address: str | None) -> str | None:
+    """What failures are counted per: an IPv4 address, or the /64 of an IPv6 one (one host's usual share).
+
+    None (no address: a test client, a Unix socket without a proxy) is not counted.
+    """
+    if not address:
+        return None
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address[:100]
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+def failure_limit() -> RateLimitItemPerMinute:
+    return RateLimitItemPerMinute(settings.MINT_AUTH_FAILURES_PER_MIN)
+
+
+class _Breaker:
+    """Stops using Redis for a few seconds after it failed, so each request does not wait for a timeout."""
+
+    def __init__(self) -> None:
+        self._skip_until = 0.0
+
+    @property
+    def open(self) -> bool:
+        return time.monotonic() < self._skip_until
+
+    def trip(self, exc: BaseException) -> None:
+        self._skip_until = time.monotonic() + _BREAKER_S
+        log.warning("auth failure counts: Redis unavailable (%s); not counting for %.0f s", exc, _BREAKER_S)
+
+
+class AuthFailures:
+    """The failed-authentication counts, from synchronous code (DRF, the upload gate); one per process."""
+
+    def __init__(self, redis_url: str) -> None:
+        self._storage = RedisStorage(
+            redis_url,
+            key_prefix=AUTH_FAILURE_KEY_PREFIX,
+            wrap_exceptions=True,
+            socket_timeout=_SOCKET_TIMEOUT_S,
+            socket_connect_timeout=_SOCKET_TIMEOUT_S,
+        )
+        self._limiter = FixedWindowRateLimiter(self._storage)
+        self._breaker = _Breaker()
+
+    def wait(self, bucket: str) -> float | None:
+        """Seconds until `bucket` may try a key again, or None while it is under the limit."""
+        if self._breaker.open:
+            return None
+        item = failure_limit()
+        try:
+            if self._limiter.test(item, bucket):
+                return None
+            return max(1.0, self._storage.get_expiry(item.key_for(bucket)) - time.time())
+        except _STORAGE_ERRORS as exc:
+            self._breaker.trip(exc)
+            return None
+
+    def record(self, bucket: str) -> None:
+        """Count one failed authentication of `bucket`."""
+        if self._breaker.open:
+            return
+        try:
+            self._limiter.hit(failure_limit(), bucket)
+        except _STORAGE_ERRORS as exc:
+            self._breaker.trip(exc)
+
+
+@cache
+def auth_failures(redis_url: str) -> AuthFailures:
+    """The process's counter for a Redis URL (settings.REDIS_URL), built on first use."""
+    return AuthFailures(redis_url)
+
+
+class AsyncAuthFailures:
+    """The same counts from an event loop (the gateway), on a `limits` asyncio storage of that loop."""
+
+    def __init__(self, storage: AsyncStorage) -> None:
+        self._storage = storage
+        self._limiter = AsyncFixedWindowRateLimiter(storage)
+        self._breaker = _Breaker()
+
+    async def wait(self, bucket: str) -> float | None:
+        """Seconds until `bucket` may try a key again, or None while it is under the limit."""
+        if self._breaker.open:
+            return None
+        item = failure_limit()
+        try:
+            if await self._limiter.test(item, bucket):
+                return None
+            return max(1.0, await self._storage.get_expiry(item.key_for(bucket)) - time.time())
+        except _STORAGE_ERRORS as exc:
+            self._breaker.trip(exc)
+            return None
+
+    async def record(self, bucket: str) -> None:
+        """Count one failed authentication of `bucket`."""
+        if self._breaker.open:
+            return
+        try:
+            await self._limiter.hit(failure_limit(), bucket)
+        except _STORAGE_ERRORS as exc:
+            self._breaker.trip(exc)
+
+
+def auth_failures_message(wait: float) -> str:
+    return (
+        f"Too many failed API key attempts from your address; retry in {max(1, math.ceil(wait))} s. "
+        "Check the key you send: it is shown once, when it is created."
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests per key or person, from the tenant's plan
+
+
+class RateLimited(exceptions.Throttled):
+    """429 `rate_limited`: a key or a person is over the tenant's API rate. `wait` becomes Retry-After."""
+
+    default_code = "rate_limited"
+
+    def __init__(self, *, wait: float, message: str) -> None:
+        # Not Throttled.__init__: it would append its own "Expected available in …" to the message.
+        exceptions.APIException.__init__(self, message, self.default_code)
+        self.wait = max(1, math.ceil(wait))
+
+
+def plan_rate(tenant: Tenant | None, *, write: bool) -> int:
+    """Requests per minute a key or person may make: the tenant's plan, or its defaults without a tenant."""
+    name = "api_write_rpm" if write else "api_read_rpm"
+    if tenant is None:
+        return int(Tenant._meta.get_field(name).get_default())
+    return int(getattr(tenant, name))
+
+
+def _ident(*, tenant: Tenant | None, key: ApiKey | None, user: Any) -> str | None:
+    if key is not None:
+        return f"key_{key.id}"
+    if user is None or not getattr(user, "is_authenticated", False) or getattr(user, "pk", None) is None:
+        return None
+    # A person in several tenants is counted in each apart: each tenant's plan governs its own traffic.
+    return f"user_{user.pk}" if tenant is None else f"user_{user.pk}_t{tenant.id}"
+
+
+def _limit_message(*, tenant: Tenant | None, key: ApiKey | None, user: Any, write: bool, wait: float) -> str:
+    kind = "writes" if write else "reads"
+    limit = plan_rate(tenant, write=write)
+    retry = f"retry in {max(1, math.ceil(wait))} s."
+    if key is not None:
+        return f"Key mint_{key.prefix}… is over its tenant's limit of {limit} API {kind} per minute; {retry}"
+    who = user.get_username()
+    if tenant is None:
+        return f"{who} is over the limit of {limit} API {kind} per minute; {retry}"
+    return f"{who} is over tenant {tenant.slug}'s limit of {limit} API {kind} per minute per person; {retry}"
+
+
+class ApiRateThrottle(SimpleRateThrottle):
+    """DRF throttle of every tenant and staff API view: per key or person, reads and writes apart, at the plan's rate.
+
+    Refuses with `RateLimited` (429 `rate_limited`, Retry-After, a message naming the limit) rather than
+    returning False, so the answer can say whose limit it is. Runs after `TenantPermission`, which has
+    resolved `request.access` (staff views have none: their rate is the plan fields' defaults).
+    """
+
+    cache_format = API_THROTTLE_KEY_BASE + "%(scope)s_%(ident)s"
+    timer = time.time
+
+    def __init__(self) -> None:
+        # The rate comes from the caller's tenant, per request; SimpleRateThrottle would read it from settings.
+        self.rate: str | None = None
+        self._cache_key: str | None = None
+
+    def get_cache_key(self, request, view) -> str | None:
+        return self._cache_key
+
+    def allow_request(self, request, view) -> bool:
+        if getattr(request._request, "scope", {}).get(GATE_COUNTED):
+            return True  # an upload, counted by the ASGI gate before its body was read (adapters/upload_gate.py)
+        access = getattr(request, "access", None)
+        tenant = access.tenant if access is not None else None
+        key = access.actor.key if access is not None else None
+        write = request.method not in READ_METHODS
+        wait = self.hit(tenant=tenant, key=key, user=request.user, write=write)
+        if wait is None:
+            return True
+        raise RateLimited(
+            wait=wait, message=_limit_message(tenant=tenant, key=key, user=request.user, write=write, wait=wait)
+        )
+
+    def hit(self, *, tenant: Tenant | None, key: ApiKey | None, user: Any, write: bool) -> float | None:
+        """Count one request; None if it is allowed, else the seconds until one is (the refused one is not counted)."""
+        ident = _ident(tenant=tenant, key=key, user=user)
+        if ident is None:
+            return None
+        self.num_requests, self.duration = plan_rate(tenant, write=write), WINDOW_S
+        self.rate = f"{self.num_requests}/min"
+        self._cache_key = self.cache_format % {"scope": "write" if write else "read", "ident": ident}
+        try:
+            if super().allow_request(None, None):
+                return None
+        except Exception:  # the cache (Redis) is down: let the request through rather than fail it
+            log.warning("API throttle: cache unavailable; request %s not counted", self._cache_key, exc_info=True)
+            return None
+        if self.num_requests == 0 or not self.history:  # a plan of 0: no request ever fits
+            return float(self.duration)
+        # The history is newest first; the request that must leave the window before one more fits is the
+        # limit-th newest (DRF's own wait() spreads the wait over the free slots, which it has none of here).
+        oldest_counted = self.history[self.num_requests - 1]
+        return max(0.0, self.duration - (self.now - oldest_counted))
+
+
+# Set in the ASGI scope of a request whose write was already counted by `api_write_wait`.
+GATE_COUNTED = "mint.write_counted"
+
+
+def api_write_wait(*, tenant: Tenant, key: ApiKey | None, user: Any) -> float | None:
+    """Count one API write outside DRF (the ASGI upload gate) against the same limit as `ApiRateThrottle`.
+
+    Records the hit and returns None when it is allowed, else the seconds to wait (the write is then not counted).
+    """
+    return ApiRateThrottle().hit(tenant=tenant, key=key, user=user, write=True)
