@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.parsers import JSONParser, MultiPartParser
@@ -22,11 +23,19 @@ from adapters.serializers import (
     RevisionSerializer,
     RollbackSerializer,
 )
+from adapters.upload_gate import MULTIPART_SLACK
 from mint_site.errors import MintError, NotFound, PayloadTooLarge
+from mint_site.uploads import allow_upload_files
 from tenants.access import Capability
 from tenants.api_base import TenantApi
 
-MULTIPART_SLACK = 64 * 1024  # boundaries and form fields around the files
+
+class UploadParser(MultiPartParser):
+    """Multipart for the upload route: many-file adapters arrive as up to MINT_UPLOAD_MAX_FILES files."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        allow_upload_files(parser_context["request"]._request, settings.MINT_UPLOAD_MAX_FILES)
+        return super().parse(stream, media_type, parser_context)
 
 
 class BaseModelListApi(TenantApi):
@@ -69,6 +78,7 @@ class AdapterListCreateApi(TenantApi):
     def get_base_queryset(self):
         return selectors.adapter_list(tenant=self.tenant)
 
+    @extend_schema(responses=AdapterSerializer(many=True))
     def get(self, request):
         page = self.paginate_queryset(self.get_queryset())
         return self.get_paginated_response(AdapterSerializer(page, many=True).data)
@@ -131,10 +141,13 @@ class RevisionListRegisterApi(AdapterApiMixin, TenantApi):
     queryset = AdapterRevision.objects.all()
     serializer_class = RevisionSerializer
     tenant_field = "adapter__tenant"
-    parser_classes = [MultiPartParser, JSONParser]
+    parser_classes = [UploadParser, JSONParser]
     capabilities = {"GET": Capability.READ, "POST": Capability.REGISTER}
 
-    @extend_schema(parameters=[OpenApiParameter("state", str, description="Comma-separated states")])
+    @extend_schema(
+        parameters=[OpenApiParameter("state", str, description="Comma-separated states")],
+        responses=RevisionSerializer(many=True),
+    )
     def get(self, request, name: str):
         adapter = self.get_adapter(name)
         revisions = selectors.revision_list(adapter=adapter, state=request.query_params.get("state"))

@@ -96,8 +96,8 @@ class AdapterRevision(models.Model):
     # did not come back. A task killed with its worker is delivered again; past MINT_TASK_MAX_DELIVERIES the
     # revision fails instead, so a poison task never runs forever.
     dispatched_at = models.DateTimeField(null=True, blank=True)
-    deliveries = models.PositiveIntegerField(default=0)
-    export_bytes = models.PositiveBigIntegerField(default=0, help_text="Bytes of the frozen export.")
+    deliveries = models.PositiveIntegerField(default=0, db_default=0)
+    export_bytes = models.PositiveBigIntegerField(default=0, db_default=0, help_text="Bytes of the frozen export.")
     purged_at = models.DateTimeField(
         null=True, blank=True, help_text="When the files of this failed or rejected revision were collected."
     )

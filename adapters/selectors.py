@@ -2,11 +2,35 @@
 
 from __future__ import annotations
 
-from django.db.models import Prefetch, QuerySet
+from dataclasses import dataclass
+
+from django.db.models import Count, Prefetch, QuerySet, Sum
+from django.db.models.functions import Coalesce
 
 from adapters.models import Adapter, AdapterRevision, Alias, BaseModel, RevisionState
 from mint_site.errors import MintError
 from tenants.models import Tenant
+
+
+@dataclass(frozen=True)
+class StorageUse:
+    """What a tenant keeps in the artifact store: bytes of uploads and exports, and revisions holding them."""
+
+    bytes: int
+    revisions: int
+
+
+def storage_use(*, tenant: Tenant) -> StorageUse:
+    """As the tenant row counts it (kept current by the services that store and collect files)."""
+    return StorageUse(bytes=tenant.stored_bytes, revisions=tenant.stored_revisions)
+
+
+def storage_recount(*, tenant: Tenant) -> StorageUse:
+    """Counted from the revisions whose files are kept (not yet collected): what the row's counters must equal."""
+    totals = AdapterRevision.objects.filter(adapter__tenant=tenant, purged_at__isnull=True).aggregate(
+        bytes=Coalesce(Sum("size_bytes"), 0) + Coalesce(Sum("export_bytes"), 0), revisions=Count("id")
+    )
+    return StorageUse(bytes=int(totals["bytes"]), revisions=totals["revisions"])
 
 
 def base_model_list() -> QuerySet[BaseModel]:

@@ -8,14 +8,17 @@ and the artifact store happens outside transactions; Celery work is enqueued on 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
-from adapters import store
+from adapters import dispatch, selectors, store
 from adapters.models import Adapter, AdapterRevision, Alias, Approval, BaseModel
 from adapters.models import RevisionState as S
 from mint_site.errors import Conflict, Forbidden, InvalidTransition, MintError, NotFound, PayloadTooLarge, QuotaExceeded
@@ -121,7 +124,7 @@ def adapter_create(*, tenant: Tenant, name: str, base_model: BaseModel, descript
 def _store_uploads(adapter: Adapter, files: Sequence[UploadedFile], *, limit: int) -> tuple[str, int]:
     """Stream uploaded files into a fresh upload prefix. Removes it again on any failure."""
     names = [_clean_upload_name(f.name) for f in files]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
+    duplicates = sorted(name for name, seen in Counter(names).items() if seen > 1)
     if duplicates:
         raise MintError(f"Files uploaded twice: {', '.join(duplicates)}.", code="duplicate_file")
     prefix = store.new_upload_prefix(adapter)
@@ -132,6 +135,7 @@ def _store_uploads(adapter: Adapter, files: Sequence[UploadedFile], *, limit: in
             if total > limit:
                 raise PayloadTooLarge(f"The upload exceeds this tenant's limit of {limit} bytes.")
             store.save_file(f"{prefix}/{name}", upload)
+            upload.close()  # one uploaded file open at a time, however many there are (mint_site/uploads.py)
     except BaseException:
         store.delete_prefix(prefix)
         raise
@@ -143,6 +147,37 @@ def _clean_upload_name(name: str) -> str:
     if not base or base.startswith(".") or "\x00" in base:
         raise MintError(f"Unusable file name {name!r}.", code="bad_file_name")
     return base
+
+
+def check_storage_quota(tenant: Tenant, *, adding_bytes: int) -> None:
+    """Refuse a new revision of `adding_bytes` past the tenant's stored bytes or revisions (429).
+
+    Exact when `tenant` was just read under its row lock; a fresh read is a good early check.
+    """
+    use = selectors.storage_use(tenant=tenant)
+    detail = {
+        "max_storage_bytes": tenant.max_storage_bytes,
+        "stored_bytes": use.bytes,
+        "max_revisions": tenant.max_revisions,
+        "stored_revisions": use.revisions,
+    }
+    collected = (
+        f"failed and rejected revisions are collected {settings.MINT_UPLOAD_RETENTION_DAYS:g} days after they end"
+    )
+    if use.revisions + 1 > tenant.max_revisions:
+        raise QuotaExceeded(
+            f"Tenant {tenant.slug} keeps {use.revisions} revisions, its limit (max_revisions={tenant.max_revisions}); "
+            f"{collected}, or ask for a larger plan.",
+            code="storage_quota_exceeded",
+            detail=detail,
+        )
+    if use.bytes + adding_bytes > tenant.max_storage_bytes:
+        raise QuotaExceeded(
+            f"Tenant {tenant.slug} stores {use.bytes} bytes of adapters; {adding_bytes} more would pass its limit "
+            f"(max_storage_bytes={tenant.max_storage_bytes}); {collected}, or ask for a larger plan.",
+            code="storage_quota_exceeded",
+            detail=detail,
+        )
 
 
 def _source_from_uri(tenant: Tenant, uri: str) -> tuple[str, int]:
@@ -192,6 +227,7 @@ def revision_register(
         )
     owned_prefix = None
     if files:
+        check_storage_quota(tenant, adding_bytes=sum(f.size or 0 for f in files))  # before a byte is stored
         owned_prefix, size = _store_uploads(adapter, files, limit=tenant.max_upload_bytes)
         source = owned_prefix
     else:
@@ -202,6 +238,11 @@ def revision_register(
             )
     try:
         with transaction.atomic():
+            # The tenant row lock serialises this tenant's registrations, so two cannot both fit the quota.
+            check_storage_quota(Tenant.objects.select_for_update().get(id=tenant.id), adding_bytes=size)
+            Tenant.objects.filter(id=tenant.id).update(
+                stored_bytes=F("stored_bytes") + size, stored_revisions=F("stored_revisions") + 1
+            )
             locked = Adapter.objects.select_for_update().get(id=adapter.id)
             locked.revision_counter += 1
             locked.save(update_fields=["revision_counter"])
@@ -229,7 +270,7 @@ def revision_register(
                 target=_target(revision),
                 after={"state": S.REGISTERED, "size_bytes": size, "source": source},
             )
-            transaction.on_commit(lambda: _enqueue("revision_validate", revision.id))
+            dispatch.dispatch_on_commit()  # validation waits its turn in the fair control queue
     except BaseException:
         if owned_prefix:
             store.delete_prefix(owned_prefix)
@@ -279,15 +320,16 @@ def revision_mark_validated(
         sha256=sha256,
         size_bytes=size_bytes,
         validated_at=timezone.now(),
+        deliveries=0,
     )
-    transaction.on_commit(lambda: _enqueue("revision_export", revision.id))
+    transaction.on_commit(lambda: _enqueue("revision_export", revision.id))  # it keeps its place in the queue
     return revision
 
 
 @transaction.atomic
 def revision_fail(*, revision: AdapterRevision, code: str, reason: str) -> AdapterRevision:
     """Mark a revision failed with a reason a person can act on. Only before it is exported."""
-    return _transition(
+    _transition(
         revision,
         to=S.FAILED,
         sources=[S.REGISTERED, S.VALIDATED],
@@ -297,6 +339,41 @@ def revision_fail(*, revision: AdapterRevision, code: str, reason: str) -> Adapt
         failure_code=code,
         failure_reason=reason,
     )
+    dispatch.dispatch_on_commit()  # its place in the control queue is free
+    return revision
+
+
+def revision_delivery_start(*, revision: AdapterRevision, stage: str) -> bool:
+    """Count one delivery of the current stage's task; False (and the revision failed) once past the bound.
+
+    A delivery that never comes back (its worker was killed: out of memory, a crash, a hard time
+    limit) is redelivered by the broker; each one is counted here before any work starts, so a
+    task that kills every worker it reaches fails after MINT_TASK_MAX_DELIVERIES instead.
+    """
+    bound = settings.MINT_TASK_MAX_DELIVERIES
+    with transaction.atomic():
+        current = AdapterRevision.objects.select_for_update().filter(id=revision.id).first()
+        if current is None or current.state != revision.state:
+            return False
+        if current.deliveries < bound:
+            AdapterRevision.objects.filter(id=revision.id).update(deliveries=F("deliveries") + 1)
+            revision.deliveries = current.deliveries + 1
+            return True
+    revision_fail(
+        revision=revision,
+        code=f"{stage}_resources",
+        reason=(
+            f"The {stage} of r{revision.number} was started {current.deliveries} times and never finished: "
+            "each time the worker running it was lost (killed for memory, crashed or past its time limit). "
+            "Check the upload is the adapter's files only; an operator can see the worker logs."
+        ),
+    )
+    return False
+
+
+def revision_delivery_returned(*, revision: AdapterRevision) -> None:
+    """A delivery that ended on purpose without finishing (a retry after a store outage) is not a lost one."""
+    AdapterRevision.objects.filter(id=revision.id, deliveries__gt=0).update(deliveries=F("deliveries") - 1)
 
 
 def revision_mark_exported(*, revision: AdapterRevision, staging: str, policy_record: dict[str, Any]) -> bool:
@@ -306,6 +383,7 @@ def revision_mark_exported(*, revision: AdapterRevision, staging: str, policy_re
     same export (a redelivered task) cannot both publish.
     """
     final = store.export_prefix(revision)
+    export_bytes = sum(int(f["size_bytes"]) for f in policy_record["files"])
     with transaction.atomic():
         current = AdapterRevision.objects.select_for_update().get(id=revision.id)
         if current.state != S.VALIDATED:
@@ -322,7 +400,11 @@ def revision_mark_exported(*, revision: AdapterRevision, staging: str, policy_re
             export_uri=final,
             policy_record=policy_record,
             exported_at=timezone.now(),
+            export_bytes=export_bytes,
+            deliveries=0,
         )
+        Tenant.objects.filter(id=revision.adapter.tenant_id).update(stored_bytes=F("stored_bytes") + export_bytes)
+        dispatch.dispatch_on_commit()  # its place in the control queue is free
     return True
 
 
@@ -359,17 +441,29 @@ def revision_request_approval(*, revision: AdapterRevision, by: Actor) -> Adapte
 
 
 def _registered_by(revision: AdapterRevision, actor: Actor) -> bool:
-    """Whether `actor` is the registrant of `revision`: the same key, or the same person (keys act as their creator)."""
+    """Whether `actor` is the registrant of `revision`: the same key, or the same person (keys act as their creator).
+
+    A key without a creator is nobody: what it registered was registered by no person, so any person may
+    decide it (and such a key never decides under four-eyes: `_decide`).
+    """
     if actor.key is not None and revision.created_by_key_id == actor.key.id:
         return True
     registrant = revision.created_by_id
-    if registrant is None and revision.created_by_key is not None:
+    if registrant is None and revision.created_by_key_id is not None:
         registrant = revision.created_by_key.created_by_id
     person = actor.person
     return registrant is not None and person is not None and person.pk == registrant
 
 
 def _decide(*, revision: AdapterRevision, by: Actor, decision: str, comment: str) -> AdapterRevision:
+    if revision.adapter.tenant.four_eyes and by.key is not None and by.key.created_by_id is None:
+        # Four-eyes counts people. Two ownerless keys are not two people (one operator may hold both), so a
+        # key that stands for nobody cannot be the second pair of eyes.
+        raise Forbidden(
+            f"Four-eyes: key mint_{by.key.prefix}… has no owner, and a key without an owner cannot approve or "
+            "reject under four-eyes; ask for a key created by a person (an approver or owner).",
+            code="four_eyes",
+        )
     if revision.adapter.tenant.four_eyes and _registered_by(revision, by):
         raise Forbidden(
             f"Four-eyes: r{revision.number} was registered by {by.person or by.label}; someone else must decide.",

@@ -42,6 +42,9 @@ from tenants.access import Actor
 from tenants.management.commands._util import get_or_create_user
 owner, _ = get_or_create_user("bench-owner")
 tenant = services.tenant_create(slug="bench", owner=owner, by=Actor.system())
+# A plan that measures registration itself, not the throttles and quotas around it.
+type(tenant).objects.filter(id=tenant.id).update(api_write_rpm=1_000_000, api_read_rpm=1_000_000,
+                                                 max_revisions=1_000_000)
 base = BaseModel.objects.create(name="bench-base", architecture="dense", max_lora_rank=16, config={
     "architecture": "dense", "num_layers": 2, "num_experts": 0,
     "module_shapes": {"q_proj": [64, 64], "v_proj": [64, 32]}, "expert_module_shapes": {}})

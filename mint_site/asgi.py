@@ -1,4 +1,4 @@
-"""ASGI entry point: the gateway for `/v1/`, Django for the rest of HTTP, Channels for WebSockets.
+"""ASGI entry point: the gateway for `/v1/`, Django for the rest of HTTP (behind body limits), Channels for WebSockets.
 
 Served by uvicorn (mint_site.launcher.web_argv); any ASGI server that speaks WebSockets works.
 """
@@ -14,13 +14,18 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from adapters import upload_gate  # noqa: E402
 from frontend.routing import websocket_urlpatterns  # noqa: E402
+from mint_site.limits import BodyLimit  # noqa: E402
 from serving.gateway.asgi import with_gateway  # noqa: E402
 
 application = with_gateway(
     ProtocolTypeRouter(
         {
-            "http": django_asgi_app,
+            # Bodies are checked against the route's and the caller's limits before Django reads them.
+            "http": BodyLimit(
+                django_asgi_app, upload_routes=upload_gate.UPLOAD_ROUTES, upload_gate=upload_gate.allowance
+            ),
             "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
         }
     )

@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -85,9 +86,20 @@ def _drf_code(exc: exceptions.APIException) -> str:
     return "invalid_request"
 
 
+# Django's refusals of a request body it was parsing (mint_site/uploads.py counts files per route).
+_BODY_REFUSALS = {
+    TooManyFilesSent: "too_many_files",
+    TooManyFieldsSent: "too_many_fields",
+    RequestDataTooBig: "payload_too_large",
+}
+
+
 def api_exception_handler(exc: Exception, context: dict) -> Response | None:
     if isinstance(exc, MintError):
         return Response(error_body(exc.code, exc.message, exc.detail), status=exc.status_code, headers=exc.headers)
+    for kind, code in _BODY_REFUSALS.items():
+        if isinstance(exc, kind):
+            return Response(error_body(code, str(exc)), status=413 if code == "payload_too_large" else 400)
     if isinstance(exc, Http404):
         return Response(error_body("not_found", "Not found."), status=404)
     if isinstance(exc, DjangoPermissionDenied):

@@ -7,6 +7,7 @@ The defaults are the embedded set-up of `make run`: SQLite and artifacts under
 from __future__ import annotations
 
 import socket
+from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -21,17 +22,16 @@ from mint_site.env import (
     env_str,
     parse_database_url,
 )
+from mint_site.secret import secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("MINT_VAR_DIR", str(BASE_DIR / "var")))
 
 DEBUG = env_bool("DEBUG", False)
-SECRET_KEY = env_str("SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG and env_bool("MINT_REQUIRE_SECRET_KEY", False):
-        raise ImproperlyConfigured("SECRET_KEY must be set when MINT_REQUIRE_SECRET_KEY is on.")
-    # Local development only: production deployments set SECRET_KEY (README, Configuration).
-    SECRET_KEY = "mint-insecure-local-development-key"
+# Unset, the key is generated once into VAR_DIR (mint_site/secret.py); MINT_REQUIRE_SECRET_KEY=1 refuses that.
+SECRET_KEY = secret_key(
+    configured=env_str("SECRET_KEY", ""), var_dir=VAR_DIR, require=env_bool("MINT_REQUIRE_SECRET_KEY", False)
+)
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", ["http://127.0.0.1:8000", "http://localhost:8000"])
@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    "axes",  # login throttling (settings at the end of this file)
     "tenants",
     "adapters",
     "serving",
@@ -63,6 +64,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: turns a login refused for too many failures into the 429 lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "mint_site.urls"
@@ -151,6 +154,11 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 }
 CELERY_TASK_ALWAYS_EAGER = env_bool("MINT_TASKS_EAGER", False)
 
+AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out username + address before any password is checked (django-axes).
+    "frontend.views.auth.LoginThrottleBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
@@ -231,14 +239,28 @@ SPECTACULAR_SETTINGS = {
         "securitySchemes": {"ApiKey": {"type": "http", "scheme": "bearer", "bearerFormat": "mint_<prefix>_<secret>"}}
     },
     "SECURITY": [{"ApiKey": []}],
+    # Revisions and nodes both have a "state" field; without a name of its own the revision's enum gets a hash.
+    "ENUM_NAME_OVERRIDES": {"RevisionStateEnum": "adapters.models.RevisionState"},
 }
 
 # Adapter artifacts: what validation accepts.
-MINT_SAFETENSORS_MAX_HEADER_BYTES = env_int("MINT_SAFETENSORS_MAX_HEADER_BYTES", 64 * 1024 * 1024, minimum=1024)
+# One safetensors header (200,000 tensors with long MoE names need about 30 MB), and all the
+# headers of one adapter together: many files each near the first bound are refused, not parsed.
+MINT_SAFETENSORS_MAX_HEADER_BYTES = env_int("MINT_SAFETENSORS_MAX_HEADER_BYTES", 32 * 1024 * 1024, minimum=1024)
+MINT_SAFETENSORS_MAX_TOTAL_HEADER_BYTES = env_int(
+    "MINT_SAFETENSORS_MAX_TOTAL_HEADER_BYTES", 64 * 1024 * 1024, minimum=1024
+)
 MINT_MAX_TENSORS = env_int("MINT_MAX_TENSORS", 200_000, minimum=1)
 MINT_ARCHIVE_MAX_FILES = env_int("MINT_ARCHIVE_MAX_FILES", 100_000, minimum=1)
 MINT_ARCHIVE_MAX_BYTES = env_int("MINT_ARCHIVE_MAX_BYTES", 4 * 1024**3, minimum=1)
 MINT_ARCHIVE_MAX_RATIO = env_int("MINT_ARCHIVE_MAX_RATIO", 200, minimum=1)
+# An archive's own headers, bounded before the standard library reads them whole (adapters/artifacts/archive.py):
+# a member's name (GNU long names and PAX paths included), one PAX header and the records in it, a zip's
+# central directory.
+MINT_ARCHIVE_MAX_NAME_BYTES = env_int("MINT_ARCHIVE_MAX_NAME_BYTES", 4096, minimum=256)
+MINT_ARCHIVE_MAX_PAX_HEADER_BYTES = env_int("MINT_ARCHIVE_MAX_PAX_HEADER_BYTES", 64 * 1024, minimum=1024)
+MINT_ARCHIVE_MAX_PAX_RECORDS = env_int("MINT_ARCHIVE_MAX_PAX_RECORDS", 256, minimum=16)
+MINT_ARCHIVE_MAX_ZIP_DIRECTORY_BYTES = env_int("MINT_ARCHIVE_MAX_ZIP_DIRECTORY_BYTES", 32 * 1024 * 1024, minimum=1024)
 MINT_WORK_DIR = env_str("MINT_WORK_DIR", "") or None  # scratch space for validation/export (default: system temp)
 MINT_TEST_EXPORT_DELAY_MS = env_int("MINT_TEST_EXPORT_DELAY_MS", 0, minimum=0)  # test hook: slows each export file
 MINT_TEST_PREWARM_DELAY_MS = env_int("MINT_TEST_PREWARM_DELAY_MS", 0, minimum=0)  # test hook: holds each prewarm phase
@@ -271,6 +293,11 @@ MINT_UPLOAD_MAX_FILES = env_int("MINT_UPLOAD_MAX_FILES", 100_000, minimum=1)
 MINT_FORM_MAX_FILES = env_int("MINT_FORM_MAX_FILES", 100, minimum=0)
 DATA_UPLOAD_MAX_NUMBER_FILES = max(MINT_UPLOAD_MAX_FILES, MINT_FORM_MAX_FILES)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024  # larger uploads spill to temporary files, never whole in memory
+FILE_UPLOAD_HANDLERS = [
+    "mint_site.uploads.FileCountHandler",
+    "django.core.files.uploadhandler.MemoryFileUploadHandler",
+    "mint_site.uploads.ClosedFileUploadHandler",
+]
 
 # Failed authentication (bad or unknown API keys, on the REST API and the gateway) per client address:
 # past this many in a minute, the address gets 429 with Retry-After before any key is looked up.
@@ -302,6 +329,9 @@ MINT_GATEWAY_MAX_CONNECTIONS = env_int("MINT_GATEWAY_MAX_CONNECTIONS", 1000, min
 MINT_GATEWAY_FOLLOW_EVENTS = env_bool("MINT_GATEWAY_FOLLOW_EVENTS", True)
 CELERY_BEAT_SCHEDULE = {
     "nodes-heartbeat": {"task": "serving.tasks.nodes_heartbeat", "schedule": float(MINT_HEARTBEAT_S)},
+    # Dispatching follows every change of the control queue; this only catches a hand-off that was lost.
+    "control-dispatch": {"task": "adapters.tasks.control_dispatch", "schedule": 10.0},
+    "uploads-collect": {"task": "adapters.tasks.uploads_collect", "schedule": 3600.0},
 }
 
 # API keys: how often last_used_at may be written for one key.
@@ -318,3 +348,51 @@ LOGGING = {
         "httpx": {"level": "WARNING"},  # one line per proxied request otherwise
     },
 }
+
+# ---------------------------------------------------------------- operations (README, "Security and limits")
+# /metrics names every tenant and adapter: it answers a signed-in staff session, or this bearer token (for the
+# Prometheus scraper). Unset, only staff sessions get in.
+MINT_METRICS_TOKEN = env_str("MINT_METRICS_TOKEN", "").strip()
+if MINT_METRICS_TOKEN and len(MINT_METRICS_TOKEN) < 32:
+    raise ImproperlyConfigured("MINT_METRICS_TOKEN is shorter than 32 characters; use a long random string.")
+
+# HTTPS. The defaults serve `make run` over plain http on 127.0.0.1; a deployment behind TLS turns these on
+# (tests/mint_site/test_deploy_check.py holds the production environment that `check --deploy` passes with).
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("MINT_SECURE_COOKIES", False)
+SECURE_HSTS_SECONDS = env_int("MINT_HSTS_SECONDS", 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("MINT_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("MINT_HSTS_PRELOAD", False)
+SECURE_SSL_REDIRECT = env_bool("MINT_SSL_REDIRECT", False)
+# Probes talk plain http to the pod; a redirect would fail them. (Paths here have no leading slash.)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
+# The header a TLS-terminating proxy sets to "https" (e.g. X-Forwarded-Proto). Name one only when that proxy
+# overwrites the header on every request: otherwise any client could claim https. (uvicorn already takes the
+# scheme from proxies listed in its --forwarded-allow-ips; this is for set-ups where that list is not used.)
+_trusted_proxy_header = env_str("MINT_TRUSTED_PROXY_HEADER", "").strip()
+if _trusted_proxy_header:
+    if not _trusted_proxy_header.replace("-", "").isalnum() or not _trusted_proxy_header.isascii():
+        raise ImproperlyConfigured(
+            f"MINT_TRUSTED_PROXY_HEADER={_trusted_proxy_header!r} is not a header name such as X-Forwarded-Proto."
+        )
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _trusted_proxy_header.upper().replace("-", "_"), "https")
+
+# Login throttling (django-axes) for the dashboard's /login/ and the admin's: after MINT_LOGIN_FAILURE_LIMIT
+# failed passwords for one username from one client address, that pair is refused with 429 for
+# MINT_LOGIN_COOLOFF_S seconds. Another failure during the cool-off starts it again, so Retry-After is exact.
+MINT_LOGIN_FAILURE_LIMIT = env_int("MINT_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+MINT_LOGIN_COOLOFF_S = env_int("MINT_LOGIN_COOLOFF_S", 900, minimum=1)
+AXES_FAILURE_LIMIT = MINT_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(seconds=MINT_LOGIN_COOLOFF_S)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# Counters live in the cache (Redis) and expire with the cool-off, so failures never grow a table.
+AXES_HANDLER = "axes.handlers.cache.AxesCacheHandler"
+AXES_ENABLE_ADMIN = False  # its admin pages would list the database tables the cache handler leaves empty
+# The address is REMOTE_ADDR only: uvicorn already rewrote it from X-Forwarded-For for trusted proxies
+# (--forwarded-allow-ips), and any other header is the client's to forge.
+AXES_CLIENT_IP_CALLABLE = "frontend.views.auth.login_client_address"
+AXES_LOCKOUT_CALLABLE = "frontend.views.auth.login_locked_out"
+# A good password clears the count for that username and address (only its owner can do that).
+AXES_RESET_ON_SUCCESS = True
+# A refused attempt during the cool-off starts it again (django-axes' default, named here because the lockout
+# page's Retry-After counts on it).
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = True

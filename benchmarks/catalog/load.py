@@ -10,6 +10,8 @@ import numpy as np
 from benchmarks.catalog import NODES, SEED, TENANTS, WORDS
 from benchmarks.catalog.db import copy_rows, execute, reset_sequences
 
+UNTHROTTLED = (1_000_000, 1_000_000, 100_000_000)  # api_read_rpm, api_write_rpm, max_revisions
+
 
 class Catalog:
     """Grows the catalog in place; remembers what the measurements need."""
@@ -45,9 +47,13 @@ class Catalog:
                 "max_upload_bytes",
                 "four_eyes",
                 "created_at",
+                # The measured callers read and register far faster than a plan allows; throttles are not measured.
+                "api_read_rpm",
+                "api_write_rpm",
+                "max_revisions",
             ],
             (
-                (f"tenant-{i:05d}", f"Tenant {i}", i % 500 != 7, 100_000, 64, 600, 512 * 2**20, True, now)
+                (f"tenant-{i:05d}", f"Tenant {i}", i % 500 != 7, 100_000, 64, 600, 512 * 2**20, True, now, *UNTHROTTLED)
                 for i in range(TENANTS)
             ),
         )

@@ -44,6 +44,25 @@ def start_worker(supervisor, transactional_db):
 
 
 @pytest.fixture
+def start_control_worker(supervisor, transactional_db):
+    """Start the control worker as `make run` does (prefork, two processes), against the test database."""
+
+    def start(name: str = "worker", extra_env: dict[str, str] | None = None):
+        env = os.environ | {"DATABASE_URL": database_url_of_test_db()} | (extra_env or {})
+        argv = worker_argv("control", concurrency=2, extra=("-n", f"{name}@%h", "--without-mingle", "--without-gossip"))
+        return supervisor.start(name, argv, env=env)
+
+    return start
+
+
+def pool_processes(worker) -> list:
+    """The pool processes of a prefork Celery worker (psutil.Process objects)."""
+    import psutil
+
+    return psutil.Process(worker.pid).children()
+
+
+@pytest.fixture
 def start_web(supervisor, transactional_db):
     """Start the real ASGI server (uvicorn) against the test database. Returns its base URL."""
 

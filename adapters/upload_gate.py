@@ -1,0 +1,142 @@
+"""Who may upload how much, decided before the upload's body is read (mint_site/limits.py asks).
+
+The upload routes (the API's revision registration and the dashboard's upload form) are
+the only ones that take large bodies. Before a byte of the body is read, the caller is
+resolved from its API key or its session cookie, exactly as the view will resolve it:
+nobody anonymous, no key without the right to register, no throttled caller and no
+tenant at its storage quota gets to send a body at all, and everyone else may send at
+most their tenant's `max_upload_bytes` (plus room for the multipart framing), or what is
+left of its `max_storage_bytes` if that is less. The view checks the exact numbers again
+once the files are parsed; this only keeps a caller from spending more disk than it could
+ever be allowed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from http.cookies import SimpleCookie
+from importlib import import_module
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.contrib.auth import get_user
+from django.db import connections
+from django.http import HttpRequest
+from rest_framework.exceptions import APIException
+
+from adapters import selectors
+from mint_site.limits import Allowance, Refusal, Scope
+from tenants.access import Access, Capability, key_access, member_access
+from tenants.auth import SESSION_TENANT_KEY, authenticate_token
+from tenants.selectors import memberships_of
+from tenants.throttles import GATE_COUNTED, api_write_wait
+
+# The API's registration and the dashboard's upload form.
+UPLOAD_ROUTES = re.compile(r"^/(?:api/v1/adapters/[^/]+/revisions|adapters/[^/]+/register)/$")
+MULTIPART_SLACK = 64 * 1024  # boundaries and form fields around the files
+
+
+async def allowance(scope: Scope) -> Allowance | Refusal:
+    """The body an upload's caller may send, or the refusal to answer instead of reading it."""
+    return await sync_to_async(_in_thread, thread_sensitive=False)(scope)
+
+
+def _in_thread(scope: Scope) -> Allowance | Refusal:
+    try:
+        return upload_allowance(scope)
+    finally:
+        connections.close_all()  # a worker thread outside any request: hand its connection back
+
+
+def upload_allowance(scope: Scope) -> Allowance | Refusal:
+    headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope.get("headers", ())}
+    access = _caller(headers, scope)
+    if isinstance(access, Refusal):
+        return access
+    if not access.can(Capability.REGISTER):
+        return Refusal(403, "forbidden", "This caller may not register revisions in this tenant.")
+    tenant = access.tenant
+    # The upload counts against the caller's API write rate here, once, whatever becomes of its body: a
+    # throttled caller sends none, and one refused for size still spent a write.
+    wait = api_write_wait(tenant=tenant, key=access.actor.key, user=access.actor.user)
+    if wait is not None:
+        return Refusal(
+            429,
+            "rate_limited",
+            f"Over tenant {tenant.slug}'s limit of {tenant.api_write_rpm} API writes per minute (api_write_rpm); "
+            f"retry in {math.ceil(wait)} s.",
+            {"Retry-After": str(max(1, math.ceil(wait)))},
+        )
+    scope[GATE_COUNTED] = True  # the DRF throttle does not count it again
+    use = selectors.storage_use(tenant=tenant)
+    if use.revisions >= tenant.max_revisions:
+        return Refusal(
+            429,
+            "storage_quota_exceeded",
+            f"Tenant {tenant.slug} keeps {use.revisions} revisions, its limit (max_revisions={tenant.max_revisions}).",
+        )
+    room = tenant.max_storage_bytes - use.bytes
+    if room < tenant.max_upload_bytes:
+        return Allowance(
+            max(0, room) + MULTIPART_SLACK,
+            Refusal(
+                429,
+                "storage_quota_exceeded",
+                f"Tenant {tenant.slug} stores {use.bytes} bytes; this upload would pass its limit "
+                f"(max_storage_bytes={tenant.max_storage_bytes}).",
+            ),
+        )
+    return Allowance(
+        tenant.max_upload_bytes + MULTIPART_SLACK,
+        Refusal(
+            413,
+            "payload_too_large",
+            f"The upload is over tenant {tenant.slug}'s limit of {tenant.max_upload_bytes} bytes (max_upload_bytes).",
+        ),
+    )
+
+
+def _caller(headers: dict[str, str], scope: Scope) -> Access | Refusal:
+    kind, _, token = headers.get("authorization", "").strip().partition(" ")
+    if kind.lower() == "bearer" and token.strip():
+        client = (scope.get("client") or (None,))[0]
+        try:
+            key = authenticate_token(token.strip(), client=client)  # counts failures against the address
+        except APIException as refused:
+            codes = refused.get_codes()
+            wait = getattr(refused, "wait", None)
+            return Refusal(
+                refused.status_code,
+                codes if isinstance(codes, str) else "invalid_api_key",
+                str(refused.detail),
+                {"Retry-After": str(int(wait))} if wait else {},
+            )
+        return key_access(key)  # narrowed to what its creator may do now
+    return _session_access(headers)
+
+
+def _session_access(headers: dict[str, str]) -> Access | Refusal:
+    """The signed-in person's access in the tenant their request names (header, session, or their only one)."""
+    refusal = Refusal(401, "not_authenticated", "Send an API key as `Authorization: Bearer mint_…`, or sign in.")
+    cookies = SimpleCookie()
+    try:
+        cookies.load(headers.get("cookie", ""))
+    except Exception:
+        return refusal
+    morsel = cookies.get(settings.SESSION_COOKIE_NAME)
+    if morsel is None:
+        return refusal
+    request = HttpRequest()
+    request.session = import_module(settings.SESSION_ENGINE).SessionStore(morsel.value)
+    user = get_user(request)
+    if not user.is_authenticated:
+        return refusal
+    memberships = memberships_of(user=user)
+    slug = headers.get("x-mint-tenant") or request.session.get(SESSION_TENANT_KEY)
+    membership = next((m for m in memberships if m.tenant.slug == slug), None)
+    if membership is None and not slug and memberships:
+        membership = memberships[0]
+    if membership is None:
+        return Refusal(404, "tenant_not_found", "No tenant of yours to upload to.")
+    return member_access(user, membership.tenant, membership.role)
