@@ -8,7 +8,7 @@ from rest_framework import status
 from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.response import Response
 
-from adapters import selectors, services
+from adapters import dispatch, selectors, services
 from adapters.models import Adapter, AdapterRevision, BaseModel
 from adapters.serializers import (
     ActivateSerializer,
@@ -184,18 +184,19 @@ class RevisionListRegisterApi(AdapterApiMixin, TenantApi):
             raise PayloadTooLarge(
                 f"The upload ({declared} bytes) is over this tenant's limit of {adapter.tenant.max_upload_bytes} bytes."
             )
-        files = request.FILES.getlist("files") + request.FILES.getlist("archive")
-        fields = {k: v for k, v in request.data.items() if k not in ("files", "archive")}
-        meta = RevisionRegisterSerializer(data=fields)
-        meta.is_valid(raise_exception=True)
-        revision = services.revision_register(
-            adapter=adapter,
-            by=request.access.actor,
-            files=files,
-            source_uri=meta.validated_data.get("source_uri"),
-            training_step=meta.validated_data.get("training_step"),
-            parent_number=meta.validated_data.get("parent"),
-        )
+        with dispatch.backlog_priority(tenant_id=adapter.tenant_id):  # parsing and storing the body
+            files = request.FILES.getlist("files") + request.FILES.getlist("archive")
+            fields = {k: v for k, v in request.data.items() if k not in ("files", "archive")}
+            meta = RevisionRegisterSerializer(data=fields)
+            meta.is_valid(raise_exception=True)
+            revision = services.revision_register(
+                adapter=adapter,
+                by=request.access.actor,
+                files=files,
+                source_uri=meta.validated_data.get("source_uri"),
+                training_step=meta.validated_data.get("training_step"),
+                parent_number=meta.validated_data.get("parent"),
+            )
         return Response(RevisionSerializer(revision).data, status=status.HTTP_201_CREATED)
 
 

@@ -84,7 +84,9 @@ def save_file(path: str, fileobj) -> int:
     storage = artifact_storage()
     if storage.exists(path):
         storage.delete(path)
-    saved = storage.save(path, File(fileobj, name=posixpath.basename(path)))
+    # An uploaded file on disk is handed over as it is: a filesystem store then moves it instead of copying.
+    content = fileobj if hasattr(fileobj, "temporary_file_path") else File(fileobj, name=posixpath.basename(path))
+    saved = storage.save(path, content)
     if saved != path:  # a storage that renamed it would break the layout
         storage.delete(saved)
         raise OSError(f"artifact store renamed {path} to {saved}")

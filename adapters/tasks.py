@@ -34,7 +34,7 @@ from adapters.artifacts.archive import ArchiveLimits, archive_kind, extract_arch
 from adapters.artifacts.errors import ArtifactError
 from adapters.artifacts.export import engine_layout, moe_layout_for, sha256_file, write_engine_layout
 from adapters.artifacts.spec import BaseModelSpec
-from adapters.artifacts.validate import ValidatedAdapter, ValidationLimits, validate_adapter_dir
+from adapters.artifacts.validate import ValidatedAdapter, ValidationLimits, adapter_member, validate_adapter_dir
 from adapters.models import AdapterRevision
 from adapters.models import RevisionState as S
 from mint_site.sandbox import Bounds, OutOfResources, TimeLimit, run_bounded
@@ -68,12 +68,18 @@ def validation_limits() -> ValidationLimits:
     )
 
 
-def task_bounds() -> Bounds:
-    """The time and memory one validation or export may take (MINT_TASK_*)."""
+def task_bounds(revision: AdapterRevision) -> Bounds:
+    """The time and memory one validation or export may take (MINT_TASK_*), and its priority.
+
+    A tenant with more revisions waiting behind this one is working through a backlog: its work runs
+    at the lowest CPU and I/O priority, so another tenant's revision, validated meanwhile, runs as if
+    alone on the machine (benchmarks/noisy_neighbour_control.py measures it).
+    """
     return Bounds(
         soft_time_s=settings.MINT_TASK_SOFT_TIME_LIMIT_S,
         hard_time_s=settings.MINT_TASK_TIME_LIMIT_S,
         memory_bytes=settings.MINT_TASK_MEMORY_MB * 1024 * 1024,
+        background=dispatch.waiting(tenant_id=revision.adapter.tenant_id) > 0,
     )
 
 
@@ -94,8 +100,8 @@ def _load(revision_id: int) -> AdapterRevision | None:
     )
 
 
-def download_source(source: str, work: Path) -> tuple[Path, str]:
-    """Copy a revision's source files from the store into `work`. Returns (their folder, digest over them)."""
+def download_source(source: str, work: Path) -> Path:
+    """Copy a revision's source files from the store into `work`; returns their folder."""
     try:
         files = store.list_files(source)
         local_root = work / "source"
@@ -111,20 +117,34 @@ def download_source(source: str, work: Path) -> tuple[Path, str]:
         raise
     except OSError as exc:
         raise StoreUnavailable(str(exc)) from exc
+    return local_root
+
+
+def source_digest(local_root: Path) -> str:
+    """SHA-256 over the source's files (relative names and contents): what `AdapterRevision.sha256` records."""
     digest = hashlib.sha256()
     for path in sorted(p for p in local_root.rglob("*") if p.is_file()):
         digest.update(f"{path.relative_to(local_root).as_posix()}\0{sha256_file(path)}\n".encode())
-    return local_root, digest.hexdigest()
+    return digest.hexdigest()
 
 
-def unpack(local_root: Path, work: Path, limits: ArchiveLimits) -> Path:
-    """The adapter's folder: `local_root` itself, or where its one archive unpacks to. Untrusted: sandboxed."""
+@contextmanager
+def unpacked(local_root: Path, work: Path, limits: ArchiveLimits):
+    """The adapter's folder: `local_root` itself, or where its one archive unpacks to (removed after).
+
+    Untrusted, so sandboxed, removal included: an archive of 100,000 files costs as much to delete as
+    to write, and that is the sandbox's time at the sandbox's priority, not the worker's.
+    """
     files = [p for p in local_root.rglob("*") if p.is_file()]
-    if len(files) == 1 and archive_kind(files[0]) is not None:
-        unpacked = work / "unpacked"
-        extract_archive(files[0], unpacked, limits)
-        return unpacked
-    return local_root
+    if not (len(files) == 1 and archive_kind(files[0]) is not None):
+        yield local_root
+        return
+    target = work / "unpacked"
+    try:
+        extract_archive(files[0], target, limits, keep=adapter_member)  # other members are counted, not written
+        yield target
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -135,18 +155,21 @@ class Checked:
     alpha: float
     target_modules: list[str]
     size_bytes: int
+    sha256: str  # of the source files as uploaded
 
 
 def _check(local_root: Path, work: Path, spec: BaseModelSpec, limits: ValidationLimits) -> Checked:
-    """In the sandbox: unpack and validate."""
-    checked = validate_adapter_dir(unpack(local_root, work, limits.archive), spec, limits)
-    return Checked(checked.rank, checked.alpha, checked.target_modules, checked.size_bytes)
+    """In the sandbox: hash the source, unpack and validate it."""
+    digest = source_digest(local_root)
+    with unpacked(local_root, work, limits.archive) as root:
+        checked = validate_adapter_dir(root, spec, limits)
+    return Checked(checked.rank, checked.alpha, checked.target_modules, checked.size_bytes, digest)
 
 
 def _run_sandboxed(revision: AdapterRevision, stage: str, work, *args):
     """Run `work` under the task bounds; a time limit or a death becomes the revision's failure."""
     try:
-        return run_bounded(work, *args, bounds=task_bounds())
+        return run_bounded(work, *args, bounds=task_bounds(revision))
     except TimeLimit as exc:
         raise ArtifactError(
             f"{stage}_timeout",
@@ -191,7 +214,7 @@ def revision_validate(self, *, revision_id: int) -> None:
         return
     with workdir(revision) as work:
         try:
-            local_root, digest = download_source(revision.source_uri, work)
+            local_root = download_source(revision.source_uri, work)
             spec = revision.adapter.base_model.spec
             checked = _run_sandboxed(revision, "validation", _check, local_root, work, spec, validation_limits())
         except ArtifactError as exc:
@@ -205,7 +228,7 @@ def revision_validate(self, *, revision_id: int) -> None:
         rank=checked.rank,
         alpha=checked.alpha,
         target_modules=checked.target_modules,
-        sha256=digest,
+        sha256=checked.sha256,
         size_bytes=revision.size_bytes or checked.size_bytes,
     )
 
@@ -268,19 +291,23 @@ class ExportJob:
     facts: dict
     limits: ValidationLimits
     frozen: dict | None  # the policy record of a revision being restored; its files must come out identical
+    sha256: str | None  # restoring: the source must still hash to what validation recorded
 
 
 def _write_export(job: ExportJob, local_root: Path, work: Path) -> tuple[Path, dict]:
     """In the sandbox: unpack, validate and write the engine layout plus policy_record.json under work/export."""
-    checked = validate_adapter_dir(unpack(local_root, work, job.limits.archive), job.spec, job.limits)
+    if job.sha256 is not None and source_digest(local_root) != job.sha256:
+        raise ArtifactError("source_changed", "The source changed since validation; it cannot be re-exported.")
     out = work / "export"
-    files = [
-        {"name": f.name, "sha256": f.sha256, "size_bytes": f.size_bytes}
-        for f in write_engine_layout(checked, out, spec=job.pack_spec, moe_layout=job.moe_layout)
-    ]
-    if job.frozen is not None and files != job.frozen["files"]:
-        raise ArtifactError("export_mismatch", "Re-exporting gave different bytes than the frozen export.")
-    record = job.frozen or policy_record(job.facts, checked, job.spec, files, moe_layout=job.moe_layout)
+    with unpacked(local_root, work, job.limits.archive) as root:
+        checked = validate_adapter_dir(root, job.spec, job.limits)
+        files = [
+            {"name": f.name, "sha256": f.sha256, "size_bytes": f.size_bytes}
+            for f in write_engine_layout(checked, out, spec=job.pack_spec, moe_layout=job.moe_layout)
+        ]
+        if job.frozen is not None and files != job.frozen["files"]:
+            raise ArtifactError("export_mismatch", "Re-exporting gave different bytes than the frozen export.")
+        record = job.frozen or policy_record(job.facts, checked, job.spec, files, moe_layout=job.moe_layout)
     (out / "policy_record.json").write_text(json.dumps(record, sort_keys=True, indent=2) + "\n")
     return out, record
 
@@ -321,12 +348,11 @@ def revision_export(self, *, revision_id: int) -> None:
         facts=revision_facts(revision),
         limits=validation_limits(),
         frozen=frozen,
+        sha256=revision.sha256 if restoring else None,
     )
     with workdir(revision) as work:
         try:
-            local_root, digest = download_source(revision.source_uri, work)
-            if restoring and digest != revision.sha256:
-                raise ArtifactError("source_changed", "The source changed since validation; it cannot be re-exported.")
+            local_root = download_source(revision.source_uri, work)
             out, record = _run_sandboxed(revision, "export", _write_export, job, local_root, work)
             staging = store.new_export_staging_prefix(revision)
             store.upload_dir(out, staging, after_each=_slow_export_for_tests)

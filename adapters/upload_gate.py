@@ -30,7 +30,7 @@ from mint_site.limits import Allowance, Refusal, Scope
 from tenants.access import Access, Capability, key_access, member_access
 from tenants.auth import SESSION_TENANT_KEY, authenticate_token
 from tenants.selectors import memberships_of
-from tenants.throttles import GATE_COUNTED, api_write_wait
+from tenants.throttles import GATE_COUNTED, api_write_wait, burst_note
 
 # The API's registration and the dashboard's upload form.
 UPLOAD_ROUTES = re.compile(r"^/(?:api/v1/adapters/[^/]+/revisions|adapters/[^/]+/register)/$")
@@ -64,8 +64,8 @@ def upload_allowance(scope: Scope) -> Allowance | Refusal:
         return Refusal(
             429,
             "rate_limited",
-            f"Over tenant {tenant.slug}'s limit of {tenant.api_write_rpm} API writes per minute (api_write_rpm); "
-            f"retry in {math.ceil(wait)} s.",
+            f"Over tenant {tenant.slug}'s limit of {tenant.api_write_rpm} API writes per minute"
+            f"{burst_note(tenant.api_write_rpm)} (api_write_rpm); retry in {math.ceil(wait)} s.",
             {"Retry-After": str(max(1, math.ceil(wait)))},
         )
     scope[GATE_COUNTED] = True  # the DRF throttle does not count it again

@@ -25,8 +25,9 @@ import resource
 import select
 import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -44,6 +45,9 @@ class Bounds:
     soft_time_s: float
     hard_time_s: float
     memory_bytes: int  # address space the child may map beyond what the parent had at the fork
+    # Run at the lowest CPU priority (nice 19) and the idle I/O class: work that should take only what
+    # nobody else wants (a tenant's backlog, while other tenants wait for theirs).
+    background: bool = False
 
 
 class SandboxError(Exception):
@@ -171,12 +175,22 @@ def _enter_sandbox(bounds: Bounds) -> None:
         limit = min(limit, hard)
     if soft == resource.RLIM_INFINITY or limit < soft:
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    if bounds.background:
+        _lowest_priority()
     _refuse_database()
     _forget_storages()
     torch = sys.modules.get("torch")
     if torch is not None:
         # Forked after the parent may have started OpenMP threads, which do not exist here.
         torch.set_num_threads(1)
+
+
+def _lowest_priority() -> None:
+    os.setpriority(os.PRIO_PROCESS, 0, 19)
+    with contextlib.suppress(Exception):  # no I/O classes on this kernel or platform: CPU priority alone
+        import psutil
+
+        psutil.Process().ionice(psutil.IOPRIO_CLASS_IDLE)
 
 
 def _raise_soft_time_limit(signum, frame) -> None:
@@ -209,3 +223,26 @@ def _forget_storages() -> None:
 
     with contextlib.suppress(AttributeError):
         storages._storages = {}
+
+
+@contextlib.contextmanager
+def background_thread() -> Iterator[None]:
+    """Run the block at the lowest CPU priority, in this thread only.
+
+    For bulk work a request does in its own thread (parsing a tenant's large upload while it has a
+    backlog): under ASGI, Django runs each request's synchronous code in a thread of the request's
+    own, which ends with it. Linux keeps niceness per thread; raising it needs no privilege, lowering
+    it again does, so the old value is restored where allowed and otherwise dies with the thread.
+    The main thread (management commands, the test client) is left alone.
+    """
+    if threading.current_thread() is threading.main_thread():
+        yield
+        return
+    tid = threading.get_native_id()
+    before = os.getpriority(os.PRIO_PROCESS, tid)
+    os.setpriority(os.PRIO_PROCESS, tid, 19)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(PermissionError):
+            os.setpriority(os.PRIO_PROCESS, tid, before)

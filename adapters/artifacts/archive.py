@@ -22,6 +22,7 @@ import struct
 import tarfile
 import zipfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, ClassVar
@@ -100,7 +101,9 @@ def _looks_like_tar_header(block: bytes) -> bool:
     return declared in (unsigned, signed) and any(block[:100])
 
 
-def extract_archive(path: Path, dest: Path, limits: ArchiveLimits) -> list[Path]:
+def extract_archive(
+    path: Path, dest: Path, limits: ArchiveLimits, *, keep: Callable[[str], bool] | None = None
+) -> list[Path]:
     """Unpack a tar, tar.gz or zip archive under `dest` and return the regular files written, sorted.
 
     Refuses absolute names, `..` components, symbolic and hard links, devices, fifos,
@@ -108,6 +111,10 @@ def extract_archive(path: Path, dest: Path, limits: ArchiveLimits) -> list[Path]
     unpacked bytes above `limits.max_compression_ratio` times the archive's size. On any error
     every file and directory this call created under `dest` is removed before raising.
     `dest` is created if missing; existing files in it are never overwritten.
+
+    With `keep`, only files whose base name it accepts are written (with the directories above
+    them); every other member is checked and counted against the limits as before, but not
+    written: an archive of 100,000 stray files then costs reading, not 100,000 files on disk.
     """
     path = Path(path)
     dest = Path(dest)
@@ -117,7 +124,7 @@ def extract_archive(path: Path, dest: Path, limits: ArchiveLimits) -> list[Path]
             "bad_archive", f"{path.name} is not a tar, tar.gz or zip archive; upload the adapter files or one of those."
         )
     dest.mkdir(parents=True, exist_ok=True)
-    job = _Extraction(path, dest, limits)
+    job = _Extraction(path, dest, limits, keep)
     try:
         if kind == "zip":
             _extract_zip(job)
@@ -132,8 +139,9 @@ def extract_archive(path: Path, dest: Path, limits: ArchiveLimits) -> list[Path]
 class _Extraction:
     """The running state of one extraction: counts, bytes and every path created (for cleanup)."""
 
-    def __init__(self, archive: Path, dest: Path, limits: ArchiveLimits):
+    def __init__(self, archive: Path, dest: Path, limits: ArchiveLimits, keep: Callable[[str], bool] | None = None):
         self.archive = archive
+        self.keep = keep
         self.dest = dest
         self.real_dest = os.path.realpath(dest)
         self.limits = limits
@@ -246,6 +254,17 @@ class _Extraction:
                 self.created.append(current)
             self.known_dirs.add(current)
         return current
+
+    def wanted(self, kind: str, parts: tuple[str, ...]) -> bool:
+        """Whether a checked member is written out (directories only as a kept file needs them)."""
+        if self.keep is None:
+            return True
+        return kind == "file" and self.keep(parts[-1])
+
+    def skip_file(self, declared_size: int, name: str) -> None:
+        """A file member read past without writing it: its bytes count as unpacked all the same."""
+        self.unpacked += declared_size
+        self.check_size(self.unpacked, name)
 
     def write_file(self, parts: tuple[str, ...], name: str, read: BinaryIO) -> None:
         target = self.make_dirs(parts[:-1], name) / parts[-1]
@@ -478,6 +497,10 @@ def _extract_tar(job: _Extraction) -> None:
             else:
                 kind = "special"
             parts = job.check_entry(member.name, kind, member.size if kind == "file" else 0)
+            if not job.wanted(kind, parts):
+                if kind == "file":
+                    job.skip_file(member.size, member.name)  # tarfile reads past its data at next()
+                continue
             if kind == "dir":
                 job.make_dirs(parts, member.name)
                 continue
@@ -596,6 +619,8 @@ def _extract_zip(job: _Extraction) -> None:
                 job.check_size(declared, info.filename)
             plan.append((info, kind, parts))
         for info, kind, parts in plan:
+            if not job.wanted(kind, parts):
+                continue  # its declared size was counted above; a zip member is never read unless opened
             if kind == "dir":
                 job.make_dirs(parts, info.filename)
                 continue

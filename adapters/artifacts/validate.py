@@ -32,6 +32,11 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 ALLOWED_DTYPES = ("F16", "BF16", "F32")
 
 
+def adapter_member(name: str) -> bool:
+    """Whether a file of this base name can matter to validation: the config, weights, or a refused pickle."""
+    return name == CONFIG_NAME or name.endswith(".safetensors") or name.lower().endswith(PICKLE_SUFFIXES)
+
+
 @dataclass(frozen=True)
 class ValidationLimits:
     """Bounds on what one adapter may be; the archive limits apply when it arrives as an archive."""

@@ -11,7 +11,15 @@ from typing import Any
 from benchmarks.common import BASE_DIR
 
 # The order of `make bench` and of the report.
-BENCHMARKS = ["registration", "gateway_overhead", "readiness_isolation", "live_events", "packing", "catalog"]
+BENCHMARKS = [
+    "registration",
+    "gateway_overhead",
+    "readiness_isolation",
+    "live_events",
+    "packing",
+    "catalog",
+    "noisy_neighbour_control",
+]
 DOCS = BASE_DIR / "docs" / "benchmarks.md"
 
 # The MinT paper's figures we compare against.
@@ -44,6 +52,7 @@ TITLES = {
     "live_events": "Live events",
     "packing": "MoE packing",
     "catalog": "Catalog at scale",
+    "noisy_neighbour_control": "Noisy neighbour on the control plane",
 }
 
 

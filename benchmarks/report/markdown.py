@@ -22,6 +22,9 @@ INTRO = {
     "read time and live vLLM load time, at the paper's shape.",
     "catalog": "PostgreSQL filled with 10^3 … 10^6 revisions over 10^4 tenants; gateway model resolution, "
     "REST list pages and registration measured in-process at each size.",
+    "noisy_neighbour_control": "Tenant B registers a good adapter every 1.2 s while, in alternate windows, tenant A "
+    "uploads the hostile corpus (tests/adapters/hostile.py) and over-sized claims as fast as its throttles allow; "
+    "B's upload → exported p95, disturbed ÷ quiet, per window pair, with `make run`'s worker (prefork, 2 processes).",
 }
 
 

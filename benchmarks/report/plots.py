@@ -170,12 +170,52 @@ def plot_generic(d: dict, plt) -> Any:
     return fig
 
 
+def plot_noisy_neighbour_control(d: dict, plt) -> Any:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    pairs = get(d, "pairs", default=[]) or []
+    groups = [f"pair {i + 1}" for i in range(len(pairs))]
+    _bars(
+        left,
+        groups,
+        {
+            "quiet p95": [number(get(p, "quiet.p95_ms")) for p in pairs],
+            "disturbed p95": [number(get(p, "disturbed.p95_ms")) for p in pairs],
+        },
+        ylabel="B's upload → exported, ms",
+    )
+    left.legend(fontsize=8, loc="upper left")
+    ratio = left.twinx()
+    ratio.plot(range(len(pairs)), [number(p.get("p95_ratio")) for p in pairs], "ko-", label="ratio")
+    target = number(get(d, "target.p95_ratio_median")) or 1.2
+    ratio.axhline(target, color="red", linestyle="--", linewidth=1, label=f"target {target}")
+    ratio.set_ylim(0, max([target * 1.5] + [number(p.get("p95_ratio")) or 0 for p in pairs]))
+    ratio.set_ylabel("disturbed ÷ quiet")
+    ratio.legend(fontsize=8, loc="upper right")
+    left.set_title(
+        f"Median ratio {fmt(get(d, 'p95_ratio_median'))} "
+        f"(95 % CI {fmt(get(d, 'p95_ratio_ci95.0'))} to {fmt(get(d, 'p95_ratio_ci95.1'))}), target ≤ {target}",
+        fontsize=10,
+    )
+    stages = get(d, "stages", default={}) or {}
+    present = stages.get("quiet") or {}
+    names = [n for n in ("upload", "to_dispatch", "validate", "export") if n in present] or list(present)
+    _bars(
+        right,
+        names,
+        {kind: [number(get(stages, f"{kind}.{n}.p95_ms")) for n in names] for kind in ("quiet", "disturbed")},
+        ylabel="p95, ms",
+    )
+    right.set_title("Where B's time goes (p95 per stage)", fontsize=10)
+    return fig
+
+
 PLOTS: dict[str, Callable[[dict, Any], Any]] = {
     "registration": plot_registration,
     "gateway_overhead": plot_gateway_overhead,
     "readiness_isolation": plot_readiness_isolation,
     "live_events": plot_live_events,
     "catalog": plot_catalog,
+    "noisy_neighbour_control": plot_noisy_neighbour_control,
 }
 
 

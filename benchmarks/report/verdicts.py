@@ -191,6 +191,37 @@ def rows_catalog(d: dict) -> list[Row]:
     return rows
 
 
+def rows_noisy_neighbour_control(d: dict) -> list[Row]:
+    median, ci = get(d, "p95_ratio_median"), get(d, "p95_ratio_ci95") or [None, None]
+    target = get(d, "target.p95_ratio_median", default=1.2)
+    pairs = get(d, "pairs", default=[]) or []
+    attacker = get(d, "attacker.answers_by_status", default={}) or {}
+    return [
+        Row(
+            f"B's p95 disturbed ÷ quiet (median of {len(pairs)} pairs)",
+            median,
+            f"≤ {target}",
+            check(median, "<=", target),
+        ),
+        Row("95 % bootstrap interval of that median", f"{fmt(ci[0])} to {fmt(ci[1])}", "", None),
+        Row("pooled p95 ratio (all windows)", get(d, "pooled_p95_ratio"), "", None),
+        Row(
+            "B's upload → exported p50 / p95, quiet",
+            f"{fmt(get(d, 'quiet.p50_ms'))} / {fmt(get(d, 'quiet.p95_ms'))} ms",
+            "",
+            None,
+        ),
+        Row(
+            "the same, disturbed",
+            f"{fmt(get(d, 'disturbed.p50_ms'))} / {fmt(get(d, 'disturbed.p95_ms'))} ms",
+            "",
+            None,
+        ),
+        Row("A's answers by status", ", ".join(f"{k}: {v}" for k, v in attacker.items()), "", None),
+        Row("worker pool unchanged", get(d, "worker_pool_survived"), "yes", get(d, "worker_pool_survived")),
+    ]
+
+
 ROWS: dict[str, Callable[[dict], list[Row]]] = {
     "registration": rows_registration,
     "gateway_overhead": rows_gateway_overhead,
@@ -198,6 +229,7 @@ ROWS: dict[str, Callable[[dict], list[Row]]] = {
     "live_events": rows_live_events,
     "packing": rows_packing,
     "catalog": rows_catalog,
+    "noisy_neighbour_control": rows_noisy_neighbour_control,
 }
 
 

@@ -10,7 +10,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from adapters import services
+from adapters import dispatch, services
 from adapters.models import Adapter, AdapterRevision
 from frontend import selectors
 from frontend.forms import ActivateForm, DecisionForm, RegisterForm, RollbackForm
@@ -80,16 +80,17 @@ def revision_register(request: HttpRequest, name: str) -> HttpResponse:
     adapter = _adapter(request, name)
 
     def run() -> str:
-        data = _cleaned(RegisterForm(request.POST, request.FILES))
-        files = request.FILES.getlist("files") + request.FILES.getlist("archive")
-        if not files:
-            raise MintError("Choose the adapter's files (or one archive) to upload.")
-        revision = services.revision_register(
-            adapter=adapter,
-            by=request.viewer.access.actor,
-            files=files,
-            training_step=data.get("training_step"),
-        )
+        with dispatch.backlog_priority(tenant_id=adapter.tenant_id):  # parsing and storing the body
+            data = _cleaned(RegisterForm(request.POST, request.FILES))
+            files = request.FILES.getlist("files") + request.FILES.getlist("archive")
+            if not files:
+                raise MintError("Choose the adapter's files (or one archive) to upload.")
+            revision = services.revision_register(
+                adapter=adapter,
+                by=request.viewer.access.actor,
+                files=files,
+                training_step=data.get("training_step"),
+            )
         return f"r{revision.number} registered; validation is under way."
 
     return act(request, _back(adapter), run)

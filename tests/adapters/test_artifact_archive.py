@@ -437,3 +437,34 @@ def test_zip_member_names_above_the_bound_are_refused(tmp_path):
     archive.write_bytes(zip_bytes([("a.txt", b"a"), ("d/" + "n" * 300, b"n")]))
     error = refuse(archive, tmp_path / "out", "archive_name_too_long", ArchiveLimits(max_name_bytes=256))
     assert "d/nnn" in error.message
+
+
+def _adapter_files_only(name: str) -> bool:
+    from adapters.artifacts.validate import adapter_member
+
+    return adapter_member(name)
+
+
+@pytest.mark.parametrize("kind", ["tar", "tar.gz", "zip"])
+def test_with_keep_only_adapter_files_are_written_and_the_rest_still_counts(tmp_path, upload, kind):
+    for i in range(40):
+        (upload / "my-adapter" / f"stray-{i:02d}").write_bytes(b"")
+    (upload / "my-adapter" / "train.bin").write_bytes(b"pickle")
+    archive = make_archive(upload, tmp_path / f"a.{kind}", kind)
+    written = extract_archive(archive, tmp_path / "out", LIMITS, keep=_adapter_files_only)
+    assert sorted(p.name for p in written) == ["adapter_config.json", "adapter_model.safetensors", "train.bin"]
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*") if p.is_file()) == sorted(p.name for p in written)
+    # Members read past still count against the archive's limits.
+    with pytest.raises(ArtifactError) as refused:
+        extract_archive(archive, tmp_path / "refused", ArchiveLimits(max_files=40), keep=_adapter_files_only)
+    assert refused.value.code == "archive_too_many_files"
+    assert leftovers(tmp_path / "refused") == []
+
+
+def test_with_keep_skipped_bytes_count_towards_the_size_limit(tmp_path, upload):
+    (upload / "my-adapter" / "filler").write_bytes(random.Random(1).randbytes(2 * 1024 * 1024))
+    archive = make_archive(upload, tmp_path / "a.tar", "tar")
+    with pytest.raises(ArtifactError) as refused:
+        extract_archive(archive, tmp_path / "out", ArchiveLimits(max_total_bytes=1024 * 1024), keep=_adapter_files_only)
+    assert refused.value.code == "archive_too_large"
+    assert leftovers(tmp_path / "out") == []

@@ -22,8 +22,9 @@ from benchmarks.report import BENCHMARKS
 # Benchmarks whose `--quick` run is fast (seconds) and needs no vLLM engine, with the keys their
 # results must have. Not here: gateway_overhead and readiness_isolation (they start a vLLM engine,
 # 30-50 s before the first request), and registration (its quick run still sends 36 uploads of
-# 10 MB through daphne, about half a minute on two cores). Add packing once its quick run is known
-# to be cheap.
+# 10 MB through daphne, about half a minute on two cores), noisy_neighbour_control (a web server, a
+# prefork worker and the hostile corpus: its quick run takes minutes; tests/e2e/test_hostile_corpus.py
+# covers the same path). Add packing once its quick run is known to be cheap.
 BENCHMARKS_WITH_QUICK: dict[str, set[str]] = {
     "catalog": {
         "sizes",

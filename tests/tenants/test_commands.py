@@ -66,3 +66,17 @@ def test_demo_seed_is_repeatable_and_rotates_its_key():
     demo = Tenant.objects.get(slug="demo")
     states = sorted(k.state for k in demo.api_keys.all())
     assert states == ["active", "revoked"]
+
+
+def test_tenant_plan_shows_the_limits_and_changes_them_audited():
+    run("mint_tenant", "create", "initech", "--owner", "peter")
+    shown = dict(line.split("\t") for line in run("mint_tenant", "plan", "initech").splitlines())
+    assert shown["api_write_rpm"] == "60"
+    assert shown["stored_revisions"] == "0"
+    run("mint_tenant", "plan", "initech", "--set", "api_write_rpm=5", "--set", "max_storage_bytes=1000")
+    tenant = Tenant.objects.get(slug="initech")
+    assert (tenant.api_write_rpm, tenant.max_storage_bytes) == (5, 1000)
+    event = AuditEvent.objects.get(tenant=tenant, action="tenant.update")
+    assert event.after == {"api_write_rpm": 5, "max_storage_bytes": 1000}
+    with pytest.raises(CommandError, match="FIELD=VALUE"):
+        run("mint_tenant", "plan", "initech", "--set", "stored_bytes=0")

@@ -226,3 +226,14 @@ def test_without_redis_keys_are_still_checked(tenant_a, three_failures, settings
 def test_retry_after_is_whole_seconds_rounded_up():
     refused = TooManyAuthFailures(wait=12.2)
     assert refused.wait == 13 == math.ceil(12.2)
+
+
+def test_a_minutes_rate_cannot_be_spent_in_one_burst(tenant_a):
+    plan(tenant_a, api_read_rpm=60)  # at most 10 in any 10 s
+    client = tenant_a.client_as("key:pipeline")
+    answers = [client.get("/api/v1/adapters/") for _ in range(11)]
+    assert [a.status_code for a in answers[:10]] == [200] * 10
+    refused = answers[10]
+    assert refused.status_code == 429
+    assert "at most 10 in any 10 s" in error_of(refused)["message"]
+    assert 1 <= int(refused["Retry-After"]) <= 10
