@@ -72,14 +72,16 @@ def task_bounds(revision: AdapterRevision) -> Bounds:
     """The time and memory one validation or export may take (MINT_TASK_*), and its priority.
 
     A tenant with more revisions waiting behind this one is working through a backlog: its work runs
-    at the lowest CPU and I/O priority, so another tenant's revision, validated meanwhile, runs as if
-    alone on the machine (benchmarks/noisy_neighbour_control.py measures it).
+    at the lowest CPU and I/O priority from the start, so another tenant's revision, validated
+    meanwhile, runs as if alone on the machine; any other work moves there once it has run
+    MINT_TASK_DEMOTE_AFTER_S (benchmarks/noisy_neighbour_control.py measures both).
     """
     return Bounds(
         soft_time_s=settings.MINT_TASK_SOFT_TIME_LIMIT_S,
         hard_time_s=settings.MINT_TASK_TIME_LIMIT_S,
         memory_bytes=settings.MINT_TASK_MEMORY_MB * 1024 * 1024,
         background=dispatch.waiting(tenant_id=revision.adapter.tenant_id) > 0,
+        demote_after_s=settings.MINT_TASK_DEMOTE_AFTER_S,
     )
 
 

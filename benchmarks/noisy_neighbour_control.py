@@ -342,6 +342,9 @@ def run(world: World, good, hostile, args, worker, pools_before: list[int]) -> d
         pairs.append({"quiet": summary_ms(quiet), "disturbed": summary_ms(loud), "p95_ratio": round(ratio, 3)})
     ratios = [p["p95_ratio"] for p in pairs if p["p95_ratio"] == p["p95_ratio"]]
     low, high = bootstrap_median(ratios)
+    # The same ratio with nobody disturbing: each quiet window against the next one (the machine's own noise).
+    quiet_p95 = [percentile(by_window.get(2 * pair, []), 95) for pair in range(args.pairs)]
+    nulls = [later / earlier for earlier, later in itertools.pairwise(quiet_p95) if earlier and later]
     quiet_all = [v for i, vs in by_window.items() if i % 2 == 0 for v in vs]
     loud_all = [v for i, vs in by_window.items() if i % 2 == 1 for v in vs]
     failed = failure_codes(world)
@@ -355,6 +358,8 @@ def run(world: World, good, hostile, args, worker, pools_before: list[int]) -> d
         "quiet": summary_ms(quiet_all),
         "disturbed": summary_ms(loud_all),
         "pooled_p95_ratio": round(percentile(loud_all, 95) / percentile(quiet_all, 95), 3),
+        "null_p95_ratios": [round(r, 3) for r in nulls],
+        "null_p95_ratio_median": round(statistics.median(nulls), 3) if nulls else None,
         # Where B's time went, pooled over the quiet and over the disturbed windows.
         "stages": {
             kind: {

@@ -48,6 +48,9 @@ class Bounds:
     # Run at the lowest CPU priority (nice 19) and the idle I/O class: work that should take only what
     # nobody else wants (a tenant's backlog, while other tenants wait for theirs).
     background: bool = False
+    # Move to that priority once the work has run this long (None: never): long work yields to short work,
+    # as in a multilevel feedback queue, whoever sent it.
+    demote_after_s: float | None = None
 
 
 class SandboxError(Exception):
@@ -94,9 +97,13 @@ def _collect(pid: int, read_fd: int, bounds: Bounds) -> tuple[bytes, bool]:
     """Read the child's answer until it closes the pipe, signalling it at the soft and hard deadlines."""
     started = time.monotonic()
     soft_sent = killed_hard = False
+    demote_at = None if bounds.background else bounds.demote_after_s
     chunks: list[bytes] = []
     while True:
         elapsed = time.monotonic() - started
+        if demote_at is not None and elapsed >= demote_at:
+            _lowest_priority(pid)
+            demote_at = None
         if elapsed >= bounds.hard_time_s:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -107,6 +114,8 @@ def _collect(pid: int, read_fd: int, bounds: Bounds) -> tuple[bytes, bool]:
                 os.kill(pid, signal.SIGTERM)
             soft_sent = True
         deadline = bounds.hard_time_s if soft_sent else bounds.soft_time_s
+        if demote_at is not None:
+            deadline = min(deadline, demote_at)
         ready, _, _ = select.select([read_fd], [], [], max(0.0, deadline - elapsed))
         if ready:
             chunk = os.read(read_fd, _READ_CHUNK)
@@ -185,12 +194,14 @@ def _enter_sandbox(bounds: Bounds) -> None:
         torch.set_num_threads(1)
 
 
-def _lowest_priority() -> None:
-    os.setpriority(os.PRIO_PROCESS, 0, 19)
-    with contextlib.suppress(Exception):  # no I/O classes on this kernel or platform: CPU priority alone
+def _lowest_priority(pid: int = 0) -> None:
+    """Nice 19 and the idle I/O class, for this process (0) or a child of it (raising niceness needs no privilege)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.setpriority(os.PRIO_PROCESS, pid, 19)
+    with contextlib.suppress(Exception):  # gone, or no I/O classes on this kernel or platform: CPU priority alone
         import psutil
 
-        psutil.Process().ionice(psutil.IOPRIO_CLASS_IDLE)
+        psutil.Process(pid or os.getpid()).ionice(psutil.IOPRIO_CLASS_IDLE)
 
 
 def _raise_soft_time_limit(signum, frame) -> None:

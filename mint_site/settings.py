@@ -274,6 +274,9 @@ MINT_TASK_TIME_LIMIT_S = max(
     env_float("MINT_TASK_TIME_LIMIT_S", MINT_TASK_SOFT_TIME_LIMIT_S + 30, minimum=0.2), MINT_TASK_SOFT_TIME_LIMIT_S
 )
 MINT_TASK_MEMORY_MB = env_int("MINT_TASK_MEMORY_MB", 4096, minimum=64)
+# Such work that has run this long moves to the lowest CPU and I/O priority: a short validation (most of them)
+# never does, a long one (a large adapter, a crafted archive) yields to the short ones of everybody else.
+MINT_TASK_DEMOTE_AFTER_S = env_float("MINT_TASK_DEMOTE_AFTER_S", 0.25, minimum=0)
 # Deliveries of one stage's task that may start and never come back (a killed worker) before the revision fails.
 MINT_TASK_MAX_DELIVERIES = env_int("MINT_TASK_MAX_DELIVERIES", 3, minimum=1)
 # Validations and exports handed to the control workers at once, fairly across tenants (adapters/dispatch.py);

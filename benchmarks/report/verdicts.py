@@ -196,6 +196,7 @@ def rows_noisy_neighbour_control(d: dict) -> list[Row]:
     target = get(d, "target.p95_ratio_median", default=1.2)
     pairs = get(d, "pairs", default=[]) or []
     attacker = get(d, "attacker.answers_by_status", default={}) or {}
+    nulls = [v for v in get(d, "null_p95_ratios", default=[]) or [] if number(v) is not None]
     return [
         Row(
             f"B's p95 disturbed ÷ quiet (median of {len(pairs)} pairs)",
@@ -205,6 +206,13 @@ def rows_noisy_neighbour_control(d: dict) -> list[Row]:
         ),
         Row("95 % bootstrap interval of that median", f"{fmt(ci[0])} to {fmt(ci[1])}", "", None),
         Row("pooled p95 ratio (all windows)", get(d, "pooled_p95_ratio"), "", None),
+        Row(
+            "the same with nobody disturbing: quiet ÷ previous quiet (noise), median and range",
+            f"{fmt(get(d, 'null_p95_ratio_median'))} "
+            f"({fmt(min(nulls, default=None))} to {fmt(max(nulls, default=None))})",
+            "",
+            None,
+        ),
         Row(
             "B's upload → exported p50 / p95, quiet",
             f"{fmt(get(d, 'quiet.p50_ms'))} / {fmt(get(d, 'quiet.p95_ms'))} ms",

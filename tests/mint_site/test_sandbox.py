@@ -73,3 +73,17 @@ def test_the_work_may_not_use_the_parents_database_connection(tenant_a):
     with pytest.raises(RuntimeError, match="must not use the database"):
         run_bounded(lambda: Tenant.objects.count(), bounds=QUICK)
     assert Tenant.objects.filter(id=tenant_a.tenant.id).exists()  # and still works
+
+
+def test_long_work_is_demoted_to_the_lowest_priority_and_short_work_is_not():
+    def niceness_after(seconds: float) -> int:
+        time.sleep(seconds)
+        return os.getpriority(os.PRIO_PROCESS, 0)
+
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    demoting = Bounds(soft_time_s=5, hard_time_s=6, memory_bytes=256 * MiB, demote_after_s=0.2)
+    assert run_bounded(niceness_after, 0.0, bounds=demoting) == before
+    assert run_bounded(niceness_after, 1.0, bounds=demoting) == 19
+    background = Bounds(soft_time_s=5, hard_time_s=6, memory_bytes=256 * MiB, background=True)
+    assert run_bounded(niceness_after, 0.0, bounds=background) == 19
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before  # the parent keeps its own
