@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from unittest import mock
 
 import pytest
@@ -122,6 +123,16 @@ def test_export_deliveries_are_bounded_too(adapter_a, settings):
     assert (revision.state, revision.failure_code) == (S.FAILED, "export_resources")
 
 
+def register_with(tenant, directory, capture, validate=None) -> AdapterRevision:
+    """Register `directory` (validation replaced by `validate`, if given) and run its tasks; the new revision."""
+    patch = mock.patch("adapters.tasks.validate_adapter_dir", side_effect=validate) if validate else nullcontext()
+    with patch, capture(execute=True):
+        tenant.client_as("developer").post(
+            "/api/v1/adapters/support-bot/revisions/", {"files": uploads_of(directory)}, format="multipart"
+        )
+    return AdapterRevision.objects.order_by("-id").first()
+
+
 def test_a_validation_past_its_time_limit_fails_with_its_own_code(
     tenant_a, adapter_a, good_adapter_dir, artifact_root, settings, django_capture_on_commit_callbacks
 ):
@@ -132,14 +143,7 @@ def test_a_validation_past_its_time_limit_fails_with_its_own_code(
         while True:
             pass
 
-    with (
-        mock.patch("adapters.tasks.validate_adapter_dir", side_effect=endless),
-        django_capture_on_commit_callbacks(execute=True),
-    ):
-        tenant_a.client_as("developer").post(
-            "/api/v1/adapters/support-bot/revisions/", {"files": uploads_of(good_adapter_dir)}, format="multipart"
-        )
-    revision = AdapterRevision.objects.get()
+    revision = register_with(tenant_a, good_adapter_dir, django_capture_on_commit_callbacks, endless)
     assert (revision.state, revision.failure_code) == (S.FAILED, "validation_timeout")
     assert "MINT_TASK_SOFT_TIME_LIMIT_S" in revision.failure_reason
 
@@ -152,21 +156,10 @@ def test_a_validation_that_runs_out_of_memory_fails_with_its_own_code_and_the_wo
     def greedy(*args, **kwargs):
         return bytearray(1024 * 1024 * 1024)
 
-    with (
-        mock.patch("adapters.tasks.validate_adapter_dir", side_effect=greedy),
-        django_capture_on_commit_callbacks(execute=True),
-    ):
-        tenant_a.client_as("developer").post(
-            "/api/v1/adapters/support-bot/revisions/", {"files": uploads_of(good_adapter_dir)}, format="multipart"
-        )
-    revision = AdapterRevision.objects.get()
+    revision = register_with(tenant_a, good_adapter_dir, django_capture_on_commit_callbacks, greedy)
     assert (revision.state, revision.failure_code) == (S.FAILED, "validation_resources")
     # This process ran the task: it still works, and the next revision goes through.
-    with django_capture_on_commit_callbacks(execute=True):
-        tenant_a.client_as("developer").post(
-            "/api/v1/adapters/support-bot/revisions/", {"files": uploads_of(good_adapter_dir)}, format="multipart"
-        )
-    assert AdapterRevision.objects.get(number=2).state == S.EXPORTED
+    assert register_with(tenant_a, good_adapter_dir, django_capture_on_commit_callbacks).state == S.EXPORTED
 
 
 def test_a_retry_after_a_store_outage_gives_its_delivery_back(adapter_a):

@@ -21,6 +21,7 @@ from django.utils import timezone
 from adapters import collect
 from adapters.models import Adapter, AdapterRevision, BaseModel
 from mint_site.launcher import wait_for
+from tenants.models import Tenant
 from tests.adapters.corpus import write_lora_adapter
 from tests.adapters.fixtures import spec_config
 from tests.adapters.hostile import HOSTILE_CASES, SPEC
@@ -45,6 +46,8 @@ def entries(root: Path) -> list[Path]:
 def world(tenant_a, tenant_b, artifact_root, control_queue, start_control_worker, start_web, tmp_path):  # noqa: F811
     base = BaseModel.objects.create(name="tiny-dense", architecture="dense", config=spec_config(SPEC))
     Adapter.objects.create(tenant=tenant_a.tenant, name="attacker", base_model=base)
+    # The whole corpus is sent at once, past the write burst of a default plan; the throttle is tested elsewhere.
+    Tenant.objects.filter(id=tenant_a.tenant.id).update(api_write_rpm=6000)
     Adapter.objects.create(tenant=tenant_b.tenant, name="victim", base_model=base)
     scratch, spool = tmp_path / "scratch", tmp_path / "spool"
     scratch.mkdir()
