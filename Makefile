@@ -21,7 +21,7 @@ install: $(VENV)/.installed
 
 run: install
 	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
-	$(PY) -m mint_site.launcher
+	$(PY) -m devtools.launcher
 
 test: install
 	scripts/services.sh --install
@@ -30,6 +30,7 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 format: install
 	$(VENV)/bin/ruff format .

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from adapters.models import Adapter, AdapterRevision, Alias, Approval, BaseModel
+from adapters.models import Adapter, AdapterRevision, Approval, BaseModel
 
 
 @admin.register(BaseModel)
@@ -9,28 +9,12 @@ class BaseModelAdmin(admin.ModelAdmin):
     search_fields = ["name"]
 
 
-class AliasInline(admin.TabularInline):
-    model = Alias
-    extra = 0
-    readonly_fields = [
-        "name",
-        "revision",
-        "desired_revision",
-        "previous_revision",
-        "rollback_pending",
-        "updated_by",
-        "updated_at",
-    ]
-    can_delete = False
-
-
 @admin.register(Adapter)
 class AdapterAdmin(admin.ModelAdmin):
     list_display = ["name", "tenant", "base_model", "revision_counter", "created_at"]
     list_filter = ["tenant", "base_model"]
     search_fields = ["name", "tenant__slug"]
     readonly_fields = ["revision_counter"]
-    inlines = [AliasInline]
 
 
 class ApprovalInline(admin.TabularInline):

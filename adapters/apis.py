@@ -11,17 +11,14 @@ from rest_framework.response import Response
 from adapters import dispatch, selectors, services
 from adapters.models import Adapter, AdapterRevision, BaseModel
 from adapters.serializers import (
-    ActivateSerializer,
     AdapterCreateSerializer,
     AdapterDetailSerializer,
     AdapterSerializer,
-    AliasSerializer,
     BaseModelSerializer,
     DecisionSerializer,
     RevisionDetailSerializer,
     RevisionRegisterSerializer,
     RevisionSerializer,
-    RollbackSerializer,
 )
 from adapters.upload_gate import MULTIPART_SLACK
 from mint_site.errors import MintError, NotFound, PayloadTooLarge
@@ -69,7 +66,10 @@ class AdapterApiMixin:
 
 
 class AdapterListCreateApi(TenantApi):
-    """The tenant's adapters, newest first; create one on a base model."""
+    """The tenant's adapters, newest first; create one on a base model.
+
+    Routed by serving (serving.apis), which shows each adapter with its aliases: the catalog cannot.
+    """
 
     queryset = Adapter.objects.all()
     serializer_class = AdapterSerializer
@@ -81,7 +81,7 @@ class AdapterListCreateApi(TenantApi):
     @extend_schema(responses=AdapterSerializer(many=True))
     def get(self, request):
         page = self.paginate_queryset(self.get_queryset())
-        return self.get_paginated_response(AdapterSerializer(page, many=True).data)
+        return self.get_paginated_response(self.serializer_class(page, many=True).data)
 
     @extend_schema(
         request=AdapterCreateSerializer,
@@ -111,11 +111,11 @@ class AdapterListCreateApi(TenantApi):
             description=payload.validated_data["description"],
             by=request.access.actor,
         )
-        return Response(AdapterSerializer(adapter).data, status=status.HTTP_201_CREATED)
+        return Response(self.serializer_class(adapter).data, status=status.HTTP_201_CREATED)
 
 
 class AdapterDetailApi(TenantApi):
-    """One adapter with its aliases and latest revisions."""
+    """One adapter with its latest revisions. Routed by serving (serving.apis), which adds its aliases."""
 
     queryset = Adapter.objects.all()
     serializer_class = AdapterDetailSerializer
@@ -126,7 +126,7 @@ class AdapterDetailApi(TenantApi):
     def get(self, request, name: str):
         adapter = self.get_tenant_object(name=name)
         context = {"latest_revisions": selectors.latest_revisions(adapter=adapter)}
-        return Response(AdapterDetailSerializer(adapter, context=context).data)
+        return Response(self.serializer_class(adapter, context=context).data)
 
 
 class RevisionListRegisterApi(AdapterApiMixin, TenantApi):
@@ -252,56 +252,3 @@ class RevisionRejectApi(_RevisionDecisionApi):
     """pending_approval → rejected."""
 
     decide = services.revision_reject
-
-
-class AdapterActivateApi(AdapterApiMixin, TenantApi):
-    """Set an alias's desired revision (`production` by default). It flips once the revision is ready to serve."""
-
-    queryset = Adapter.objects.all()
-    serializer_class = AliasSerializer
-    capabilities = {"POST": Capability.DECIDE}
-
-    @extend_schema(
-        request=ActivateSerializer,
-        responses={200: AliasSerializer},
-        examples=[OpenApiExample("activate", value={"revision": "r4"}, request_only=True)],
-    )
-    def post(self, request, name: str):
-        adapter = self.get_adapter(name)
-        payload = ActivateSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        revision = self._revision(adapter, payload.validated_data["revision"])
-        alias = services.revision_activate(
-            adapter=adapter, revision=revision, by=request.access.actor, alias=payload.validated_data["alias"]
-        )
-        return Response(AliasSerializer(alias).data)
-
-    @staticmethod
-    def _revision(adapter: Adapter, number: int) -> AdapterRevision:
-        revision = selectors.revision_get(adapter=adapter, number=number)
-        if revision is None:
-            raise MintError(f"revision: {adapter.name} has no r{number}.", detail={"revision": [f"no r{number}"]})
-        return revision
-
-
-class AdapterRollbackApi(AdapterActivateApi):
-    """Roll an alias back to the revision live before (or to a given approved revision)."""
-
-    @extend_schema(
-        request=RollbackSerializer,
-        responses={200: AliasSerializer},
-        examples=[
-            OpenApiExample("previous", value={}, request_only=True),
-            OpenApiExample("to r2", value={"revision": "r2"}, request_only=True),
-        ],
-    )
-    def post(self, request, name: str):
-        adapter = self.get_adapter(name)
-        payload = RollbackSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        number = payload.validated_data.get("revision")
-        revision = self._revision(adapter, number) if number else None
-        alias = services.revision_rollback(
-            adapter=adapter, by=request.access.actor, revision=revision, alias=payload.validated_data["alias"]
-        )
-        return Response(AliasSerializer(alias).data)

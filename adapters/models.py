@@ -1,4 +1,4 @@
-"""Base models, adapters, their immutable revisions, approvals and aliases."""
+"""Base models, adapters, their immutable revisions and approvals. (Aliases are serving state: serving.models.)"""
 
 from __future__ import annotations
 
@@ -161,36 +161,3 @@ class Approval(models.Model):
 
     def __str__(self) -> str:
         return f"{self.revision} {self.decision}"
-
-
-class Alias(models.Model):
-    """A name that points at a live revision (`production`, `candidate`), and the revision it should point at."""
-
-    PRODUCTION = "production"
-
-    adapter = models.ForeignKey(Adapter, on_delete=models.CASCADE, related_name="aliases")
-    name = models.CharField(max_length=32)
-    revision = models.ForeignKey(
-        AdapterRevision, null=True, blank=True, on_delete=models.PROTECT, related_name="live_aliases"
-    )
-    desired_revision = models.ForeignKey(
-        AdapterRevision, null=True, blank=True, on_delete=models.PROTECT, related_name="desired_aliases"
-    )
-    previous_revision = models.ForeignKey(
-        AdapterRevision,
-        null=True,
-        blank=True,
-        on_delete=models.PROTECT,
-        related_name="+",
-        help_text="What the alias pointed at before its last flip: the default rollback target.",
-    )
-    rollback_pending = models.BooleanField(default=False, help_text="The desired revision is a rollback.")
-    updated_by = models.CharField(max_length=200, blank=True)
-    updated_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["adapter", "name"], name="alias_adapter_name_unique")]
-        verbose_name_plural = "aliases"
-
-    def __str__(self) -> str:
-        return f"{self.adapter}:{self.name}"

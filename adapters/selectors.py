@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Count, Prefetch, QuerySet, Sum
+from django.db.models import Count, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
-from adapters.models import Adapter, AdapterRevision, Alias, BaseModel, RevisionState
+from adapters.models import Adapter, AdapterRevision, BaseModel, RevisionState
 from mint_site.errors import MintError
 from tenants.models import Tenant
 
@@ -42,12 +42,7 @@ def base_model_by_name(name: str) -> BaseModel | None:
 
 
 def adapter_list(*, tenant: Tenant) -> QuerySet[Adapter]:
-    aliases = Alias.objects.select_related("revision", "desired_revision").order_by("name")
-    return (
-        Adapter.objects.filter(tenant=tenant)
-        .select_related("base_model")
-        .prefetch_related(Prefetch("aliases", queryset=aliases))
-    )
+    return Adapter.objects.filter(tenant=tenant).select_related("base_model")
 
 
 def revision_list(*, adapter: Adapter, state: str | None = None) -> QuerySet[AdapterRevision]:

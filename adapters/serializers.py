@@ -5,9 +5,11 @@ import re
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from adapters.models import Adapter, AdapterRevision, Alias, Approval, BaseModel
+from adapters.models import Adapter, AdapterRevision, Approval, BaseModel
 
 ADAPTER_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+# An alias name: `production`, `candidate`, `canary-2`, ... (the gateway parses `<adapter>:<alias>` alike).
+ALIAS_NAME = r"^[a-z][a-z0-9_-]{0,31}$"
 
 
 def _label(revision: AdapterRevision | None) -> str | None:
@@ -23,28 +25,14 @@ class BaseModelSerializer(serializers.ModelSerializer):
         fields = ["name", "architecture", "max_lora_rank", "num_layers", "num_experts"]
 
 
-class AliasSerializer(serializers.ModelSerializer):
-    revision = serializers.SerializerMethodField()
-    desired_revision = serializers.SerializerMethodField()
-
-    class Meta:
-        model = Alias
-        fields = ["name", "revision", "desired_revision", "rollback_pending", "updated_by", "updated_at"]
-
-    def get_revision(self, alias: Alias) -> str | None:
-        return _label(alias.revision)
-
-    def get_desired_revision(self, alias: Alias) -> str | None:
-        return _label(alias.desired_revision)
-
-
 class AdapterSerializer(serializers.ModelSerializer):
+    """An adapter as the catalog knows it. The API shows it with its aliases too (serving.serializers)."""
+
     base_model = serializers.CharField(source="base_model.name")
-    aliases = AliasSerializer(many=True, read_only=True)
 
     class Meta:
         model = Adapter
-        fields = ["name", "base_model", "description", "created_at", "revision_counter", "aliases"]
+        fields = ["name", "base_model", "description", "created_at", "revision_counter"]
 
 
 class AdapterCreateSerializer(serializers.Serializer):
@@ -161,13 +149,3 @@ class RevisionNumberField(serializers.Field):
 
 class DecisionSerializer(serializers.Serializer):
     comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
-
-
-class ActivateSerializer(serializers.Serializer):
-    revision = RevisionNumberField()
-    alias = serializers.RegexField(r"^[a-z][a-z0-9_-]{0,31}$", required=False, default=Alias.PRODUCTION)
-
-
-class RollbackSerializer(serializers.Serializer):
-    revision = RevisionNumberField(required=False, allow_null=True)
-    alias = serializers.RegexField(r"^[a-z][a-z0-9_-]{0,31}$", required=False, default=Alias.PRODUCTION)

@@ -111,7 +111,7 @@ def download_prefix(prefix: str, dest: Path) -> list[Path]:
     return local
 
 
-def upload_dir(local: Path, prefix: str, *, after_each: callable | None = None) -> list[str]:
+def upload_dir(local: Path, prefix: str) -> list[str]:
     """Copy every file under the local directory `local` to `prefix`."""
     written = []
     for file in sorted(p for p in local.rglob("*") if p.is_file()):
@@ -119,8 +119,6 @@ def upload_dir(local: Path, prefix: str, *, after_each: callable | None = None) 
         with open(file, "rb") as handle:
             save_file(path, handle)
         written.append(path)
-        if after_each is not None:
-            after_each(path)
     return written
 
 

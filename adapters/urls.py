@@ -2,12 +2,9 @@ from django.urls import path
 
 from adapters import apis
 
+# Adapters themselves (list, create, detail) and their aliases are routed by serving.urls.
 urlpatterns = [
     path("base-models/", apis.BaseModelListApi.as_view(), name="base-models"),
-    path("adapters/", apis.AdapterListCreateApi.as_view(), name="adapters"),
-    path("adapters/<str:name>/", apis.AdapterDetailApi.as_view(), name="adapter-detail"),
-    path("adapters/<str:name>/activate/", apis.AdapterActivateApi.as_view(), name="adapter-activate"),
-    path("adapters/<str:name>/rollback/", apis.AdapterRollbackApi.as_view(), name="adapter-rollback"),
     path("adapters/<str:name>/revisions/", apis.RevisionListRegisterApi.as_view(), name="revisions"),
     path("adapters/<str:name>/revisions/<int:number>/", apis.RevisionDetailApi.as_view(), name="revision-detail"),
     path(

@@ -150,7 +150,7 @@ def flush_redis() -> None:
 
 
 def print_logs(supervisor, *names: str, limit: int = 4000) -> None:
-    """The tail of each named process's log (mint_site.launcher.Supervisor), on stderr: for a run that failed."""
+    """The tail of each named process's log (devtools.supervisor.Supervisor), on stderr: for a run that failed."""
     for name in names:
         log = supervisor.log_dir / f"{name}.log"
         text = log.read_text(errors="replace")[-limit:] if log.exists() else "(no log)"

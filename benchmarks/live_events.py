@@ -39,7 +39,8 @@ from benchmarks.common import (
     wait_http,
     write_result,
 )
-from mint_site.launcher import Supervisor, free_port, web_argv, worker_argv
+from devtools.launcher import web_argv, worker_argv
+from devtools.supervisor import Supervisor, free_port
 
 TARGET_P95_MS = 250.0
 DB_NAME = "mint_bench_live_events"
@@ -126,7 +127,7 @@ def setup_world(work: Path):
 def worker_changes(listener: Listener, tenant, adapter, work: Path, count: int) -> tuple[list[float], list]:
     """Register `count` revisions; the worker validates and exports them. Latency of every task-made event."""
     from adapters import services
-    from adapters.tiny import make_tiny_lora
+    from devtools.tiny import make_tiny_lora
     from tenants.access import Actor
 
     latencies, revisions = [], []

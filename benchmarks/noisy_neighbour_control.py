@@ -44,7 +44,8 @@ from benchmarks.common import (
     wait_http,
     write_result,
 )
-from mint_site.launcher import Supervisor, free_port, web_argv, worker_argv, worker_nice
+from devtools.launcher import web_argv, worker_argv, worker_nice
+from devtools.supervisor import Supervisor, free_port
 
 TARGET = 1.2
 CONTROL_STATES = ("registered", "validated")

@@ -43,7 +43,7 @@ from adapters.artifacts.packing import (
 from adapters.artifacts.spec import BaseModelSpec
 from adapters.artifacts.validate import ValidationLimits, validate_adapter_dir
 from benchmarks.common import parser, summary_ms, write_result
-from mint_site.launcher import Supervisor, free_port
+from devtools.supervisor import Supervisor, free_port
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 EXPERT = ("gate_proj", "up_proj", "down_proj")
@@ -83,7 +83,7 @@ QUICK = Shape(layers=2, experts=8, inter=128)
 
 def make_model_dir(shape: Shape, dest: Path) -> Path:
     """config.json and tokenizer of a Qwen3-MoE of `shape`; no weights (served with --load-format dummy)."""
-    from adapters.tiny import make_tiny_model
+    from devtools.tiny import make_tiny_model
 
     tiny = make_tiny_model("moe", dest.parent / "tiny-qwen3-moe")
     dest.mkdir(parents=True, exist_ok=True)
@@ -206,7 +206,7 @@ def measure_reads(adapters: dict[str, Path], repeats: int) -> dict:
 
 def live_loads(model_dir: Path, adapters: dict[str, Path], *, node: dict, repeats: int, work: Path) -> dict:
     """Start one vLLM CPU server with `node`'s flags, time loads of each adapter under fresh names, stop it."""
-    from serving.local_node import STARTUP_TIMEOUT_S, start_engine
+    from devtools.local_node import STARTUP_TIMEOUT_S, start_engine
 
     supervisor = Supervisor(work / f"log-{node['name']}")
     port = free_port()

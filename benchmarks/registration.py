@@ -32,7 +32,8 @@ from benchmarks.common import (
     wait_http,
     write_result,
 )
-from mint_site.launcher import Supervisor, free_port, web_argv
+from devtools.launcher import web_argv
+from devtools.supervisor import Supervisor, free_port
 
 SETUP = """
 import json, os

@@ -29,7 +29,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from benchmarks.common import bench_database_url, bench_env, print_logs, recreate_database, setup_django, wait_http
-from mint_site.launcher import Supervisor, free_port, web_argv, worker_argv, worker_nice
+from devtools.launcher import web_argv, worker_argv, worker_nice
+from devtools.supervisor import Supervisor, free_port
 
 NODE = "bench"
 
@@ -134,9 +135,9 @@ class Stack:
         if front:
             os.sched_setaffinity(0, front)  # the benchmark's client runs where the gateway's callers would
         from adapters.base_models import base_model_upsert
-        from adapters.tiny import make_tiny_model
+        from devtools.local_node import start_engine
+        from devtools.tiny import make_tiny_model
         from serving import services
-        from serving.local_node import start_engine
         from tenants.access import Actor
 
         model_dir = make_tiny_model("dense", self.work / "models" / "tiny-llama")
@@ -241,7 +242,7 @@ class Stack:
         """An adapter with one revision taken through validation and export by the worker, then approved."""
         from adapters import services
         from adapters.models import Adapter, AdapterRevision
-        from adapters.tiny import make_tiny_lora
+        from devtools.tiny import make_tiny_lora
         from tenants.access import Actor
 
         adapter = Adapter.objects.filter(tenant=tenant, name=name).first() or services.adapter_create(
@@ -263,13 +264,13 @@ class Stack:
         return adapter, revision
 
     def activate(self, adapter, revision) -> None:
-        from adapters import services
+        from serving import services
         from tenants.access import Actor
 
         services.revision_activate(adapter=adapter, revision=revision, by=Actor.system())
 
     def wait_live(self, adapter, revision, timeout: float = 120) -> None:
-        from adapters.models import Alias
+        from serving.models import Alias
 
         self.wait(
             lambda: Alias.objects.filter(adapter=adapter, revision=revision).exists(),

@@ -9,9 +9,9 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from mint_site.events import PLATFORM_GROUP, tenant_group
 from tenants import selectors
 from tenants.auth import SESSION_TENANT_KEY
-from tenants.events import PLATFORM_GROUP, tenant_group
 
 # What of another tenant's event a staff connection may see: the node and its capacity, not the tenant's names.
 ANONYMOUS_FIELDS = ("type", "id", "state", "at", "node")
@@ -54,12 +54,9 @@ class LiveEventsConsumer(AsyncJsonWebsocketConsumer):
         """
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         session = self.scope.get("session")
-        slug = (query.get("tenant") or [None])[0] or (session.get(SESSION_TENANT_KEY) if session else None)
-        memberships = selectors.memberships_of(user=user)
-        if slug:
-            # The same answer whether the tenant exists or not.
-            return True, next((m.tenant_id for m in memberships if m.tenant.slug == slug), None)
-        return False, memberships[0].tenant_id if len(memberships) == 1 else None
+        named = (query.get("tenant") or [None])[0] or (session.get(SESSION_TENANT_KEY) if session else None)
+        choice = selectors.choose_tenant(user=user, named=named)
+        return bool(choice.named), choice.membership.tenant_id if choice.membership else None
 
     async def disconnect(self, code: int) -> None:
         for group in getattr(self, "groups_joined", []):

@@ -13,8 +13,9 @@ from django.db.models import Count, Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from adapters import selectors as adapter_selectors
-from adapters.models import Adapter, AdapterRevision, Alias, Approval, BaseModel
-from serving.models import ACTIVE_STATES, HOLDING_STATES, Placement, PlacementState, ServingNode
+from adapters.models import Adapter, AdapterRevision, Approval, BaseModel
+from serving import selectors as serving_selectors
+from serving.models import ACTIVE_STATES, HOLDING_STATES, Alias, Placement, PlacementState, ServingNode
 from tenants import selectors as tenant_selectors
 from tenants.models import ApiKey, AuditEvent, Tenant
 
@@ -80,14 +81,14 @@ class AdapterRow:
 def adapter_rows(*, tenant: Tenant) -> list[AdapterRow]:
     """The tenant's adapters with their `production` alias, desired revision and its readiness (4 queries)."""
     adapters = list(
-        adapter_selectors.adapter_list(tenant=tenant)
+        serving_selectors.with_aliases(adapter_selectors.adapter_list(tenant=tenant))
         .annotate(pending=Count("revisions", filter=Q(revisions__state="pending_approval")))
         .order_by("name")
     )
     wanted: list[int] = []
     aliases = {}
     for adapter in adapters:
-        alias = next((a for a in adapter.aliases.all() if a.name == "production"), None)
+        alias = next((a for a in adapter.aliases.all() if a.name == Alias.PRODUCTION), None)
         aliases[adapter.id] = alias
         if alias is not None:
             wanted += [i for i in (alias.revision_id, alias.desired_revision_id) if i]
@@ -115,13 +116,8 @@ def adapter_rows(*, tenant: Tenant) -> list[AdapterRow]:
 
 def adapter_get(*, tenant: Tenant, name: str) -> Adapter | None:
     """One adapter of the tenant, with its aliases (2 queries); None for a missing or another tenant's."""
-    aliases = Alias.objects.select_related("revision", "desired_revision", "previous_revision").order_by("name")
-    return (
-        Adapter.objects.filter(tenant=tenant, name=name)
-        .select_related("tenant", "base_model")
-        .prefetch_related(Prefetch("aliases", queryset=aliases))
-        .first()
-    )
+    adapters = Adapter.objects.filter(tenant=tenant, name=name).select_related("tenant", "base_model")
+    return serving_selectors.with_aliases(adapters, previous=True).first()
 
 
 def revision_page(*, adapter: Adapter, number: str | int | None) -> Page:

@@ -1,6 +1,6 @@
 """ASGI entry point: the gateway for `/v1/`, Django for the rest of HTTP (behind body limits), Channels for WebSockets.
 
-Served by uvicorn (mint_site.launcher.web_argv); any ASGI server that speaks WebSockets works.
+Served by uvicorn (as devtools.launcher.web_argv starts it); any ASGI server that speaks WebSockets works.
 """
 
 import os

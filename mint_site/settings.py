@@ -262,8 +262,6 @@ MINT_ARCHIVE_MAX_PAX_HEADER_BYTES = env_int("MINT_ARCHIVE_MAX_PAX_HEADER_BYTES",
 MINT_ARCHIVE_MAX_PAX_RECORDS = env_int("MINT_ARCHIVE_MAX_PAX_RECORDS", 256, minimum=16)
 MINT_ARCHIVE_MAX_ZIP_DIRECTORY_BYTES = env_int("MINT_ARCHIVE_MAX_ZIP_DIRECTORY_BYTES", 32 * 1024 * 1024, minimum=1024)
 MINT_WORK_DIR = env_str("MINT_WORK_DIR", "") or None  # scratch space for validation/export (default: system temp)
-MINT_TEST_EXPORT_DELAY_MS = env_int("MINT_TEST_EXPORT_DELAY_MS", 0, minimum=0)  # test hook: slows each export file
-MINT_TEST_PREWARM_DELAY_MS = env_int("MINT_TEST_PREWARM_DELAY_MS", 0, minimum=0)  # test hook: holds each prewarm phase
 
 # ---------------------------------------------------------------- hostile tenants (README, "Security and limits")
 # Work on tenant files (validation, export) runs in a child process of the worker under these bounds

@@ -1,6 +1,32 @@
 from django.contrib import admin
 
-from serving.models import Placement, ServingNode
+from adapters.admin import AdapterAdmin
+from adapters.models import Adapter
+from serving.models import Alias, Placement, ServingNode
+
+
+class AliasInline(admin.TabularInline):
+    model = Alias
+    extra = 0
+    readonly_fields = [
+        "name",
+        "revision",
+        "desired_revision",
+        "previous_revision",
+        "rollback_pending",
+        "updated_by",
+        "updated_at",
+    ]
+    can_delete = False
+
+
+# An adapter's page shows its aliases too; the adapters app cannot know them (serving depends on it).
+admin.site.unregister(Adapter)
+
+
+@admin.register(Adapter)
+class AdapterWithAliasesAdmin(AdapterAdmin):
+    inlines = [*AdapterAdmin.inlines, AliasInline]
 
 
 @admin.register(ServingNode)

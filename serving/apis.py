@@ -1,22 +1,119 @@
-"""Platform API for staff: serving nodes. Not tenant data, so not on the tenant base class."""
+"""REST API of the serving plane.
+
+For tenants: adapters with their aliases (the catalog's views from adapters.apis, shown with what
+each alias serves), activation and rollback. For staff: serving nodes (platform data, not on the
+tenant base class).
+"""
 
 from __future__ import annotations
 
 from django.db.models import Count, Q
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_view
 from rest_framework import status
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 
+from adapters import apis as catalog
+from adapters import selectors as adapter_selectors
+from adapters.models import Adapter, AdapterRevision
 from adapters.selectors import base_model_by_name
 from mint_site.errors import MintError
-from serving import services
+from serving import selectors, services
 from serving.models import PlacementState, ServingNode
-from serving.serializers import ServingNodeCreateSerializer, ServingNodeSerializer
-from tenants.access import Actor
+from serving.serializers import (
+    ActivateSerializer,
+    AdapterDetailSerializer,
+    AdapterSerializer,
+    AliasSerializer,
+    RollbackSerializer,
+    ServingNodeCreateSerializer,
+    ServingNodeSerializer,
+)
+from tenants.access import Actor, Capability
+from tenants.api_base import TenantApi
 from tenants.throttles import ApiRateThrottle
+
+# ---------------------------------------------------------------- tenants: adapters and their aliases
+
+
+@extend_schema_view(
+    get=extend_schema(responses=AdapterSerializer(many=True)), post=extend_schema(responses={201: AdapterSerializer})
+)
+class AdapterListCreateApi(catalog.AdapterListCreateApi):
+    """The tenant's adapters with their aliases, newest first; create one on a base model."""
+
+    serializer_class = AdapterSerializer
+
+    def get_base_queryset(self):
+        return selectors.with_aliases(adapter_selectors.adapter_list(tenant=self.tenant))
+
+
+@extend_schema_view(get=extend_schema(responses=AdapterDetailSerializer))
+class AdapterDetailApi(catalog.AdapterDetailApi):
+    """One adapter with its aliases and latest revisions."""
+
+    serializer_class = AdapterDetailSerializer
+
+    def get_base_queryset(self):
+        return selectors.with_aliases(adapter_selectors.adapter_list(tenant=self.tenant))
+
+
+class AdapterActivateApi(catalog.AdapterApiMixin, TenantApi):
+    """Set an alias's desired revision (`production` by default). It flips once the revision is ready to serve."""
+
+    queryset = Adapter.objects.all()
+    serializer_class = AliasSerializer
+    capabilities = {"POST": Capability.DECIDE}
+
+    @extend_schema(
+        request=ActivateSerializer,
+        responses={200: AliasSerializer},
+        examples=[OpenApiExample("activate", value={"revision": "r4"}, request_only=True)],
+    )
+    def post(self, request, name: str):
+        adapter = self.get_adapter(name)
+        payload = ActivateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        revision = self._revision(adapter, payload.validated_data["revision"])
+        alias = services.revision_activate(
+            adapter=adapter, revision=revision, by=request.access.actor, alias=payload.validated_data["alias"]
+        )
+        return Response(AliasSerializer(alias).data)
+
+    @staticmethod
+    def _revision(adapter: Adapter, number: int) -> AdapterRevision:
+        revision = adapter_selectors.revision_get(adapter=adapter, number=number)
+        if revision is None:
+            raise MintError(f"revision: {adapter.name} has no r{number}.", detail={"revision": [f"no r{number}"]})
+        return revision
+
+
+class AdapterRollbackApi(AdapterActivateApi):
+    """Roll an alias back to the revision live before (or to a given approved revision)."""
+
+    @extend_schema(
+        request=RollbackSerializer,
+        responses={200: AliasSerializer},
+        examples=[
+            OpenApiExample("previous", value={}, request_only=True),
+            OpenApiExample("to r2", value={"revision": "r2"}, request_only=True),
+        ],
+    )
+    def post(self, request, name: str):
+        adapter = self.get_adapter(name)
+        payload = RollbackSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        number = payload.validated_data.get("revision")
+        revision = self._revision(adapter, number) if number else None
+        alias = services.revision_rollback(
+            adapter=adapter, by=request.access.actor, revision=revision, alias=payload.validated_data["alias"]
+        )
+        return Response(AliasSerializer(alias).data)
+
+
+# ---------------------------------------------------------------- staff: serving nodes
 
 
 class PlatformApi(GenericAPIView):

@@ -1,4 +1,4 @@
-"""Serving nodes and what they hold: one `Placement` per (node, revision)."""
+"""Serving state: aliases (what each name serves), nodes and what they hold (one `Placement` per node and revision)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from adapters.models import AdapterRevision, BaseModel
+from adapters.models import Adapter, AdapterRevision, BaseModel
 
 
 class AgentPing(models.Model):
@@ -19,6 +19,40 @@ class AgentPing(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hostname} on {self.queue}"
+
+
+class Alias(models.Model):
+    """A name that points at a live revision (`production`, `candidate`), and the revision it should point at."""
+
+    PRODUCTION = "production"
+
+    adapter = models.ForeignKey(Adapter, on_delete=models.CASCADE, related_name="aliases")
+    name = models.CharField(max_length=32)
+    revision = models.ForeignKey(
+        AdapterRevision, null=True, blank=True, on_delete=models.PROTECT, related_name="live_aliases"
+    )
+    desired_revision = models.ForeignKey(
+        AdapterRevision, null=True, blank=True, on_delete=models.PROTECT, related_name="desired_aliases"
+    )
+    previous_revision = models.ForeignKey(
+        AdapterRevision,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="What the alias pointed at before its last flip: the default rollback target.",
+    )
+    rollback_pending = models.BooleanField(default=False, help_text="The desired revision is a rollback.")
+    updated_by = models.CharField(max_length=200, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        # Moved here from adapters (migrations adapters 0004 and serving 0003); the table was renamed with it.
+        constraints = [models.UniqueConstraint(fields=["adapter", "name"], name="alias_adapter_name_unique")]
+        verbose_name_plural = "aliases"
+
+    def __str__(self) -> str:
+        return f"{self.adapter}:{self.name}"
 
 
 class NodeState(models.TextChoices):

@@ -2,7 +2,56 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from serving.models import Placement, ServingNode
+from adapters.models import AdapterRevision
+from adapters.serializers import ALIAS_NAME, RevisionNumberField
+from adapters.serializers import AdapterDetailSerializer as CatalogAdapterDetailSerializer
+from adapters.serializers import AdapterSerializer as CatalogAdapterSerializer
+from serving.models import Alias, Placement, ServingNode
+
+
+def _label(revision: AdapterRevision | None) -> str | None:
+    return f"r{revision.number}" if revision is not None else None
+
+
+class AliasSerializer(serializers.ModelSerializer):
+    revision = serializers.SerializerMethodField()
+    desired_revision = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Alias
+        fields = ["name", "revision", "desired_revision", "rollback_pending", "updated_by", "updated_at"]
+
+    def get_revision(self, alias: Alias) -> str | None:
+        return _label(alias.revision)
+
+    def get_desired_revision(self, alias: Alias) -> str | None:
+        return _label(alias.desired_revision)
+
+
+class AdapterSerializer(CatalogAdapterSerializer):
+    """An adapter with its aliases: what the API shows for one (prefetch them: selectors.with_aliases)."""
+
+    aliases = AliasSerializer(many=True, read_only=True)
+
+    class Meta(CatalogAdapterSerializer.Meta):
+        fields = [*CatalogAdapterSerializer.Meta.fields, "aliases"]
+
+
+class AdapterDetailSerializer(CatalogAdapterDetailSerializer):
+    aliases = AliasSerializer(many=True, read_only=True)
+
+    class Meta(CatalogAdapterDetailSerializer.Meta):
+        fields = [*CatalogAdapterSerializer.Meta.fields, "aliases", "latest_revisions"]
+
+
+class ActivateSerializer(serializers.Serializer):
+    revision = RevisionNumberField()
+    alias = serializers.RegexField(ALIAS_NAME, required=False, default=Alias.PRODUCTION)
+
+
+class RollbackSerializer(serializers.Serializer):
+    revision = RevisionNumberField(required=False, allow_null=True)
+    alias = serializers.RegexField(ALIAS_NAME, required=False, default=Alias.PRODUCTION)
 
 
 class ServingNodeSerializer(serializers.ModelSerializer):

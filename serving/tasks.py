@@ -6,7 +6,6 @@ On a node agent (queue `node.<name>`): `placement_prewarm` (two phases), `placem
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import shutil
 import time
@@ -17,8 +16,8 @@ from celery import shared_task
 from django.conf import settings
 
 from adapters import store
-from adapters.models import Alias
-from serving import services
+from adapters.artifacts.export import sha256_file
+from serving import selectors, services
 from serving.models import AgentPing, NodeState, Placement, PlacementState, ServingNode, lora_name
 from serving.vllm import VllmClient, VllmError
 from tenants.access import Actor
@@ -43,16 +42,8 @@ class CacheMismatch(Exception):
     pass
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1024 * 1024), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _verified(directory: Path, files: list[dict]) -> bool:
-    return all((directory / f["name"]).is_file() and _sha256(directory / f["name"]) == f["sha256"] for f in files)
+    return all((directory / f["name"]).is_file() and sha256_file(directory / f["name"]) == f["sha256"] for f in files)
 
 
 def fetch_to_node_cache(placement: Placement) -> Path:
@@ -84,12 +75,6 @@ def fetch_to_node_cache(placement: Placement) -> Path:
     return final
 
 
-def _test_pause() -> None:
-    """Test hook (MINT_TEST_PREWARM_DELAY_MS, 0 in production): hold a prewarm phase so a browser test can watch it."""
-    if settings.MINT_TEST_PREWARM_DELAY_MS:
-        time.sleep(settings.MINT_TEST_PREWARM_DELAY_MS / 1000)
-
-
 @shared_task(bind=True, acks_late=True, ignore_result=True)
 def placement_prewarm(self, *, placement_id: int) -> None:
     """Two-phase prewarm on the node agent: fetch + verify + load, then a real warm-up completion."""
@@ -100,7 +85,6 @@ def placement_prewarm(self, *, placement_id: int) -> None:
     name = lora_name(placement.revision)
     with VllmClient(placement.node.url) as engine:
         try:
-            _test_pause()
             started = time.perf_counter()
             path = fetch_to_node_cache(placement)
             # A packed MoE export needs extras in the load request (e.g. is_3d_lora_weight).
@@ -108,7 +92,6 @@ def placement_prewarm(self, *, placement_id: int) -> None:
             engine.load_lora(name, str(path), **extra)
             if not services.placement_loaded(placement=placement, load_ms=(time.perf_counter() - started) * 1000):
                 return
-            _test_pause()
             started = time.perf_counter()
             engine.complete(name, WARMUP_PROMPT, max_tokens=1)
             services.placement_ready(placement=placement, warm_ms=(time.perf_counter() - started) * 1000)
@@ -195,6 +178,6 @@ def nodes_heartbeat(self) -> None:
 @shared_task(bind=True, acks_late=True, ignore_result=True)
 def alias_converge(self, *, alias_id: int) -> None:
     """After activation or rollback: flip at once if the revision is ready, else prewarm it first."""
-    alias = Alias.objects.select_related("adapter__base_model", "desired_revision__adapter").filter(id=alias_id).first()
+    alias = selectors.alias_for_converge(alias_id)
     if alias is not None:
         services.alias_converge(alias=alias)

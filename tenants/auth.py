@@ -22,7 +22,7 @@ from tenants.access import (
     scope_capabilities,
     scopes_granting,
 )
-from tenants.keys import parse_token, secret_matches
+from tenants.keys import bearer_token, expiry_refusal, parse_token, secret_matches
 from tenants.models import ApiKey
 from tenants.throttles import auth_failures, auth_failures_message, client_bucket
 
@@ -63,7 +63,7 @@ def authenticate_token(token: str, *, client: str | None = None) -> ApiKey:
     if failures is not None and (wait := failures.wait(bucket)) is not None:
         raise TooManyAuthFailures(wait=wait)
     try:
-        key = _live_key(token)
+        key = live_key(token)
     except KeyRefused as refused:
         if failures is not None and refused.get_codes() == FAILURE_CODE:
             failures.record(bucket)
@@ -72,8 +72,12 @@ def authenticate_token(token: str, *, client: str | None = None) -> ApiKey:
     return key
 
 
-def _live_key(token: str) -> ApiKey:
-    """The key a token names if it may act now (secret, revocation, expiry, tenant, creator), else `KeyRefused`."""
+def live_key(token: str) -> ApiKey:
+    """The key a token names if it may act now (secret, revocation, expiry, tenant, creator), else `KeyRefused`.
+
+    Nothing is counted or written: `authenticate_token` adds those for the REST API; the gateway counts failures
+    on its event loop and records uses in batches (serving/gateway/usage.py).
+    """
     parsed = parse_token(token)
     if parsed is None:
         raise KeyRefused("The API key is malformed; expected mint_<prefix>_<secret>.", code=FAILURE_CODE)
@@ -82,10 +86,8 @@ def _live_key(token: str) -> ApiKey:
         raise KeyRefused("The API key is not valid.", code=FAILURE_CODE)
     if key.revoked_at is not None:
         raise KeyRefused(f"The API key mint_{key.prefix}_… was revoked.", code="api_key_revoked")
-    if key.expires_at is not None and key.expires_at <= timezone.now():
-        raise KeyRefused(
-            f"The API key mint_{key.prefix}_… expired at {key.expires_at.isoformat()}.", code="api_key_expired"
-        )
+    if expired := expiry_refusal(prefix=key.prefix, expires_at=key.expires_at, now=timezone.now()):
+        raise KeyRefused(expired, code="api_key_expired")
     if not key.tenant.is_active:
         raise KeyRefused("The tenant of this API key is suspended.", code="tenant_inactive")
     # A key acts for the person who made it: once they are gone from the tenant (or from the platform), so is it.
@@ -102,13 +104,10 @@ class ApiKeyAuthentication(BaseAuthentication):
     """`Authorization: Bearer mint_<prefix>_<secret>`. A request without a bearer token falls through."""
 
     def authenticate(self, request):
-        header = get_authorization_header(request).decode("latin-1").strip()
-        if not header:
+        token = bearer_token(get_authorization_header(request).decode("latin-1"))
+        if token is None:
             return None
-        kind, _, token = header.partition(" ")
-        if kind.lower() != "bearer":
-            return None
-        key = authenticate_token(token.strip(), client=request.META.get("REMOTE_ADDR"))
+        key = authenticate_token(token, client=request.META.get("REMOTE_ADDR"))
         user = key.created_by if key.created_by is not None else _KeyOnlyUser()
         return (user, key)
 
@@ -157,22 +156,18 @@ def resolve_access(request) -> Access:
     user = request.user
     if user is None or not user.is_authenticated:
         raise exceptions.NotAuthenticated("Send an API key as `Authorization: Bearer mint_…`, or sign in.")
-    slug = request.META.get(TENANT_HEADER) or request.session.get(SESSION_TENANT_KEY)
-    memberships = selectors.memberships_of(user=user)
-    if slug:
-        membership = next((m for m in memberships if m.tenant.slug == slug), None)
-        if membership is None:
-            # The same answer whether the tenant exists or not.
-            raise exceptions.NotFound(f"No tenant {slug!r} among yours.", code="tenant_not_found")
-    elif len(memberships) == 1:
-        membership = memberships[0]
-    elif not memberships:
+    named = request.META.get(TENANT_HEADER) or request.session.get(SESSION_TENANT_KEY)
+    choice = selectors.choose_tenant(user=user, named=named)
+    if choice.problem == "not_member":
+        # The same answer whether the tenant exists or not.
+        raise exceptions.NotFound(f"No tenant {choice.named!r} among yours.", code="tenant_not_found")
+    if choice.problem == "no_tenant":
         raise exceptions.PermissionDenied("You are not a member of any tenant.", code="no_tenant")
-    else:
+    if choice.problem == "ambiguous":
         raise exceptions.ValidationError(
             {"X-Mint-Tenant": ["You belong to several tenants; name one with the X-Mint-Tenant header."]}
         )
-    return member_access(user, membership.tenant, membership.role)
+    return member_access(user, choice.membership.tenant, choice.membership.role)
 
 
 class TenantPermission(BasePermission):

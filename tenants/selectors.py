@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import OuterRef, QuerySet, Subquery
 
@@ -40,6 +42,40 @@ def memberships_of(*, user: AbstractBaseUser) -> list[Membership]:
     return list(
         Membership.objects.filter(user=user, tenant__is_active=True).select_related("tenant").order_by("tenant__slug")
     )
+
+
+@dataclass(frozen=True)
+class TenantChoice:
+    """Which of a person's tenants a request acts for, and why none when none (`problem`)."""
+
+    memberships: list[Membership]
+    membership: Membership | None
+    named: str | None
+
+    @property
+    def problem(self) -> str | None:
+        """None when a tenant was chosen, else `not_member` (named one that is not theirs, or that does not
+        exist: the same answer), `no_tenant` (a member of none) or `ambiguous` (several, none named)."""
+        if self.membership is not None:
+            return None
+        if self.named:
+            return "not_member"
+        return "no_tenant" if not self.memberships else "ambiguous"
+
+
+def choose_tenant(*, user: AbstractBaseUser, named: str | None) -> TenantChoice:
+    """The one rule for the tenant a person's request acts for, on the REST API, the dashboard and its socket.
+
+    The tenant named explicitly (REST `X-Mint-Tenant`, the dashboard's switcher kept in the session, the
+    socket's `?tenant=`), else the person's only tenant, else none: each surface answers `problem` its way
+    (REST 400/403/404, the dashboard its tenant chooser, the socket refuses). Suspended tenants don't count.
+    """
+    memberships = memberships_of(user=user)
+    if named:
+        chosen = next((m for m in memberships if m.tenant.slug == named), None)
+    else:
+        chosen = memberships[0] if len(memberships) == 1 else None
+    return TenantChoice(memberships=memberships, membership=chosen, named=named or None)
 
 
 def membership_list(*, tenant: Tenant) -> QuerySet[Membership]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -10,13 +10,13 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Case, DateTimeField, Q, Value, When
 from django.utils import timezone
 
 from mint_site.errors import Conflict, MintError
+from mint_site.events import live_event
 from tenants.access import Actor
-from tenants.events import live_event
-from tenants.keys import new_token
+from tenants.keys import new_token, touch_due
 from tenants.models import ApiKey, AuditEvent, Membership, Role, Scope, Tenant
 
 
@@ -202,15 +202,37 @@ def api_key_revoke(*, key: ApiKey, by: Actor) -> ApiKey:
     return key
 
 
+# Keys per UPDATE of api_keys_touch: keeps each statement (and its CASE) a reasonable size.
+_TOUCH_CHUNK = 500
+
+
+def key_touch_interval() -> timedelta:
+    """How often one key's `last_used_at` may be written (MINT_KEY_TOUCH_INTERVAL_S)."""
+    return timedelta(seconds=settings.MINT_KEY_TOUCH_INTERVAL_S)
+
+
 def api_key_touch(*, key: ApiKey) -> None:
-    """Record that a key was used, writing at most once per MINT_KEY_TOUCH_INTERVAL_S per key."""
+    """Record that a key was used now (a REST request), writing at most once per MINT_KEY_TOUCH_INTERVAL_S per key."""
     now = timezone.now()
-    interval = timedelta(seconds=settings.MINT_KEY_TOUCH_INTERVAL_S)
-    if key.last_used_at is not None and now - key.last_used_at < interval:
-        return
-    stale = Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - interval)
-    if ApiKey.objects.filter(stale, id=key.id).update(last_used_at=now):
+    if touch_due(key.last_used_at, now, key_touch_interval()) and api_keys_touch(used={key.id: now}):
         key.last_used_at = now
+
+
+def api_keys_touch(*, used: Mapping[int, datetime]) -> int:
+    """Record when keys were last used (key id → time): the one writer of `ApiKey.last_used_at`.
+
+    One UPDATE per 500 keys, so the gateway writes a whole interval of requests at once. A key written
+    within MINT_KEY_TOUCH_INTERVAL_S (by this process or another) is left as it is. Returns how many keys
+    were written.
+    """
+    ids = sorted(used)
+    stale = Q(last_used_at__isnull=True) | Q(last_used_at__lt=timezone.now() - key_touch_interval())
+    written = 0
+    for start in range(0, len(ids), _TOUCH_CHUNK):
+        chunk = ids[start : start + _TOUCH_CHUNK]
+        value = Case(*(When(id=i, then=Value(used[i])) for i in chunk), output_field=DateTimeField())
+        written += ApiKey.objects.filter(stale, id__in=chunk).update(last_used_at=value)
+    return written
 
 
 # What tenant_update may change: the plan limits, the switches and the display name. The slug is how people,

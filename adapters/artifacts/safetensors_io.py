@@ -3,9 +3,9 @@
 The format: 8 bytes little-endian header length N, N bytes of JSON (`{name: {dtype, shape,
 data_offsets: [start, end]}, "__metadata__": {str: str}}`, may be padded with spaces), then
 the data section; offsets are relative to the data section. `read_header` checks the header
-against the file before anyone reads a tensor from it; `first_non_finite` scans the tensor
-data a chunk at a time; `write_safetensors` streams tensors to disk one at a time and
-produces byte-identical files for identical input.
+(read off disk by `safetensors_header`) against the file before anyone reads a tensor from it;
+`first_non_finite` scans the tensor data a chunk at a time; `write_safetensors` streams
+tensors to disk one at a time and produces byte-identical files for identical input.
 
 Nothing here but `iter_tensors` needs torch (safetensors imports it for framework="pt"), and
 this module does not import it: validation runs in a forked child process on tenant files and
@@ -29,6 +29,7 @@ from safetensors import SafetensorError, safe_open
 
 from adapters.artifacts.bounded_json import JsonBoundExceeded, check_json_bounds
 from adapters.artifacts.errors import ArtifactError
+from adapters.artifacts.safetensors_header import LENGTH_BYTES, HeaderBudget, read_header_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -109,29 +110,6 @@ def expected_nbytes(dtype: str, shape: tuple[int, ...]) -> int | None:
     return bits // 8 if bits % 8 == 0 else None
 
 
-class HeaderBudget:
-    """Header bytes still allowed across all the files of one adapter.
-
-    Each file's header is bounded by itself; without a budget, many files each just under that
-    bound would have their headers read and parsed again and again (and held, parsed, at once).
-    """
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.used = 0
-
-    def take(self, path: Path, header_len: int) -> None:
-        """Charge one file's declared header length; `header_too_large` once the adapter's total passes the limit."""
-        if self.used + header_len > self.limit:
-            raise ArtifactError(
-                "header_too_large",
-                f"The adapter's safetensors headers together exceed {self.limit} bytes (reached at {path.name}, "
-                f"after {self.used} bytes in earlier files); put the tensors in fewer files, without padding "
-                "or metadata in their headers.",
-            )
-        self.used += header_len
-
-
 def read_header(path: Path, *, max_header_bytes: int, budget: HeaderBudget | None = None) -> SafetensorsHeader:
     """Read and check the header of a safetensors file (nothing is unpickled; no tensor is read).
 
@@ -139,31 +117,9 @@ def read_header(path: Path, *, max_header_bytes: int, budget: HeaderBudget | Non
     one adapter) cannot pay for it, before any of it is read.
     """
     path = Path(path)
-    file_size = path.stat().st_size
-    with open(path, "rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise ArtifactError(
-                "truncated_file",
-                f"{path.name} is {file_size} bytes, too short to be a safetensors file; upload it again in full.",
-            )
-        header_len = int.from_bytes(prefix, "little")
-        if header_len > max_header_bytes:
-            raise ArtifactError(
-                "header_too_large",
-                f"{path.name} declares a {header_len}-byte safetensors header, above the limit of "
-                f"{max_header_bytes} bytes; split the adapter into several files or check the file is not corrupt.",
-            )
-        if 8 + header_len > file_size:
-            raise ArtifactError(
-                "truncated_file",
-                f"{path.name} declares a {header_len}-byte header but the file is only {file_size} bytes; "
-                "the upload was cut short, upload it again.",
-            )
-        if budget is not None:
-            budget.take(path, header_len)
-        raw = f.read(header_len)
-    data_offset = 8 + header_len
+    raw, file_size = read_header_bytes(path, max_header_bytes=max_header_bytes, budget=budget)
+    header_len = len(raw)
+    data_offset = LENGTH_BYTES + header_len
     data_len = file_size - data_offset
 
     def bad(reason: str) -> ArtifactError:

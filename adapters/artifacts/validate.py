@@ -17,13 +17,8 @@ from pathlib import Path
 from adapters.artifacts.archive import ArchiveLimits
 from adapters.artifacts.errors import ArtifactError
 from adapters.artifacts.peft_config import LoraConfig, TensorKey, parse_adapter_config, parse_tensor_name
-from adapters.artifacts.safetensors_io import (
-    HeaderBudget,
-    SafetensorsHeader,
-    TensorInfo,
-    first_non_finite,
-    read_header,
-)
+from adapters.artifacts.safetensors_header import HeaderBudget
+from adapters.artifacts.safetensors_io import SafetensorsHeader, TensorInfo, first_non_finite, read_header
 from adapters.artifacts.spec import BaseModelSpec
 
 CONFIG_NAME = "adapter_config.json"

@@ -108,7 +108,7 @@ def table_sizes() -> dict:
     rows = execute(
         """
         SELECT c.relname, c.reltuples::bigint, pg_total_relation_size(c.oid) FROM pg_class c
-        WHERE c.relname IN ('tenants_tenant', 'adapters_adapter', 'adapters_adapterrevision', 'adapters_alias',
+        WHERE c.relname IN ('tenants_tenant', 'adapters_adapter', 'adapters_adapterrevision', 'serving_alias',
                             'serving_placement')
         """
     )

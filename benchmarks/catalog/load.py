@@ -137,7 +137,7 @@ class Catalog:
         timings["revisions_s"] = time.perf_counter() - started
         started = time.perf_counter()
         execute(ALIASES_SQL, {"lo": first, "hi": last})
-        reset_sequences("adapters_adapter", "adapters_adapterrevision", "adapters_alias")
+        reset_sequences("adapters_adapter", "adapters_adapterrevision", "serving_alias")
         self.place()
         timings["aliases_placements_s"] = time.perf_counter() - started
         started = time.perf_counter()
@@ -152,7 +152,7 @@ class Catalog:
         execute("DELETE FROM serving_placement")
         live = execute(
             """
-            SELECT al.revision_id, a.base_model_id FROM adapters_alias al
+            SELECT al.revision_id, a.base_model_id FROM serving_alias al
             JOIN adapters_adapter a ON a.id = al.adapter_id
             WHERE al.revision_id IS NOT NULL ORDER BY hashint8(al.id * 7919)
             """
@@ -288,7 +288,7 @@ WITH approved AS (
     SELECT adapter_id, max(id) FILTER (WHERE rn = 1) AS newest, max(id) FILTER (WHERE rn = 2) AS before
     FROM approved WHERE rn <= 2 GROUP BY adapter_id
 )
-INSERT INTO adapters_alias (name, rollback_pending, updated_by, updated_at, adapter_id, revision_id,
+INSERT INTO serving_alias (name, rollback_pending, updated_by, updated_at, adapter_id, revision_id,
                             desired_revision_id, previous_revision_id)
 SELECT 'production', false, 'key:bench', now(), adapter_id,
        CASE WHEN adapter_id %% 5 = 0 AND before IS NOT NULL THEN before ELSE newest END,

@@ -38,7 +38,7 @@ def probes(limit: int, rng: np.random.Generator) -> list[tuple[int, str]]:
         JOIN serving_servingnode n ON n.id = p.node_id AND n.state = 'up'
         JOIN adapters_adapterrevision r ON r.id = p.revision_id
         JOIN adapters_adapter a ON a.id = r.adapter_id
-        JOIN adapters_alias al ON al.adapter_id = a.id AND al.revision_id = r.id
+        JOIN serving_alias al ON al.adapter_id = a.id AND al.revision_id = r.id
         WHERE p.state = 'ready'
         ORDER BY r.id
         """
@@ -59,27 +59,37 @@ def probes(limit: int, rng: np.random.Generator) -> list[tuple[int, str]]:
 async def measure_resolution(refs: list, raw: dict[str, list[float]], *, cold_n: int, cached_n: int) -> None:
     """Cold resolutions (caches cleared before each), then cached ones; appends seconds to `raw`."""
     from serving.gateway import resolve as gateway
+    from serving.gateway.state import GatewayState
 
-    for tenant_id, ref, model in refs[:20]:  # warm the thread, its connection and the plan cache
-        gateway.clear()
-        await gateway.resolve(tenant_id, ref, model)
-    offset = len(raw["cold"])
-    for i in range(cold_n):
-        tenant_id, ref, model = refs[(offset + i) % len(refs)]
-        gateway.clear()
-        started = time.perf_counter()
-        found = await gateway.resolve(tenant_id, ref, model)
-        raw["cold"].append(time.perf_counter() - started)
-        if not found.targets:
-            raise RuntimeError(f"{model} of tenant {tenant_id} resolved to no ready placement")
-    gateway.clear()
-    for tenant_id, ref, model in refs:
-        await gateway.resolve(tenant_id, ref, model)
-    for i in range(cached_n):
-        tenant_id, ref, model = refs[i % len(refs)]
-        started = time.perf_counter()
-        await gateway.resolve(tenant_id, ref, model)
-        raw["cached"].append(time.perf_counter() - started)
+    state = GatewayState.build()  # a gateway process's state, as its lifespan builds it
+
+    def forget() -> None:
+        state.routes.clear()
+        state.prewarmed.clear()
+
+    try:
+        for tenant_id, ref, model in refs[:20]:  # warm the threads, their connections and the plan cache
+            forget()
+            await gateway.resolve(state, tenant_id, ref, model)
+        offset = len(raw["cold"])
+        for i in range(cold_n):
+            tenant_id, ref, model = refs[(offset + i) % len(refs)]
+            forget()
+            started = time.perf_counter()
+            found = await gateway.resolve(state, tenant_id, ref, model)
+            raw["cold"].append(time.perf_counter() - started)
+            if not found.targets:
+                raise RuntimeError(f"{model} of tenant {tenant_id} resolved to no ready placement")
+        forget()
+        for tenant_id, ref, model in refs:
+            await gateway.resolve(state, tenant_id, ref, model)
+        for i in range(cached_n):
+            tenant_id, ref, model = refs[i % len(refs)]
+            started = time.perf_counter()
+            await gateway.resolve(state, tenant_id, ref, model)
+            raw["cached"].append(time.perf_counter() - started)
+    finally:
+        await state.shutdown()
 
 
 def measure_resolution_queries(refs: list, raw: list[float], n: int) -> None:

@@ -6,7 +6,7 @@ import json
 
 from django import template
 
-from tenants.events import epoch_us
+from mint_site.events import epoch_us
 
 register = template.Library()
 # For `data-updated-us`: the page's copy of an object's change order (see live.js `patch`).

@@ -16,6 +16,7 @@ from frontend import selectors
 from frontend.forms import ActivateForm, DecisionForm, RegisterForm, RollbackForm
 from frontend.views.base import act, page
 from mint_site.errors import MintError
+from serving import services as serving_services
 from tenants.access import Capability
 
 
@@ -104,7 +105,7 @@ def adapter_activate(request: HttpRequest, name: str) -> HttpResponse:
     def run() -> str:
         data = _cleaned(ActivateForm(request.POST))
         revision = _revision_or_error(adapter, data["revision"])
-        services.revision_activate(adapter=adapter, revision=revision, by=request.viewer.access.actor)
+        serving_services.revision_activate(adapter=adapter, revision=revision, by=request.viewer.access.actor)
         return f"r{revision.number} activated: production flips to it once it is ready on a node."
 
     return act(request, _back(adapter), run)
@@ -119,7 +120,7 @@ def adapter_rollback(request: HttpRequest, name: str) -> HttpResponse:
         data = _cleaned(RollbackForm(request.POST))
         number = data.get("revision")
         revision = _revision_or_error(adapter, number) if number else None
-        alias = services.revision_rollback(adapter=adapter, by=request.viewer.access.actor, revision=revision)
+        alias = serving_services.revision_rollback(adapter=adapter, by=request.viewer.access.actor, revision=revision)
         return f"Rolling back production to r{alias.desired_revision.number}."
 
     return act(request, _back(adapter), run)

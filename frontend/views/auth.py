@@ -73,7 +73,7 @@ def login_locked_out(request: HttpRequest, original_response: Any = None, creden
 
 
 @require_POST
-@page(staff_ok=True)
+@page(staff_ok=True, choosing=True)
 def tenant_switch(request: HttpRequest) -> HttpResponse:
     """Show another of the person's tenants. A tenant they are not in is "not found", whether it exists or not."""
     slug = request.POST.get("tenant", "")

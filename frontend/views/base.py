@@ -1,7 +1,8 @@
 """What every dashboard page shares: the signed-in person, the tenant they look at, and what they may do there.
 
 The tenant comes from the session (`mint_tenant`, the key the API's session auth reads too),
-set by the tenant switcher; a person in one tenant needs no switching. A tenant the person is
+set by the tenant switcher; a person in one tenant needs no switching, a person in several picks
+one first (`tenants.selectors.choose_tenant` decides, for the API and the live socket alike). A tenant the person is
 not a member of, and an object of another tenant, are the same "not found" page. Each action
 is checked here against the capability model of `tenants.access`, whatever buttons the page showed.
 """
@@ -40,15 +41,18 @@ class Viewer:
 
 
 def resolve_viewer(request: HttpRequest) -> Viewer:
-    """The person's memberships and the tenant the session names (or their first one, remembered)."""
-    memberships = tenant_selectors.memberships_of(user=request.user)
-    slug = request.session.get(SESSION_TENANT_KEY)
-    membership = next((m for m in memberships if m.tenant.slug == slug), None)
-    if membership is None and memberships:
-        membership = memberships[0]
-        request.session[SESSION_TENANT_KEY] = membership.tenant.slug
+    """The person's memberships and the tenant they look at (`tenants.selectors.choose_tenant`).
+
+    The session names the tenant picked with the switcher; a person in one tenant needs none. A session
+    naming a tenant that is no longer theirs is forgotten, so the page offers the chooser again.
+    """
+    choice = tenant_selectors.choose_tenant(user=request.user, named=request.session.get(SESSION_TENANT_KEY))
+    if choice.problem == "not_member":
+        request.session.pop(SESSION_TENANT_KEY, None)
+        choice = tenant_selectors.choose_tenant(user=request.user, named=None)
+    membership = choice.membership
     access = member_access(request.user, membership.tenant, membership.role) if membership else None
-    return Viewer(memberships=memberships, access=access)
+    return Viewer(memberships=choice.memberships, access=access)
 
 
 def not_found(request: HttpRequest, message: str = "Not found.") -> HttpResponse:
@@ -60,13 +64,19 @@ def forbidden(request: HttpRequest, message: str) -> HttpResponse:
 
 
 def page(
-    capability: Capability | None = Capability.READ, *, post: Capability | None = None, staff_ok: bool = False
+    capability: Capability | None = Capability.READ,
+    *,
+    post: Capability | None = None,
+    staff_ok: bool = False,
+    choosing: bool = False,
 ) -> Callable:
     """Decorate a dashboard view: sign-in required, the tenant resolved (`request.viewer`), capabilities checked.
 
     `capability` is needed for any request, `post` in addition for a POST. `staff_ok` lets platform
-    staff without a tenant in. A missing capability on a POST is a 403 (the page showed no button);
-    a person with no tenant gets the not-found page, as a stranger to a tenant would.
+    staff without a tenant in; `choosing` lets in a person who has not picked one of their tenants yet
+    (the switcher). A missing capability on a POST is a 403 (the page showed no button); a person in
+    several tenants who picked none gets the chooser; a person with no tenant gets the not-found page,
+    as a stranger to a tenant would.
     """
 
     def decorate(view: Callable) -> Callable:
@@ -76,7 +86,9 @@ def page(
                 return redirect_to_login(request.get_full_path())
             viewer = resolve_viewer(request)
             request.viewer = viewer
-            if viewer.access is None and not (staff_ok and request.user.is_staff):
+            if viewer.access is None and not (staff_ok and request.user.is_staff) and not choosing:
+                if viewer.memberships:  # several tenants, none picked yet
+                    return render(request, "frontend/choose_tenant.html", {"viewer": viewer})
                 return not_found(request, "You are not a member of any tenant.")
             needed = [c for c in (capability, post if request.method == "POST" else None) if c is not None]
             if viewer.access is not None and not all(viewer.access.can(c) for c in needed):

@@ -7,10 +7,10 @@ from urllib.parse import urlencode
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
-from adapters.models import Alias
 from frontend import selectors
 from frontend.forms import AuditFilterForm
 from frontend.views.base import page
+from serving.models import Alias
 from tenants.access import Capability
 
 FRAGMENTS = {

@@ -22,11 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from adapters.models import Alias
-from serving.gateway import resolve
+from serving.gateway import auth, resolve
+from serving.models import Alias
 from tenants.services import API_KEY_CHANGED
+
+if TYPE_CHECKING:
+    from serving.gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +39,17 @@ _BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 _ADAPTER_EVENTS = ("alias.flip", "placement.state", "revision.state")
 
 
-def routes_touched(tenant_id: int | None, event: dict[str, Any]) -> list[tuple[int, resolve.ModelRef]]:
+def routes_touched(
+    state: GatewayState, tenant_id: int | None, event: dict[str, Any]
+) -> list[tuple[int, resolve.ModelRef]]:
     """Drop what an event makes stale; return the routes worth resolving again now."""
     kind = event.get("type")
     if kind == "node.state":
-        return resolve.invalidate()  # a node's routes may belong to any tenant
+        return resolve.invalidate(state)  # a node's routes may belong to any tenant
     if kind not in _ADAPTER_EVENTS or tenant_id is None or not event.get("adapter"):
         return []
     adapter = event["adapter"]
-    dropped = resolve.invalidate(tenant_id=tenant_id, adapter=adapter)
+    dropped = resolve.invalidate(state, tenant_id=tenant_id, adapter=adapter)
     if kind == "alias.flip":
         alias = event.get("alias") or Alias.PRODUCTION
         # The name callers use for a live alias, cached or not: its first request finds it resolved.
@@ -54,29 +59,29 @@ def routes_touched(tenant_id: int | None, event: dict[str, Any]) -> list[tuple[i
     return dropped
 
 
-def keys_touched(tenant_id: int | None, event: dict[str, Any]) -> int:
+def keys_touched(state: GatewayState, tenant_id: int | None, event: dict[str, Any]) -> int:
     """Drop the cached keys an `api_key.changed` event concerns (one key, or a tenant's); return how many.
 
     Nothing is loaded again here: the next request with such a key authenticates it from the database.
     """
     if event.get("type") != API_KEY_CHANGED or tenant_id is None:
         return 0
-    return resolve.forget_keys(tenant_id=tenant_id, key_id=event.get("key"))
+    return auth.forget_keys(state, tenant_id=tenant_id, key_id=event.get("key"))
 
 
-async def on_message(message: dict[str, Any]) -> None:
+async def on_message(state: GatewayState, message: dict[str, Any]) -> None:
     event = message.get("event") or {}
-    keys_touched(message.get("tenant_id"), event)
-    keys = routes_touched(message.get("tenant_id"), event)
+    keys_touched(state, message.get("tenant_id"), event)
+    keys = routes_touched(state, message.get("tenant_id"), event)
     if keys:
-        await resolve.prefetch(keys)
+        await resolve.prefetch(state, keys)
 
 
-async def follow(layer=None) -> None:
+async def follow(state: GatewayState, layer=None) -> None:
     """Receive the platform group's events for as long as the process serves; reconnects with backoff."""
     from channels.layers import get_channel_layer
 
-    from tenants.events import PLATFORM_GROUP
+    from mint_site.events import PLATFORM_GROUP
 
     layer = layer or get_channel_layer()
     if layer is None:
@@ -88,25 +93,25 @@ async def follow(layer=None) -> None:
             await layer.group_add(PLATFORM_GROUP, channel)
             joined = time.monotonic()
             # Routes and keys cached before joining may have missed events: resolve them again from now on.
-            resolve.invalidate()
-            resolve.forget_keys()
-            resolve.following = True
+            resolve.invalidate(state)
+            auth.forget_keys(state)
+            state.following = True
             failures = 0
             while True:
                 message = await layer.receive(channel)
                 try:
-                    await on_message(message)
+                    await on_message(state, message)
                 except Exception:
                     log.exception("gateway feed: event %r not applied", message.get("event"))
                 if time.monotonic() - joined > _REJOIN_S:
                     await layer.group_add(PLATFORM_GROUP, channel)
                     joined = time.monotonic()
         except asyncio.CancelledError:
-            resolve.following = False
+            state.following = False
             raise
         except Exception as exc:
-            resolve.following = False
-            resolve.invalidate()  # events may have been missed: back to the short TTL
+            state.following = False
+            resolve.invalidate(state)  # events may have been missed: back to the short TTL
             delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
             failures += 1
             log.warning("gateway feed: channel layer unavailable (%s); retrying in %.1f s", exc, delay)

@@ -2,83 +2,37 @@
 
 Tenants never see what is behind the gateway: the body sent to the node names the LoRA,
 and every answer (JSON or server-sent events) names the model string the caller sent.
-One pooled transport per event loop carries all requests (`upstream.UpstreamTransport`:
-keep-alive HTTP/1.1 with a C parser), called directly: httpx's client layer (redirects,
-cookies, auth, hooks) and its own transport cost ~600 µs of CPU a request together, and
-the gateway needs none of it. Tests replace it with `set_transport()`.
+All requests go through the state's pooled client (serving/gateway/upstream.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
 import logging
 import random
 import time
-import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-from django.conf import settings
+from starlette.responses import Response
 
-from serving.gateway import GatewayError, Reply, usage
+from serving.gateway import GatewayError
 from serving.gateway.metrics import UPSTREAM_ERRORS
 from serving.gateway.resolve import NotReady, Resolution, Target
-from serving.gateway.upstream import UpstreamTransport
+from serving.gateway.responses import EventStream, error_response, json_response
+from serving.gateway.upstream import NoAnswer, UpstreamError, UpstreamResponse, UpstreamTimeout
+
+if TYPE_CHECKING:
+    from serving.gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
 
-# Requests in flight per placement id, in this process. Routing goes to the smallest count.
-inflight: Counter[int] = Counter()
-
-# Errors where nothing came back from the node: the request can safely go to another node.
-_NOTHING_CAME_BACK = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.WriteError)
 # Upstream 4xx answers the caller must see (bad parameters, prompt too long), with LoRA names scrubbed.
 _CALLER_ERRORS = {400, 413, 422}
 
-_transport: httpx.AsyncBaseTransport | None = None
-_transports: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncBaseTransport] = (
-    weakref.WeakKeyDictionary()
-)
 
-
-def set_transport(replacement: httpx.AsyncBaseTransport | None) -> None:
-    """Send upstream requests through `replacement` (an `httpx.MockTransport` in tests); None restores the network."""
-    global _transport
-    _transport = replacement
-    _transports.clear()
-
-
-def transport() -> httpx.AsyncBaseTransport:
-    """The pooled transport of the running event loop."""
-    loop = asyncio.get_running_loop()
-    found = _transports.get(loop)
-    if found is None:
-        found = _transport or UpstreamTransport(max_connections=settings.MINT_GATEWAY_MAX_CONNECTIONS)
-        _transports[loop] = found
-    return found
-
-
-@functools.lru_cache(maxsize=4096)
-def _url(node_url: str, path: str) -> httpx.URL:
-    """Parsed once per node and path: parsing a URL string costs more than the rest of building a request."""
-    return httpx.URL(node_url + path)
-
-
-def _timeouts() -> dict[str, float]:
-    """Per-request timeouts, in the form the transport reads from `request.extensions`."""
-    return {
-        "connect": settings.MINT_GATEWAY_CONNECT_TIMEOUT_S,
-        "read": settings.MINT_GATEWAY_READ_TIMEOUT_S,
-        "write": 30.0,
-        "pool": 10.0,
-    }
-
-
-def pick(targets: tuple[Target, ...], exclude: Collection[int] = ()) -> Target | None:
+def pick(inflight: Counter[int], targets: tuple[Target, ...], exclude: Collection[int] = ()) -> Target | None:
     """The target with the fewest requests in flight (ties broken at random), or None if all are excluded."""
     candidates = [t for t in targets if t.placement_id not in exclude]
     if not candidates:
@@ -87,7 +41,7 @@ def pick(targets: tuple[Target, ...], exclude: Collection[int] = ()) -> Target |
     return random.choice([t for t in candidates if inflight[t.placement_id] == least])
 
 
-def _releaser(placement_id: int) -> Callable[[], None]:
+def _releaser(inflight: Counter[int], placement_id: int) -> Callable[[], None]:
     inflight[placement_id] += 1
     done = False
 
@@ -103,57 +57,52 @@ def _releaser(placement_id: int) -> Callable[[], None]:
     return release
 
 
-async def forward(*, path: str, body: dict[str, Any], resolution: Resolution, model: str) -> Reply:
+async def forward(
+    state: GatewayState, *, path: str, body: dict[str, Any], resolution: Resolution, model: str
+) -> tuple[Response, float]:
     """Send a completion request to a ready node and relay its answer, or raise a 502/503/504 `GatewayError`.
 
-    A failure before any byte came back is retried once on another ready target; when no target
-    can be reached at all the answer is 503 adapter_not_ready, like for any adapter not ready.
+    Returns the response and the seconds spent waiting on the node (to its headers, for a stream). A failure
+    before any byte came back is retried once on another ready target; when no target can be reached at all
+    the answer is 503 adapter_not_ready, like for any adapter not ready.
     """
     payload = json.dumps({**body, "model": resolution.lora_name}, ensure_ascii=False).encode()
     tried: set[int] = set()
     for _attempt in range(2):
-        target = pick(resolution.targets, tried)
+        target = pick(state.inflight, resolution.targets, tried)
         if target is None:
             break
         tried.add(target.placement_id)
-        release = _releaser(target.placement_id)
+        release = _releaser(state.inflight, target.placement_id)
+        sent_at = time.perf_counter()
         try:
-            request = httpx.Request(
-                "POST",
-                _url(target.node_url, path),
-                content=payload,
-                headers={"content-type": "application/json"},
-                extensions={"timeout": _timeouts()},
-            )
-            sent_at = time.perf_counter()
-            upstream = await transport().handle_async_request(request)
-        except _NOTHING_CAME_BACK as exc:
+            upstream = await state.upstream.post(target.node_url + path, payload)
+        except NoAnswer as exc:
             release()
             UPSTREAM_ERRORS.labels(target.node_name).inc()
-            log.warning("gateway: node %s failed before answering (%r)", target.node_name, exc)
+            log.warning("gateway: node %s failed before answering (%s)", target.node_name, exc)
             continue
-        except httpx.TimeoutException as exc:
+        except UpstreamTimeout as exc:
             release()
             UPSTREAM_ERRORS.labels(target.node_name).inc()
-            log.warning("gateway: node %s timed out (%r)", target.node_name, exc)
+            log.warning("gateway: node %s timed out (%s)", target.node_name, exc)
             raise GatewayError(504, "upstream_timeout", "The serving node did not answer in time.") from None
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             release()
             UPSTREAM_ERRORS.labels(target.node_name).inc()
-            log.warning("gateway: node %s failed (%r)", target.node_name, exc)
+            log.warning("gateway: node %s failed (%s)", target.node_name, exc)
             raise GatewayError(502, "upstream_error", "The serving node failed to answer.") from None
         except BaseException:
             release()
             raise
-        usage.record(placement_id=target.placement_id)
+        state.usage.record(placement_id=target.placement_id)
         try:
-            reply = await _relay(upstream, release=release, target=target, resolution=resolution, model=model)
-            reply.upstream_s = time.perf_counter() - sent_at
-            return reply
+            response = await _relay(upstream, release=release, target=target, resolution=resolution, model=model)
         except BaseException:
             release()
             await upstream.aclose()
             raise
+        return response, time.perf_counter() - sent_at
     # Every ready node refused the connection (an engine died before the heartbeat saw it): for the
     # caller that is an adapter not ready yet, and the heartbeat takes the node out of routing.
     raise NotReady(
@@ -164,39 +113,31 @@ async def forward(*, path: str, body: dict[str, Any], resolution: Resolution, mo
 
 
 async def _relay(
-    upstream: httpx.Response, *, release: Callable[[], None], target: Target, resolution: Resolution, model: str
-) -> Reply:
+    upstream: UpstreamResponse, *, release: Callable[[], None], target: Target, resolution: Resolution, model: str
+) -> Response:
     lora = resolution.lora_name
-    streaming = upstream.status_code == 200 and upstream.headers.get("content-type", "").startswith("text/event-stream")
-    if streaming:
+    if upstream.status == 200 and upstream.content_type.startswith("text/event-stream"):
         relay = _SSERelay(upstream, release=release, lora=lora, model=model, node_name=target.node_name)
-        return Reply(
-            200,
-            content_type="text/event-stream",
-            # Proxies in front must not hold events back.
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            stream=relay.events(),
-            close=relay.finish,
-        )
+        return EventStream(relay.events(), finish=relay.finish)
     try:
-        content = await upstream.aread()
-    except httpx.TimeoutException:
+        content = await upstream.read()
+    except UpstreamTimeout:
         UPSTREAM_ERRORS.labels(target.node_name).inc()
         raise GatewayError(504, "upstream_timeout", "The serving node did not finish in time.") from None
-    except httpx.HTTPError:
+    except UpstreamError:
         UPSTREAM_ERRORS.labels(target.node_name).inc()
         raise GatewayError(502, "upstream_error", "The serving node broke off its answer.") from None
     finally:
         release()
         await upstream.aclose()
-    status = upstream.status_code
+    status = upstream.status
     if 200 <= status < 300:
         try:
             data = json.loads(content)
         except ValueError:
             UPSTREAM_ERRORS.labels(target.node_name).inc()
             raise GatewayError(502, "upstream_error", "The serving node answered with malformed JSON.") from None
-        return Reply.json(_rewrite(data, lora=lora, model=model), status)
+        return json_response(_rewrite(data, lora=lora, model=model), status)
     if status == 404:
         # The node does not hold the LoRA after all (it restarted): the reconciler will notice;
         # meanwhile the caller retries like for any cold adapter.
@@ -208,7 +149,7 @@ async def _relay(
         )
     if status in _CALLER_ERRORS:
         message = _upstream_message(content) or "The serving node refused the request."
-        return GatewayError(status, "invalid_request", message.replace(lora, model)).reply()
+        return error_response(GatewayError(status, "invalid_request", message.replace(lora, model)))
     UPSTREAM_ERRORS.labels(target.node_name).inc()
     log.warning("gateway: node %s answered %s: %s", target.node_name, status, content[:500])
     raise GatewayError(502, "upstream_error", f"The serving node failed (HTTP {status}).")
@@ -235,15 +176,30 @@ def _rewrite(data: Any, *, lora: str, model: str) -> Any:
     return data
 
 
+def _lines(buffer: bytearray) -> list[bytes]:
+    """Take the complete lines off the front of `buffer` (any of \\r\\n, \\n, \\r ends one), without their ends.
+
+    A trailing \\r stays in the buffer: the \\n of its \\r\\n may come with the next chunk.
+    """
+    data, hold = bytes(buffer), b""
+    if data.endswith(b"\r"):
+        data, hold = data[:-1], b"\r"
+    *complete, rest = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+    buffer[:] = rest + hold
+    return complete
+
+
 class _SSERelay:
     """The body of a streamed answer: vLLM's events, one by one, with `model` renamed in each.
 
-    The server calls `finish()` when the answer is over, also when the client went away
+    The response calls `finish()` when the answer is over, also when the client went away
     before or during the stream; the upstream response is then closed and the in-flight
     count released, whichever of the two paths gets there first.
     """
 
-    def __init__(self, upstream: httpx.Response, *, release: Callable[[], None], lora: str, model: str, node_name: str):
+    def __init__(
+        self, upstream: UpstreamResponse, *, release: Callable[[], None], lora: str, model: str, node_name: str
+    ):
         self._upstream = upstream
         self._release = release
         self._lora = lora
@@ -253,20 +209,25 @@ class _SSERelay:
 
     async def events(self) -> AsyncIterator[bytes]:
         event: list[str] = []
+        buffer = bytearray()
         try:
-            async for line in self._upstream.aiter_lines():
-                if line:
-                    event.append(self._line(line))
-                    continue
-                if event:  # a blank line ends an event: send it whole
-                    yield ("\n".join(event) + "\n\n").encode()
-                    event = []
+            async for chunk in self._upstream.chunks():
+                buffer += chunk
+                for raw in _lines(buffer):
+                    line = raw.decode("utf-8", errors="replace")
+                    if line:
+                        event.append(self._line(line))
+                    elif event:  # a blank line ends an event: send it whole
+                        yield ("\n".join(event) + "\n\n").encode()
+                        event = []
+            if rest := bytes(buffer).rstrip(b"\r"):
+                event.append(self._line(rest.decode("utf-8", errors="replace")))
             if event:
                 yield ("\n".join(event) + "\n\n").encode()
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             # Headers are gone already: report the failure the way vLLM does inside a stream.
             UPSTREAM_ERRORS.labels(self._node_name).inc()
-            log.warning("gateway: stream from node %s broke off (%r)", self._node_name, exc)
+            log.warning("gateway: stream from node %s broke off (%s)", self._node_name, exc)
             error = GatewayError(502, "upstream_error", "The serving node broke off the stream.").body()
             yield f"data: {json.dumps(error)}\n\n".encode()
         finally:
@@ -291,16 +252,3 @@ class _SSERelay:
         self._finished = True
         self._release()
         await self._upstream.aclose()
-
-
-async def aclose() -> None:
-    """Close the running loop's pooled transport (at loop shutdown, and in tests that run one loop per call)."""
-    found = _transports.pop(asyncio.get_running_loop(), None)
-    if found is not None:
-        await found.aclose()
-
-
-def clear() -> None:
-    """Forget in-flight counts and clients, and restore the network transport (tests)."""
-    inflight.clear()
-    set_transport(None)

@@ -18,14 +18,15 @@ import asyncio
 import logging
 import math
 import time
-import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from serving.gateway import spawn
+if TYPE_CHECKING:
+    from serving.gateway.state import Background
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +37,9 @@ WINDOW_S = 60
 _BREAKER_S = 5.0
 _SOCKET_TIMEOUT_S = 0.5
 
-# One client (and connection pool) per event loop: redis.asyncio connections belong to the loop that opened them.
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, aioredis.Redis]] = weakref.WeakKeyDictionary()
-_skip_until = 0.0
+
+def key_for(tenant_id: int, window: int) -> str:
+    return f"{KEY_PREFIX}:{tenant_id}:{window}"
 
 
 @dataclass
@@ -47,83 +48,70 @@ class _Count:
     pending: int = 0  # this process's requests not yet added in Redis
 
 
-# (tenant id, window) → count. Only the current and the previous window are kept.
-_counts: dict[tuple[int, int], _Count] = {}
-_flushing: set[asyncio.AbstractEventLoop] = set()
+class RateLimiter:
+    """The process's counts per (tenant, window), its Redis client, and the breaker for a dead Redis."""
 
+    def __init__(self, background: Background) -> None:
+        self._background = background
+        # (tenant id, window) → count. Only the current and the previous window are kept.
+        self._counts: dict[tuple[int, int], _Count] = {}
+        self._flusher: asyncio.Task | None = None
+        self._skip_until = 0.0
+        self._clients: dict[str, aioredis.Redis] = {}  # by URL (tests point the gateway at another Redis)
 
-def key_for(tenant_id: int, window: int) -> str:
-    return f"{KEY_PREFIX}:{tenant_id}:{window}"
+    def client(self) -> aioredis.Redis:
+        """The Redis client of the running loop (redis.asyncio connections belong to the loop that opened them)."""
+        url = settings.REDIS_URL
+        client = self._clients.get(url)
+        if client is None:
+            client = self._clients[url] = aioredis.Redis.from_url(
+                url,
+                socket_connect_timeout=_SOCKET_TIMEOUT_S,
+                socket_timeout=_SOCKET_TIMEOUT_S,
+                health_check_interval=30,
+            )
+        return client
 
+    def hit(self, tenant_id: int, limit_rpm: int) -> int | None:
+        """Count one request of a tenant. None if it is allowed, else the seconds until the window resets.
 
-def _client() -> aioredis.Redis:
-    url = settings.REDIS_URL
-    per_loop = _clients.setdefault(asyncio.get_running_loop(), {})
-    client = per_loop.get(url)
-    if client is None:
-        client = aioredis.Redis.from_url(
-            url, socket_connect_timeout=_SOCKET_TIMEOUT_S, socket_timeout=_SOCKET_TIMEOUT_S, health_check_interval=30
-        )
-        per_loop[url] = client
-    return client
+        Refused requests are not counted. Schedules a flush to Redis on the running loop.
+        """
+        now = time.time()
+        window = int(now // WINDOW_S)
+        count = self._counts.get((tenant_id, window))
+        if count is None:
+            for stale in [k for k in self._counts if k[1] < window - 1]:
+                del self._counts[stale]
+            count = self._counts[(tenant_id, window)] = _Count()
+        if count.known + count.pending >= limit_rpm:
+            return max(1, math.ceil((window + 1) * WINDOW_S - now))
+        count.pending += 1
+        if self._flusher is None or self._flusher.done():
+            self._flusher = self._background.spawn(self._flush(), name="rate limit flush")
+        return None
 
-
-def hit(tenant_id: int, limit_rpm: int) -> int | None:
-    """Count one request of a tenant. None if it is allowed, else the seconds until the window resets.
-
-    Refused requests are not counted. Schedules a flush to Redis on the running loop.
-    """
-    now = time.time()
-    window = int(now // WINDOW_S)
-    count = _counts.get((tenant_id, window))
-    if count is None:
-        for stale in [k for k in _counts if k[1] < window - 1]:
-            del _counts[stale]
-        count = _counts[(tenant_id, window)] = _Count()
-    if count.known + count.pending >= limit_rpm:
-        return max(1, math.ceil((window + 1) * WINDOW_S - now))
-    count.pending += 1
-    loop = asyncio.get_running_loop()
-    if loop not in _flushing:
-        _flushing.add(loop)
-        spawn(_flush(loop), name="rate limit flush")
-    return None
-
-
-async def _flush(loop: asyncio.AbstractEventLoop) -> None:
-    """Add every pending count to Redis and learn the totals; repeats while requests keep coming."""
-    global _skip_until
-    try:
-        while batch := [(key, count, count.pending) for key, count in _counts.items() if count.pending]:
-            if time.monotonic() < _skip_until:
+    async def _flush(self) -> None:
+        """Add every pending count to Redis and learn the totals; repeats while requests keep coming."""
+        while batch := [(key, count, count.pending) for key, count in self._counts.items() if count.pending]:
+            if time.monotonic() < self._skip_until:
                 return
             try:
-                async with _client().pipeline(transaction=False) as pipe:
+                async with self.client().pipeline(transaction=False) as pipe:
                     for (tenant_id, window), _, pending in batch:
                         pipe.incrby(key_for(tenant_id, window), pending)
                         pipe.expire(key_for(tenant_id, window), WINDOW_S + 1)
                     results = await pipe.execute()
             except (TimeoutError, RedisError, OSError) as exc:
-                _skip_until = time.monotonic() + _BREAKER_S
+                self._skip_until = time.monotonic() + _BREAKER_S
                 log.warning("gateway rate limit: Redis unavailable (%s); local counts for %.0f s", exc, _BREAKER_S)
                 return
             for (_, count, pending), total in zip(batch, results[::2], strict=True):
                 count.pending -= pending
                 count.known = int(total)  # everyone's requests, this process's flushed ones included
-    finally:
-        _flushing.discard(loop)
 
-
-async def aclose() -> None:
-    """Close the running loop's Redis clients (at loop shutdown, and in tests that run one loop per call)."""
-    for client in _clients.pop(asyncio.get_running_loop(), {}).values():
-        await client.aclose()
-
-
-def clear() -> None:
-    """Forget the counts, the clients and the breaker (tests)."""
-    global _skip_until
-    _counts.clear()
-    _flushing.clear()
-    _clients.clear()
-    _skip_until = 0.0
+    async def aclose(self) -> None:
+        """Close the Redis clients (at shutdown, and in tests that run one loop per call)."""
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.aclose()

@@ -1,298 +1,186 @@
-"""A lean HTTP/1.1 keep-alive transport for the gateway's requests to vLLM nodes.
+"""The gateway's HTTP client to vLLM nodes: aiohttp's `ClientSession` on a tuned keep-alive pool.
 
-httpx's own transport (httpcore with the pure-Python h11 parser) costs ~450 µs of CPU per
-request on this kind of machine; the gateway's budget is a few hundred. This one is an
-`httpx.AsyncBaseTransport`, so the proxy, its error handling and the tests' MockTransport
-stay as they are, but underneath it is an asyncio `Protocol` per connection with
-httptools' C parser (the one uvicorn uses), one `write` per request, and an idle pool per
-node. What it does not do, because the nodes never need it: TLS, proxies, HTTP/2,
-`Expect: 100-continue`, request bodies that are streams.
+Chosen by measurement (benchmarks/gateway_overhead.py, one request at a time and 16 clients at once): on
+this project's 2-CPU benchmark machine it met the gateway's targets where httpcore (httpx's transport, with
+the pure-Python h11 parser) did not; its C parser (llhttp) keeps the per-request CPU cost small.
 
-Errors are httpx's own classes, so callers can tell a request that never reached the node
-(`ConnectError`, `RemoteProtocolError` before any byte came back: safe to send elsewhere)
-from one that failed halfway (`ReadError`, `ReadTimeout`).
+Tuned for a gateway that only ever POSTs JSON to nodes on a private network: one `ClientSession` for the
+whole process; keep-alive connections per node up to MINT_GATEWAY_MAX_CONNECTIONS; an idle connection is
+dropped after KEEPALIVE_S, below the nodes' own keep-alive (vLLM's uvicorn closes after 5 s), so a
+connection the node is closing is rarely reused; no auto-decompression, no cookies, no redirects, no proxy
+settings from the environment, no default headers; `raise_for_status` off (the proxy reads every status).
+
+A kept-alive connection can still be closed by the node just as a request goes out (its keep-alive ran
+out, or it restarted): the node never saw that request, so it is sent once more on another connection.
+
+Errors are the gateway's own three kinds, so the proxy can tell a request that never reached the node
+(`NoAnswer`: safe to send elsewhere) from one that took too long (`UpstreamTimeout`) or broke off halfway
+(`BrokenAnswer`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
+import functools
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 
-import httptools
-import httpx
+import aiohttp
+from yarl import URL
 
-_MAX_BUFFER = 1 << 20  # stop reading from the socket while this much body is waiting to be consumed
+KEEPALIVE_S = 4.0
+POOL_TIMEOUT_S = 10.0  # waiting for a free connection when a node already has MINT_GATEWAY_MAX_CONNECTIONS
+_HEADERS = {"Content-Type": "application/json"}
+# Nodes answer uncompressed; the rest of aiohttp's defaults (User-Agent, Accept) mean nothing to them.
+_SKIP_HEADERS = ("Accept", "Accept-Encoding", "User-Agent")
 
 
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection to a node, carrying one request at a time."""
+class UpstreamError(Exception):
+    """A call to a node that failed; which subclass says what the proxy may do about it."""
 
-    def __init__(self, pool: _HostPool):
-        self.pool = pool
-        self.transport: asyncio.Transport | None = None
-        self.closed = False
-        self.reused = False  # set when taken from the idle pool
-        self._reset()
 
-    def _reset(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
-        self.status = 0
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.chunks: collections.deque[bytes] = collections.deque()
-        self.buffered = 0
-        self.complete = False
-        self.keep_alive = False
-        self.got_bytes = False
-        self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.waiter: asyncio.Future[None] | None = None
-        self.error: httpx.TransportError | None = None
-        self.paused = False
+class NoAnswer(UpstreamError):
+    """Nothing came back: the connection failed, was refused, or closed before any answer. Safe to send elsewhere."""
 
-    # asyncio.Protocol
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
 
-    def data_received(self, data: bytes) -> None:
-        self.got_bytes = True
+class UpstreamTimeout(UpstreamError):
+    """The node did not answer (or go on answering) within the read timeout."""
+
+
+class BrokenAnswer(UpstreamError):
+    """The node's answer broke off or was malformed after it had begun."""
+
+
+def _error(exc: BaseException) -> UpstreamError:
+    """The gateway's kind of an aiohttp failure (to raise `from None`: tracebacks of the pool are noise)."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError | aiohttp.ClientConnectorError | aiohttp.ServerDisconnectedError):
+        return NoAnswer(str(exc) or type(exc).__name__)
+    if isinstance(exc, TimeoutError):  # aiohttp's read timeouts are TimeoutErrors too
+        return UpstreamTimeout(str(exc) or "the node did not answer in time")
+    if isinstance(exc, aiohttp.ClientOSError):
+        return NoAnswer(str(exc))  # reset or broken while the request went out
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return NoAnswer(f"the node's answer is not HTTP: {exc.message}")  # no usable answer came back
+    return BrokenAnswer(str(exc) or type(exc).__name__)
+
+
+def _midway(exc: BaseException) -> UpstreamError:
+    """The kind of a failure while reading an answer that had begun: never `NoAnswer`."""
+    if isinstance(exc, TimeoutError):
+        return UpstreamTimeout(str(exc) or "the node stopped answering")
+    return BrokenAnswer(str(exc) or type(exc).__name__)
+
+
+class UpstreamResponse:
+    """A node's answer: its status and content type, and its body read whole or chunk by chunk."""
+
+    __slots__ = ("_response", "content_type", "status")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status = response.status
+        self.content_type = response.headers.get("Content-Type", "")
+
+    async def read(self) -> bytes:
         try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(httpx.RemoteProtocolError(f"malformed response from the node: {exc}"))
-            self.close()
+            return await self._response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _midway(exc) from None
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if not self.complete and self.head.done() and self._until_close():
-            self.complete = True  # an answer without a length ends with its connection
-            self._wake()
-        if not self.complete:
-            if not self.got_bytes:
-                self._fail(httpx.RemoteProtocolError("the node closed the connection without answering"))
-            else:
-                self._fail(httpx.ReadError("the node closed the connection in the middle of its answer"))
-        self.pool.forget(self)
-
-    def _until_close(self) -> bool:
-        names = {name.lower() for name, _ in self.headers}
-        return b"content-length" not in names and b"transfer-encoding" not in names
-
-    # httptools callbacks
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
-        self.keep_alive = self.parser.should_keep_alive()  # only meaningful while the parser is on this message
-        if not self.head.done():
-            self.head.set_result(None)
-
-    def on_body(self, body: bytes) -> None:
-        self.chunks.append(body)
-        self.buffered += len(body)
-        if self.buffered > _MAX_BUFFER and not self.paused and self.transport is not None:
-            self.paused = True
-            self.transport.pause_reading()
-        self._wake()
-
-    def on_message_complete(self) -> None:
-        self.complete = True
-        self._wake()
-
-    # the request side
-    def _wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    def _fail(self, error: httpx.TransportError) -> None:
-        if self.error is None:
-            self.error = error
-        if not self.head.done():
-            self.head.set_exception(error)
-            self.head.exception()  # mark retrieved: nobody may be waiting any more
-        self._wake()
-
-    def close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
-
-    async def exchange(self, request: httpx.Request, raw: bytes, read_timeout: float | None) -> None:
-        """Send `raw` (the whole request) and wait for the answer's status line and headers."""
-        assert self.transport is not None
-        self.transport.write(raw)
-        await self._wait(self.head, read_timeout, "the node did not start its answer in time", request)
-
-    async def body(self, read_timeout: float | None) -> AsyncIterator[bytes]:
-        """The answer's body, chunk by chunk as it arrives."""
-        while True:
-            while self.chunks:
-                chunk = self.chunks.popleft()
-                self.buffered -= len(chunk)
-                if self.paused and self.buffered <= _MAX_BUFFER // 2 and self.transport is not None:
-                    self.paused = False
-                    self.transport.resume_reading()
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives (for server-sent events)."""
+        try:
+            async for chunk in self._response.content.iter_any():
                 yield chunk
-            if self.complete:
-                return
-            if self.error is not None:
-                raise self.error
-            self.waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._wait(self.waiter, read_timeout, "the node stopped answering")
-            finally:
-                self.waiter = None
-
-    async def _wait(self, future: asyncio.Future, timeout: float | None, what: str, request=None) -> None:
-        """Await what the node owes; past `timeout` the connection is dropped and the wait is a ReadTimeout."""
-        try:
-            async with asyncio.timeout(timeout):
-                await future
-        except TimeoutError:
-            self.close()
-            raise httpx.ReadTimeout(what, request=request) from None
-
-    def release(self) -> None:
-        """The caller is done with the answer: keep the connection for the next request, or close it."""
-        if self.complete and not self.closed and self.error is None and self.keep_alive:
-            self._reset()
-            self.pool.put_idle(self)
-        else:
-            self.close()
-            self.pool.forget(self)
-
-
-class _Body(httpx.AsyncByteStream):
-    def __init__(self, connection: _Connection, read_timeout: float | None):
-        self._connection = connection
-        self._read_timeout = read_timeout
-        self._released = False
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._connection.body(self._read_timeout):
-            yield chunk
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _midway(exc) from None
 
     async def aclose(self) -> None:
-        if not self._released:
-            self._released = True
-            self._connection.release()
+        """Done with the answer: a connection whose answer was read whole goes back to the pool, any other closes."""
+        self._response.release()
 
 
-class _HostPool:
-    """Connections to one (host, port): idle ones newest first, and a cap on how many exist."""
-
-    def __init__(self, host: str, port: int, max_connections: int):
-        self.host, self.port = host, port
-        self.idle: list[_Connection] = []
-        self.slots = asyncio.Semaphore(max_connections)
-        self.live: set[_Connection] = set()
-
-    async def acquire(self, connect_timeout: float | None, pool_timeout: float | None) -> _Connection:
-        while self.idle:
-            connection = self.idle.pop()
-            if not connection.closed:
-                connection.reused = True
-                return connection
-        try:
-            async with asyncio.timeout(pool_timeout):
-                await self.slots.acquire()
-        except TimeoutError:
-            raise httpx.PoolTimeout(f"no free connection to {self.host}:{self.port}") from None
-        return await self.connect(connect_timeout, slot_held=True)
-
-    async def connect(self, connect_timeout: float | None, *, slot_held: bool = False) -> _Connection:
-        """A new connection; it takes a slot of the cap unless the caller already holds one."""
-        if not slot_held:
-            await self.slots.acquire()
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(connect_timeout):
-                _, connection = await loop.create_connection(lambda: _Connection(self), self.host, self.port)
-        except TimeoutError:
-            self.slots.release()
-            raise httpx.ConnectTimeout(f"connecting to {self.host}:{self.port} timed out") from None
-        except OSError as exc:
-            self.slots.release()
-            raise httpx.ConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
-        except BaseException:
-            self.slots.release()
-            raise
-        self.live.add(connection)
-        return connection
-
-    def put_idle(self, connection: _Connection) -> None:
-        connection.reused = False
-        self.idle.append(connection)
-
-    def forget(self, connection: _Connection) -> None:
-        """A connection closed: its slot is free again (once)."""
-        if connection in self.live:
-            self.live.discard(connection)
-            self.slots.release()
-        if connection in self.idle:
-            self.idle.remove(connection)
-
-    def close(self) -> None:
-        for connection in list(self.live):
-            connection.close()
+async def _on_reuse(_session, context: SimpleNamespace, _params) -> None:
+    context.trace_request_ctx.reused = True
 
 
-def _serialize(request: httpx.Request, host_header: bytes, body: bytes) -> bytes:
-    url = request.url
-    target = url.raw_path or b"/"
-    lines = [request.method.encode() + b" " + target + b" HTTP/1.1", b"host: " + host_header]
-    for name, value in request.headers.raw:
-        lowered = name.lower()
-        if lowered not in (b"host", b"content-length", b"transfer-encoding", b"connection"):
-            lines.append(name + b": " + value)
-    lines.append(b"content-length: " + str(len(body)).encode())
-    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+@functools.lru_cache(maxsize=4096)
+def _url(url: str) -> URL:
+    """Parsed once per node and path: parsing a URL string costs more than the rest of building a request."""
+    return URL(url)
 
 
-class UpstreamTransport(httpx.AsyncBaseTransport):
-    """Plain-HTTP keep-alive transport to vLLM nodes (see the module docstring)."""
+class Upstream:
+    """The pooled client (see the module docstring). Its session belongs to the event loop it was opened on."""
 
-    def __init__(self, *, max_connections: int = 100):
+    def __init__(
+        self,
+        *,
+        max_connections: int,
+        connect_timeout: float,
+        read_timeout: float,
+        pool_timeout: float = POOL_TIMEOUT_S,
+    ) -> None:
         self._max_connections = max_connections
-        self._pools: dict[tuple[str, int], _HostPool] = {}
+        # `connect` bounds waiting for a pooled connection and opening one together, `sock_connect` the opening
+        # alone; `sock_read` is the longest silence while waiting for the answer or between its chunks (a stream
+        # may run for minutes).
+        self._timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=max(pool_timeout, connect_timeout),
+            sock_connect=connect_timeout,
+            sock_read=read_timeout,
+        )
+        self._session: aiohttp.ClientSession | None = None
 
-    def _pool(self, url: httpx.URL) -> _HostPool:
-        if url.scheme != "http":
-            raise httpx.UnsupportedProtocol(f"the gateway talks plain HTTP to nodes, not {url.scheme!r}")
-        key = (url.host, url.port or 80)
-        pool = self._pools.get(key)
-        if pool is None:
-            pool = self._pools[key] = _HostPool(key[0], key[1], self._max_connections)
-        return pool
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        timeouts = request.extensions.get("timeout", {})
-        pool = self._pool(request.url)
-        body = request.content  # a request built with content= is already read
-        host = request.url.netloc
-        raw = _serialize(request, host, body)
-        connection = await pool.acquire(timeouts.get("connect"), timeouts.get("pool"))
-        try:
-            try:
-                await connection.exchange(request, raw, timeouts.get("read"))
-            except httpx.RemoteProtocolError:
-                if not connection.reused or connection.got_bytes:
-                    raise
-                # A kept-alive connection the node had closed while idle (its keep-alive timeout ran
-                # out as we sent): the request never reached it, so send it once on a new connection.
-                connection = await pool.connect(timeouts.get("connect"))
-                await connection.exchange(request, raw, timeouts.get("read"))
-        except BaseException:
-            connection.close()  # cancelled or failed halfway: the connection's state is unknown
-            raise
-        return httpx.Response(
-            connection.status,
-            headers=connection.headers,
-            stream=_Body(connection, timeouts.get("read")),
-            request=request,
+    def _open(self) -> aiohttp.ClientSession:
+        trace = aiohttp.TraceConfig()
+        trace.on_connection_reuseconn.append(_on_reuse)
+        connector = aiohttp.TCPConnector(
+            limit=self._max_connections,
+            limit_per_host=0,
+            keepalive_timeout=KEEPALIVE_S,
+            ttl_dns_cache=10,
+        )
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeout,
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=_SKIP_HEADERS,
+            raise_for_status=False,
+            trust_env=False,
+            trace_configs=[trace],
         )
 
+    async def post(self, url: str, body: bytes) -> UpstreamResponse:
+        """POST a JSON body and wait for the answer's status and headers; the body is read from the response."""
+        if self._session is None or self._session.closed:
+            self._session = self._open()
+        target = _url(url)
+        context = SimpleNamespace(reused=False)
+        try:
+            return await self._send(target, body, context)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if not context.reused or isinstance(exc, aiohttp.ClientConnectorError):
+                raise _error(exc) from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _error(exc) from None
+        # A kept-alive connection the node had closed as the request went out: it never saw the request.
+        try:
+            return await self._send(target, body, SimpleNamespace(reused=False))
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _error(exc) from None
+
+    async def _send(self, target: URL, body: bytes, context: SimpleNamespace) -> UpstreamResponse:
+        assert self._session is not None
+        response = await self._session.post(
+            target, data=body, headers=_HEADERS, allow_redirects=False, trace_request_ctx=context
+        )
+        return UpstreamResponse(response)
+
     async def aclose(self) -> None:
-        for pool in self._pools.values():
-            pool.close()
-        self._pools.clear()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+            await asyncio.sleep(0)  # let the connector's transports see their close

@@ -15,9 +15,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from adapters.artifacts.errors import ArtifactError
+from adapters.artifacts.safetensors_header import HeaderBudget
 from adapters.artifacts.safetensors_io import (
     MAX_HEADER_DEPTH,
-    HeaderBudget,
     iter_tensors,
     read_header,
     tensor_bytes,

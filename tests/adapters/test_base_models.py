@@ -14,7 +14,8 @@ from safetensors import safe_open
 from adapters.artifacts.spec import BaseModelSpec
 from adapters.base_models import base_model_upsert, spec_config_from_hf
 from adapters.models import BaseModel
-from adapters.tiny import make_tiny_model, parameter_count
+from devtools.tiny import make_tiny_model, parameter_count
+from devtools.tiny_models import main as tiny_models_main
 from tenants.access import Actor
 from tenants.models import AuditEvent
 
@@ -340,7 +341,7 @@ def test_base_model_upsert_rejects_a_directory_without_config(tmp_path):
     assert not AuditEvent.objects.filter(target="base_model:nothing").exists()
 
 
-def test_make_tiny_model_command_registers_both_models_and_skips_existing(tiny_models, tmp_path):
+def test_make_tiny_model_command_registers_both_models_and_skips_existing(tiny_models, tmp_path, capsys):
     dest = tmp_path / "models"
     for kind, name in (("dense", "tiny-llama"), ("moe", "tiny-qwen3-moe")):
         (dest / name).mkdir(parents=True)
@@ -348,9 +349,8 @@ def test_make_tiny_model_command_registers_both_models_and_skips_existing(tiny_m
             (dest / name / file.name).write_bytes(file.read_bytes())
     marker = (dest / "tiny-llama" / "model.safetensors").stat().st_mtime_ns
 
-    out = StringIO()
-    call_command("mint_make_tiny_model", "--dest", str(dest), stdout=out)
-    lines = out.getvalue().strip().splitlines()
+    assert tiny_models_main(["--dest", str(dest)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
     assert [line.split("\t")[0] for line in lines] == ["tiny-llama", "tiny-qwen3-moe"]
     assert f"{parameter_count(tiny_models['dense']):,} parameters" in lines[0]
     assert (dest / "tiny-llama" / "model.safetensors").stat().st_mtime_ns == marker  # not regenerated
@@ -362,8 +362,7 @@ def test_make_tiny_model_command_registers_both_models_and_skips_existing(tiny_m
 
 
 def test_make_tiny_model_command_generates_one_kind_when_missing(tmp_path):
-    out = StringIO()
-    call_command("mint_make_tiny_model", "--kind", "moe", "--dest", str(tmp_path), "--max-lora-rank", "8", stdout=out)
+    assert tiny_models_main(["--kind", "moe", "--dest", str(tmp_path), "--max-lora-rank", "8"]) == 0
     assert (tmp_path / "tiny-qwen3-moe" / "model.safetensors").is_file()
     assert not (tmp_path / "tiny-llama").exists()
     assert BaseModel.objects.get(name="tiny-qwen3-moe").max_lora_rank == 8

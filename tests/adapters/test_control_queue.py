@@ -125,7 +125,7 @@ def test_export_deliveries_are_bounded_too(adapter_a, settings):
 
 def register_with(tenant, directory, capture, validate=None) -> AdapterRevision:
     """Register `directory` (validation replaced by `validate`, if given) and run its tasks; the new revision."""
-    patch = mock.patch("adapters.tasks.validate_adapter_dir", side_effect=validate) if validate else nullcontext()
+    patch = mock.patch("adapters.pipeline.validate_adapter_dir", side_effect=validate) if validate else nullcontext()
     with patch, capture(execute=True):
         tenant.client_as("developer").post(
             "/api/v1/adapters/support-bot/revisions/", {"files": uploads_of(directory)}, format="multipart"

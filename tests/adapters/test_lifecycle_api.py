@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from adapters import services
-from adapters.models import Adapter, AdapterRevision, Alias, Approval
+from adapters.models import Adapter, AdapterRevision, Approval
+from mint_site.errors import InvalidTransition
+from serving import services as serving_services
+from serving.models import Alias
 from tenants.access import Actor
 from tenants.models import AuditEvent
 from tests.adapters.corpus import TINY_DENSE, TINY_MOE, make_archive, write_lora_adapter
@@ -262,9 +264,9 @@ def test_the_whole_governed_life(
     assert (activated.json()["revision"], activated.json()["desired_revision"]) == (None, "r1")
 
     r1, r2 = AdapterRevision.objects.get(number=1), AdapterRevision.objects.get(number=2)
-    services.alias_flip(adapter=adapter_a, revision=r1)  # what the serving plane does once r1 is ready
+    serving_services.alias_flip(adapter=adapter_a, revision=r1)  # what the serving plane does once r1 is ready
     approver.post(f"{URL}/activate/", {"revision": 2}, format="json")
-    services.alias_flip(adapter=adapter_a, revision=r2)
+    serving_services.alias_flip(adapter=adapter_a, revision=r2)
     alias = Alias.objects.get(adapter=adapter_a, name="production")
     assert (alias.revision, alias.previous_revision) == (r2, r1)
 
@@ -272,7 +274,7 @@ def test_the_whole_governed_life(
     assert rolled.status_code == 200, rolled.content
     assert rolled.json()["desired_revision"] == "r1"
     assert rolled.json()["rollback_pending"] is True
-    services.alias_flip(adapter=adapter_a, revision=r1)
+    serving_services.alias_flip(adapter=adapter_a, revision=r1)
     assert Alias.objects.get(adapter=adapter_a).revision == r1
 
     actions = list(AuditEvent.objects.filter(tenant=tenant_a.tenant).order_by("id").values_list("action", flat=True))
@@ -309,10 +311,10 @@ def test_flip_to_anything_but_the_desired_revision_is_refused(
     revision = AdapterRevision.objects.get(number=1)
     AdapterRevision.objects.filter(id=revision.id).update(state="approved")
     revision.refresh_from_db()
-    services.revision_activate(adapter=adapter_a, revision=revision, by=Actor.system())
+    serving_services.revision_activate(adapter=adapter_a, revision=revision, by=Actor.system())
     other = AdapterRevision.objects.create(adapter=adapter_a, number=2, state="approved", source_uri="x")
-    with pytest.raises(services.InvalidTransition):
-        services.alias_flip(adapter=adapter_a, revision=other)
+    with pytest.raises(InvalidTransition):
+        serving_services.alias_flip(adapter=adapter_a, revision=other)
     assert Alias.objects.get(adapter=adapter_a).revision is None
 
 
@@ -327,7 +329,7 @@ def test_rollback_reexports_a_removed_export_bit_identically(
         developer.post(f"{URL}/revisions/{number}/request-approval/")
         approver.post(f"{URL}/revisions/{number}/approve/", {}, format="json")
         approver.post(f"{URL}/activate/", {"revision": number}, format="json")
-        services.alias_flip(adapter=adapter_a, revision=AdapterRevision.objects.get(number=number))
+        serving_services.alias_flip(adapter=adapter_a, revision=AdapterRevision.objects.get(number=number))
     r1 = AdapterRevision.objects.get(number=1)
     export_dir = artifact_root / r1.export_uri
     before = {p.name: p.read_bytes() for p in export_dir.iterdir()}

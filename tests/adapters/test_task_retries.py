@@ -39,7 +39,7 @@ def test_a_store_outage_is_retried_then_the_revision_proceeds(
         return real(prefix)
 
     with (
-        mock.patch("adapters.tasks.store.list_files", side_effect=flaky) as patched,
+        mock.patch("adapters.store.list_files", side_effect=flaky) as patched,
         django_capture_on_commit_callbacks(execute=True),
     ):
         assert register(tenant_a.client_as("developer"), good_adapter_dir).status_code == 201
@@ -51,7 +51,7 @@ def test_a_store_that_stays_down_fails_the_revision_with_its_reason(
     tenant_a, adapter_a, good_adapter_dir, artifact_root, django_capture_on_commit_callbacks
 ):
     with (
-        mock.patch("adapters.tasks.store.list_files", side_effect=ConnectionError("store down")),
+        mock.patch("adapters.store.list_files", side_effect=ConnectionError("store down")),
         django_capture_on_commit_callbacks(execute=True),
     ):
         assert register(tenant_a.client_as("developer"), good_adapter_dir).status_code == 201
@@ -79,12 +79,9 @@ def test_validate_is_idempotent(
 
 
 def test_demo_adapter_command_writes_a_valid_adapter(dense_base, tmp_path):
-    from io import StringIO
-
-    from django.core.management import call_command
-
     from adapters.artifacts.validate import validate_adapter_dir
+    from devtools.demo_adapter import main
 
-    call_command("mint_demo_adapter", "--base-model", "test-dense", "--out", str(tmp_path / "a"), stdout=StringIO())
+    assert main(["--base-model", "test-dense", "--out", str(tmp_path / "a")]) == 0
     checked = validate_adapter_dir(tmp_path / "a", dense_base.spec)
     assert (checked.rank, checked.target_modules) == (8, ["q_proj", "v_proj"])

@@ -6,7 +6,7 @@ from dataclasses import fields
 
 from adapters.artifacts.archive import ArchiveLimits
 from adapters.artifacts.validate import ValidationLimits
-from adapters.tasks import validation_limits
+from adapters.pipeline import validation_limits
 
 
 def test_every_reader_limit_comes_from_a_setting(settings):

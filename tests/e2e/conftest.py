@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from mint_site.launcher import BASE_DIR, Supervisor, free_port, http_ok, wait_for, web_argv, worker_argv
+from devtools.launcher import web_argv, worker_argv
+from devtools.supervisor import BASE_DIR, Supervisor, free_port, http_ok, wait_for
+from tests.e2e import slowed_worker
 
 
 def database_url_of_test_db() -> str:
@@ -17,6 +19,11 @@ def database_url_of_test_db() -> str:
     s = connection.settings_dict
     auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
     return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def worker_main(env: dict[str, str]) -> str:
+    """Celery's command line, or tests/e2e/slowed_worker.py's when the test asks for slowed work."""
+    return "tests.e2e.slowed_worker" if any(env.get(name) for name in slowed_worker.DELAYS) else "celery"
 
 
 @pytest.fixture
@@ -37,6 +44,7 @@ def start_worker(supervisor, transactional_db):
             concurrency=1,
             beat_schedule=supervisor.log_dir / f"{name}-beat-schedule" if beat else None,
             extra=("--pool", "solo", "-n", f"{name}@%h", "--without-mingle", "--without-gossip"),
+            main_module=worker_main(env),
         )
         return supervisor.start(name, argv, env=env)
 
@@ -49,7 +57,12 @@ def start_control_worker(supervisor, transactional_db):
 
     def start(name: str = "worker", extra_env: dict[str, str] | None = None):
         env = os.environ | {"DATABASE_URL": database_url_of_test_db()} | (extra_env or {})
-        argv = worker_argv("control", concurrency=2, extra=("-n", f"{name}@%h", "--without-mingle", "--without-gossip"))
+        argv = worker_argv(
+            "control",
+            concurrency=2,
+            extra=("-n", f"{name}@%h", "--without-mingle", "--without-gossip"),
+            main_module=worker_main(env),
+        )
         return supervisor.start(name, argv, env=env)
 
     return start
@@ -79,7 +92,7 @@ def start_web(supervisor, transactional_db):
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
-    from adapters.tiny import make_tiny_model
+    from devtools.tiny import make_tiny_model
 
     return make_tiny_model("dense", tmp_path_factory.mktemp("models") / "tiny-llama")
 
@@ -113,7 +126,7 @@ class Engine:
         return []
 
     def start(self) -> None:
-        from serving.local_node import start_engine
+        from devtools.local_node import start_engine
 
         start_engine(
             self.supervisor,
@@ -128,7 +141,7 @@ class Engine:
         )
 
     def wait_ready(self, timeout: float = 300) -> None:
-        from serving.local_node import STARTUP_TIMEOUT_S
+        from devtools.local_node import STARTUP_TIMEOUT_S
 
         wait_for(lambda: http_ok(f"{self.url}/health"), timeout=max(timeout, STARTUP_TIMEOUT_S), what="vLLM")
 
@@ -180,7 +193,7 @@ def engine(tmp_path_factory, tiny_llama_dir):
 
 @pytest.fixture(scope="session")
 def tiny_moe_dir(tmp_path_factory) -> Path:
-    from adapters.tiny import make_tiny_model
+    from devtools.tiny import make_tiny_model
 
     return make_tiny_model("moe", tmp_path_factory.mktemp("models") / "tiny-qwen3-moe")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
 
 @pytest.mark.parametrize("temperature", [0, 1.0])

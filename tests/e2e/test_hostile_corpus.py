@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from adapters import collect
 from adapters.models import Adapter, AdapterRevision, BaseModel
-from mint_site.launcher import wait_for
+from devtools.supervisor import wait_for
 from tenants.models import Tenant
 from tests.adapters.corpus import write_lora_adapter
 from tests.adapters.fixtures import spec_config

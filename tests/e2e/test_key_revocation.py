@@ -19,10 +19,10 @@ from django.conf import settings
 from django.test import Client
 
 from adapters.models import Adapter, AdapterRevision, BaseModel
-from mint_site.launcher import wait_for
+from devtools.supervisor import wait_for
+from mint_site.events import PLATFORM_GROUP
 from tenants import services
 from tenants.access import Actor
-from tenants.events import PLATFORM_GROUP
 from tenants.models import Role
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from adapters.models import Adapter, AdapterRevision, Alias, BaseModel
+from adapters.models import Adapter, AdapterRevision, BaseModel
 from mint_site.celery import app as celery_app
+from serving.models import Alias
 from tenants.models import AuditEvent
 from tests.adapters.corpus import TINY_DENSE, write_lora_adapter
 from tests.adapters.fixtures import spec_config, uploads_of

@@ -1,4 +1,8 @@
-"""`make run`'s launcher on its embedded default: SQLite, a private Redis, web and worker; Ctrl-C stops it all."""
+"""`make run`'s launcher on its embedded default: SQLite, a private Redis, web and worker; Ctrl-C stops it all.
+
+Even when it was started in the background, where SIGINT arrives ignored (tests/devtools/test_stop_signals.py
+checks the same with children that ignore SIGTERM).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import urllib.request
 import psutil
 import pytest
 
-from mint_site.launcher import BASE_DIR, free_port
+from devtools.supervisor import BASE_DIR, STOP_GRACE_S, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -38,8 +42,9 @@ def test_launcher_serves_the_demo_and_stops_everything_on_ctrl_c(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     # The vLLM node is exercised by test_serving.py; here the launcher's own services are checked.
     env |= {"MINT_VAR_DIR": str(tmp_path / "var"), "MINT_PORT": str(port), "MINT_LOCAL_NODE": "0"}
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "mint_site.launcher"],
+    # Started in the background by a non-interactive shell, as `make run &` would be: SIGINT arrives ignored.
+    shell = subprocess.Popen(
+        ["sh", "-c", '"$@" & wait', "sh", sys.executable, "-m", "devtools.launcher"],
         cwd=BASE_DIR,
         env=env,
         stdout=subprocess.PIPE,
@@ -50,13 +55,14 @@ def test_launcher_serves_the_demo_and_stops_everything_on_ctrl_c(tmp_path):
     try:
         deadline = time.monotonic() + 120
         while "Press Ctrl-C" not in output and time.monotonic() < deadline:
-            line = launcher.stdout.readline()
-            assert line or launcher.poll() is None, output
+            line = shell.stdout.readline()
+            assert line or shell.poll() is None, output
             output += line
         token = re.search(r"demo key:\s+(\S+)", output).group(1)
         base = f"http://127.0.0.1:{port}"
 
-        children = psutil.Process(launcher.pid).children(recursive=True)
+        (launcher,) = psutil.Process(shell.pid).children()
+        children = launcher.children(recursive=True)
         names = " ".join(" ".join(c.cmdline()) for c in children)
         assert "redis-server" in names and "uvicorn" in names and "celery" in names
 
@@ -69,6 +75,9 @@ def test_launcher_serves_the_demo_and_stops_everything_on_ctrl_c(tmp_path):
         assert get(f"{base}/api/v1/")[0] == 401
         assert (tmp_path / "var" / "mint.sqlite3").exists()
     finally:
-        launcher.send_signal(signal.SIGINT)
-        launcher.wait(timeout=60)
+        for launcher in psutil.Process(shell.pid).children():
+            launcher.send_signal(signal.SIGINT)
+        # Within the supervisor's grace (then its SIGKILL), with room for a busy machine.
+        shell.wait(timeout=STOP_GRACE_S + 20)
+    assert "Stopping" in shell.stdout.read()
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]

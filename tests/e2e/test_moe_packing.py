@@ -16,17 +16,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from adapters.artifacts import packing
+from adapters.artifacts import layout, packing
 from adapters.artifacts.export import engine_layout, write_engine_layout
 from adapters.artifacts.spec import BaseModelSpec
 from adapters.artifacts.validate import validate_adapter_dir
 from adapters.base_models import spec_config_from_hf
 from serving.vllm import VllmClient, VllmError
-from serving.vllm_plugin import layout
 from tests.adapters.corpus import write_lora_adapter
 from tests.e2e.conftest import Engine, _running
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
 RANK = 4
 EXPERT = ("gate_proj", "up_proj", "down_proj")

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from adapters.base_models import base_model_upsert
-from adapters.models import Adapter, AdapterRevision, Alias
+from adapters.models import Adapter, AdapterRevision
+from serving.models import Alias
 from tenants.access import Actor
 from tests.adapters.fixtures import uploads_of
 from tests.e2e.conftest import log_of, make_peft_adapter

@@ -12,11 +12,11 @@ import time
 import openai
 import pytest
 
-from adapters.models import AdapterRevision, Alias
-from serving.models import NodeState, Placement, ServingNode
+from adapters.models import AdapterRevision
+from serving.models import Alias, NodeState, Placement, ServingNode
 from tests.e2e.world import register_peft_revisions, wait
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
 PROMPT = "the quick brown fox"
 

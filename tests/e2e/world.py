@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adapters.base_models import base_model_upsert
-from adapters.models import Adapter, AdapterRevision, Alias
+from adapters.models import Adapter, AdapterRevision
 from serving import services as serving_services
-from serving.models import NodeState, Placement, ServingNode
+from serving.models import Alias, NodeState, Placement, ServingNode
 from tenants.access import Actor
 from tests.adapters.fixtures import uploads_of
 from tests.e2e.conftest import log_of, make_peft_adapter

@@ -8,8 +8,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from adapters.models import Adapter, AdapterRevision, Alias, Approval, RevisionState
-from serving.models import Placement, PlacementState, ServingNode
+from adapters.models import Adapter, AdapterRevision, Approval, RevisionState
+from serving.models import Alias, Placement, PlacementState, ServingNode
 from tenants.access import Actor
 from tenants.services import audit_record
 from tests.factories import ServingNodeFactory

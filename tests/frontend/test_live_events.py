@@ -21,10 +21,10 @@ from django.test import Client
 
 from adapters import services as adapter_services
 from adapters.models import AdapterRevision, RevisionState
+from mint_site import events
 from mint_site.asgi import application
 from serving import services as serving_services
 from serving.models import NodeState
-from tenants import events
 from tenants.access import Actor
 from tenants.auth import SESSION_TENANT_KEY
 from tests.factories import ServingNodeFactory

@@ -12,8 +12,9 @@ import re
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from adapters.models import AdapterRevision, Alias
+from adapters.models import AdapterRevision
 from frontend import urls as frontend_urls
+from serving.models import Alias
 from tenants.models import ApiKey
 from tests.frontend.conftest import page_client
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from adapters.models import AdapterRevision, Alias
+from adapters.models import AdapterRevision
+from serving.models import Alias
 from tenants.auth import SESSION_TENANT_KEY
 from tests.factories import PASSWORD, MembershipFactory
 from tests.frontend.conftest import page_client
@@ -248,9 +249,14 @@ def test_person_in_two_tenants_switches(catalog_a, catalog_b, tenant_a, tenant_b
     person = tenant_a.users["viewer"]
     MembershipFactory(user=person, tenant=tenant_b.tenant, role="viewer")
     client = page_client(person)
+    # Several tenants and none picked: the page asks which (one rule: tenants.selectors.choose_tenant).
     first = client.get("/").content.decode()
-    assert "support-bot" in first and "globex-secret-bot" not in first
-    assert 'id="tenant-switch"' in first
+    assert "Choose a tenant" in first and 'value="acme"' in first and 'value="globex"' in first
+    assert "support-bot" not in first and "globex-secret-bot" not in first
+    assert client.post("/tenant/", {"tenant": "acme"}).status_code == 302
+    picked = client.get("/").content.decode()
+    assert "support-bot" in picked and "globex-secret-bot" not in picked
+    assert 'id="tenant-switch"' in picked
     assert client.post("/tenant/", {"tenant": "globex"}).status_code == 302
     assert client.session[SESSION_TENANT_KEY] == "globex"
     second = client.get("/").content.decode()

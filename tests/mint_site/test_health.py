@@ -6,7 +6,7 @@ import pytest
 from django.db import OperationalError
 from django.test import override_settings
 
-from mint_site.launcher import free_port
+from devtools.supervisor import free_port
 from tests.conftest import error_of
 from tests.factories import UserFactory
 from tests.metrics_scrape import METRICS_TOKEN, scrape_metrics

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.models import AdapterRevision, Alias
-from serving.models import Placement, ServingNode
+from adapters.models import AdapterRevision
+from serving.models import Alias, Placement, ServingNode
 from tests.factories import ServingNodeFactory
 from tests.serving.gateway_world import world  # noqa: F401  (the gateway tests' world of tenants, nodes and a fake vLLM)
 

@@ -11,9 +11,9 @@ from django.core.cache import cache
 from django.db import connection
 from django.utils import timezone
 
-from adapters.models import AdapterRevision, Alias
-from serving import services
-from serving.models import NodeState, Placement, Priority, ServingNode
+from adapters.models import AdapterRevision
+from serving import selectors, services, tasks
+from serving.models import Alias, NodeState, Placement, Priority, ServingNode
 from tests.metrics_scrape import scrape_metrics
 from tests.serving.conftest import make_live, place
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def sent():
     """The tasks admission would send to node agents, recorded instead of sent."""
-    with mock.patch("serving.services._send") as send:
+    with mock.patch("serving.services.placement._send") as send:
         yield send
 
 
@@ -84,7 +84,7 @@ def test_the_per_node_limit_holds_under_concurrent_claimers(node, make_revision,
 
 
 def test_request_places_on_a_node_with_room_and_queues_admission(node, make_revision, sent):
-    with mock.patch("serving.services.admit"):
+    with mock.patch("serving.services.placement.admit"):
         placement = services.placement_request(revision=make_revision(1), priority=Priority.ACTIVATION)
     assert placement.node == node and placement.state == "queued"
 
@@ -116,7 +116,7 @@ def test_eviction_takes_the_least_recently_used_unprotected_placement(
     place(node, recent, "ready", last_used_at=now)
 
     with (
-        mock.patch("serving.services.live_event") as events,
+        mock.patch("serving.services.placement.live_event") as events,
         django_capture_on_commit_callbacks(execute=True),
     ):
         newcomer = services.placement_request(revision=make_revision(4), priority=Priority.ACTIVATION)
@@ -125,7 +125,7 @@ def test_eviction_takes_the_least_recently_used_unprotected_placement(
     # Announced, so gateways stop routing to it at once.
     evicting = [c.kwargs for c in events.call_args_list if c.kwargs["state"] == "evicting"]
     assert [(e["id"], e["revision"]) for e in evicting] == [(old_placement.id, "r2")]
-    unloads = [c for c in sent.call_args_list if c.args[0] == "serving.tasks.placement_unload"]
+    unloads = [c for c in sent.call_args_list if c.args[0] is tasks.placement_unload]
     assert [c.kwargs["placement_id"] for c in unloads] == [old_placement.id]
 
 
@@ -136,11 +136,11 @@ def test_the_previous_live_revision_is_protected_during_its_grace(node, make_rev
     Alias.objects.filter(id=alias.id).update(previous_revision=previous, updated_at=now)
     place(node, previous, "ready", last_used_at=now - timedelta(hours=2))
     other_placement = place(node, other, "ready", last_used_at=now - timedelta(hours=1))
-    assert services.eviction_victim(node, protected=services.protected_revision_ids()) == other_placement
+    assert services.eviction_victim(node, protected=selectors.protected_revision_ids()) == other_placement
 
     settings.MINT_ROLLBACK_GRACE_S = 60
     Alias.objects.filter(id=alias.id).update(updated_at=now - timedelta(minutes=5))
-    victim = services.eviction_victim(node, protected=services.protected_revision_ids())
+    victim = services.eviction_victim(node, protected=selectors.protected_revision_ids())
     assert victim.revision == previous
 
 
@@ -246,7 +246,7 @@ def test_after_a_prewarm_the_next_waits_so_prewarms_take_the_duty_share(
         assert services.admit(node_id=node.id) == []  # asked again during the pause: still one wake-up
     # busy 0.2 s at a 25 % share: the node rests 0.6 s, then admission runs again by itself.
     (call,) = sent.call_args_list
-    assert call.args == ("serving.tasks.node_admit",)
+    assert call.args == (tasks.node_admit,)
     assert call.kwargs["node_id"] == node.id
     assert 0.5 < call.kwargs["countdown"] <= 0.6
     assert Placement.objects.get(id=waiting.id).state == "queued"
@@ -272,7 +272,7 @@ def test_each_pause_gets_its_own_wake_up_however_short(
     Placement.objects.filter(id=second.id).update(state="ready", load_ms=10, warm_ms=10, ready_at=timezone.now())
     with django_capture_on_commit_callbacks(execute=True):
         assert services.admit(node_id=node.id) == []  # a pause after the second, within the same second
-    wake_ups = [call for call in sent.call_args_list if call.args == ("serving.tasks.node_admit",)]
+    wake_ups = [call for call in sent.call_args_list if call.args == (tasks.node_admit,)]
     assert len(wake_ups) == 2
     assert Placement.objects.get(id=third.id).state == "queued"
 

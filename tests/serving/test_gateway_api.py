@@ -10,18 +10,21 @@ import httpx
 import pytest
 from asgiref.sync import async_to_sync
 
-from adapters.models import Alias, RevisionState
-from serving.gateway import drain, proxy
-from serving.models import NodeState, Placement, PlacementState, Priority, ServingNode
+from adapters.models import RevisionState
+from serving.gateway.asgi import with_gateway
+from serving.models import Alias, NodeState, Placement, PlacementState, Priority, ServingNode
 from tenants import services as tenant_services
 from tenants.access import Actor
 from tenants.models import Role
 from tests.serving.gateway_world import (
+    FakeAnswer,
     call,
-    close_clients,
     complete,
     gw_revision,
     metric,
+    running,
+    settle,
+    site,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,7 +35,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_completion_is_forwarded_under_the_lora_name_and_answered_under_the_callers_name(world):
-    answer = complete(world.token, "support-bot")
+    answer = complete(world, world.token, "support-bot")
 
     assert answer.status == 200, answer.content
     assert answer.json()["model"] == "support-bot"
@@ -46,18 +49,20 @@ def test_completion_is_forwarded_under_the_lora_name_and_answered_under_the_call
 
 
 def test_server_timing_tells_the_gateways_own_time_from_the_nodes(world):
-    answer = complete(world.token, "support-bot")
+    answer = complete(world, world.token, "support-bot")
 
     timing = dict(part.strip().split(";dur=") for part in answer.headers["Server-Timing"].split(","))
     assert set(timing) == {"gateway", "upstream"}
     assert float(timing["gateway"]) > 0 and float(timing["upstream"]) > 0
-    refused = complete(world.token, "nope-bot")
+    refused = complete(world, world.token, "nope-bot")
     assert refused.headers["Server-Timing"].endswith("upstream;dur=0.00")
 
 
 @pytest.mark.parametrize("model", ["support-bot:production", "support-bot@r1"])
 def test_chat_completion_answers_with_the_exact_model_string_sent(world, model):
-    answer = complete(world.token, model, path="/v1/chat/completions", messages=[{"role": "user", "content": "Hi"}])
+    answer = complete(
+        world, world.token, model, path="/v1/chat/completions", messages=[{"role": "user", "content": "Hi"}]
+    )
 
     assert answer.status == 200, answer.content
     assert answer.json()["model"] == model
@@ -68,6 +73,7 @@ def test_chat_completion_answers_with_the_exact_model_string_sent(world, model):
 
 def test_stream_is_relayed_as_server_sent_events_with_model_renamed_and_done_at_the_end(world):
     answer = complete(
+        world,
         world.token,
         "support-bot",
         path="/v1/chat/completions",
@@ -87,28 +93,24 @@ def test_stream_is_relayed_as_server_sent_events_with_model_renamed_and_done_at_
     assert {c["model"] for c in chunks} == {"support-bot"}
     assert text.endswith("data: [DONE]\n\n")
     assert world.vllm.calls[0][2]["stream"] is True
-    assert dict(proxy.inflight) == {}  # released when the stream ended
+    assert dict(world.state.inflight) == {}  # released when the stream ended
 
 
 def test_stream_closed_by_the_client_closes_upstream_and_releases_the_slot(world):
     closed = []
 
-    class SlowStream(httpx.AsyncByteStream):
-        async def __aiter__(self):
-            yield b'data: {"model": "x", "choices": []}\n\n'
-            yield b'data: {"model": "x", "choices": []}\n\n'
+    async def events():
+        yield b'data: {"model": "x", "choices": []}\n\n'
+        yield b'data: {"model": "x", "choices": []}\n\n'
 
-        async def aclose(self):
-            closed.append(True)
-
-    world.vllm.answers["node-a.test"] = httpx.Response(
-        200, headers={"content-type": "text/event-stream"}, stream=SlowStream()
+    world.vllm.answers["node-a.test"] = FakeAnswer(
+        200, content_type="text/event-stream", chunks=events, on_close=lambda: closed.append(True)
     )
     token = world.token
 
     async def scenario():
         # Driven at the ASGI level: the client disconnects once the first event has arrived.
-        from mint_site.asgi import application
+        application = with_gateway(state=world.state)
 
         body = json.dumps({"model": "support-bot", "prompt": "Hi", "stream": True}).encode()
         scope = {
@@ -125,13 +127,12 @@ def test_stream_closed_by_the_client_closes_upstream_and_releases_the_slot(world
         async def send(message: dict) -> None:
             sent.append(message)
             if message["type"] == "http.response.body" and message.get("body"):
-                in_flight_at_first_event.append(proxy.inflight[world.placement.id])
+                in_flight_at_first_event.append(world.state.inflight[world.placement.id])
                 inbox.put_nowait({"type": "http.disconnect"})  # the client goes away
             await asyncio.sleep(0)  # a real server's send yields to the loop
 
         await asyncio.wait_for(application(scope, inbox.get, send), timeout=10)
-        await drain()
-        await close_clients()
+        await settle(world.state)
         return sent, in_flight_at_first_event
 
     sent, in_flight = async_to_sync(scenario)()
@@ -141,7 +142,7 @@ def test_stream_closed_by_the_client_closes_upstream_and_releases_the_slot(world
     assert json.loads(bodies[0].decode().removeprefix("data: "))["model"] == "support-bot"
     assert in_flight == [1]
     assert closed == [True]
-    assert dict(proxy.inflight) == {}
+    assert dict(world.state.inflight) == {}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,14 +150,14 @@ def test_stream_closed_by_the_client_closes_upstream_and_releases_the_slot(world
 
 
 def test_request_without_a_key_is_401(world):
-    error = complete(None).error()
+    error = complete(world, None).error()
     assert error["code"] == "missing_api_key"
     assert error["type"] == "authentication_error"
 
 
 def test_malformed_and_unknown_keys_are_401(world):
-    assert complete("not-a-key").status == 401
-    answer = complete("mint_0123456789ab_wrongsecret")
+    assert complete(world, "not-a-key").status == 401
+    answer = complete(world, "mint_0123456789ab_wrongsecret")
     assert answer.status == 401
     assert answer.error()["code"] == "invalid_api_key"
 
@@ -165,7 +166,7 @@ def test_revoked_key_is_401_with_the_code_from_the_key_check(world):
     key, token = world.tenant_a.key("inference")
     tenant_services.api_key_revoke(key=key, by=Actor(user=world.tenant_a.users[Role.OWNER]))
 
-    answer = complete(token)
+    answer = complete(world, token)
 
     assert answer.status == 401
     error = answer.error()
@@ -179,13 +180,13 @@ def test_key_without_inference_scope_is_403(world, scopes):
     _, token = world.tenant_a.key(*scopes)
 
     for path in ("/v1/completions", "/v1/chat/completions"):
-        answer = complete(token, path=path)
+        answer = complete(world, token, path=path)
         assert answer.status == 403
         error = answer.error()
         assert error["code"] == "insufficient_scope"
         assert error["type"] == "permission_error"
         assert "inference" in error["message"]
-    assert call("GET", "/v1/models", token).status == 403
+    assert call(world, "GET", "/v1/models", token).status == 403
     assert world.vllm.calls == []
 
 
@@ -194,27 +195,31 @@ def test_an_inference_key_of_any_member_may_infer(world):
     _, token = tenant_services.api_key_create(
         tenant=world.tenant_a.tenant, name="viewer", scopes=["inference"], created_by=viewer, by=Actor(user=viewer)
     )
-    assert complete(token).status == 200
+    assert complete(world, token).status == 200
 
 
-def test_a_signed_in_person_still_needs_a_key(world):
+def test_a_signed_in_person_still_needs_a_key(world, settings):
+    """Through the site's own application (Django behind the gateway), its gateway state built by the lifespan."""
     from django.test import Client
 
     from mint_site.asgi import application
 
+    settings.MINT_GATEWAY_FOLLOW_EVENTS = False
     browser = Client()
     browser.force_login(world.tenant_a.users[Role.OWNER])  # every role may infer, but only through a key
     cookie = f"sessionid={browser.cookies['sessionid'].value}"
 
     async def models():
-        transport = httpx.ASGITransport(app=application)
-        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
-            response = await client.get("/v1/models", headers={"Cookie": cookie})
-        await close_clients()
-        return response
+        async with running(application):
+            transport = httpx.ASGITransport(app=application)
+            async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+                response = await client.get("/v1/models", headers={"Cookie": cookie})
+                page = await client.get("/api/v1/", headers={"Cookie": cookie})
+        return response, page
 
-    response = async_to_sync(models)()
+    response, page = async_to_sync(models)()
     assert response.status_code == 401 and response.json()["error"]["code"] == "missing_api_key"
+    assert page.status_code == 200  # the same session is signed in for Django, behind the gateway
 
 
 def test_a_removed_members_key_is_401_naming_the_key(world):
@@ -224,7 +229,7 @@ def test_a_removed_members_key_is_401_naming_the_key(world):
     )
     tenant_services.membership_remove(tenant=world.tenant_a.tenant, user=developer, by=Actor.system())
 
-    answer = complete(token)
+    answer = complete(world, token)
 
     assert answer.status == 401
     error = answer.error()
@@ -237,42 +242,35 @@ def test_a_removed_members_key_is_401_naming_the_key(world):
 # Failed authentications per client address
 
 
-async def _models_from(address: str, token: str):
-    from mint_site.asgi import application
-
-    transport = httpx.ASGITransport(app=application, client=(address, 40000))
-    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+async def _models_from(world, address: str, token: str):
+    async with site(world.state, client=(address, 40000)) as client:
         response = await client.get("/v1/models", headers={"Authorization": f"Bearer {token}"})
-    await drain()
-    await close_clients()
+    await settle(world.state)
     return response
 
 
-def models_from(address: str, token: str) -> httpx.Response:
-    return async_to_sync(_models_from)(address, token)
+def models_from(world, address: str, token: str) -> httpx.Response:
+    return async_to_sync(_models_from)(world, address, token)
 
 
 def test_an_address_past_the_failure_limit_gets_429_before_any_lookup(world, settings):
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     settings.MINT_AUTH_FAILURES_PER_MIN = 3
     good = world.token
-    assert models_from("203.0.113.5", good).status_code == 200  # cached as valid
+    assert models_from(world, "203.0.113.5", good).status_code == 200  # cached as valid
     for guess in ("mint_nope_secret", "not-a-token", "mint_0123456789ab_wrong"):
-        assert models_from("203.0.113.5", guess).status_code == 401
+        assert models_from(world, "203.0.113.5", guess).status_code == 401
 
-    with CaptureQueriesContext(connection) as queries:
-        refused = models_from("203.0.113.5", "mint_0123456789ab_another")
-    assert len(queries) == 0
+    with world.queries() as queries:
+        refused = models_from(world, "203.0.113.5", "mint_0123456789ab_another")
+    assert queries == []
     assert refused.status_code == 429
     assert refused.json()["error"]["code"] == "too_many_auth_failures"
     assert refused.json()["error"]["type"] == "rate_limit_error"
     assert 1 <= int(refused.headers["Retry-After"]) <= 60
     # A key already known to be valid is no guess: served. A key not looked up yet waits like any token.
-    assert models_from("203.0.113.5", good).status_code == 200
-    assert models_from("203.0.113.5", world.tenant_a.key("inference", "pipeline")[1]).status_code == 429
-    assert models_from("203.0.113.6", "mint_nope_secret").status_code == 401
+    assert models_from(world, "203.0.113.5", good).status_code == 200
+    assert models_from(world, "203.0.113.5", world.tenant_a.key("inference", "pipeline")[1]).status_code == 429
+    assert models_from(world, "203.0.113.6", "mint_nope_secret").status_code == 401
 
 
 def test_failures_at_the_rest_api_count_at_the_gateway(world, settings):
@@ -283,7 +281,7 @@ def test_failures_at_the_rest_api_count_at_the_gateway(world, settings):
     rest.credentials(HTTP_AUTHORIZATION="Bearer mint_nope_secret")
     assert rest.get("/api/v1/").status_code == 401
     assert rest.get("/api/v1/").status_code == 401
-    assert models_from("203.0.113.9", "mint_0123456789ab_guess").status_code == 429
+    assert models_from(world, "203.0.113.9", "mint_0123456789ab_guess").status_code == 429
 
 
 def test_revoked_keys_are_not_failures_at_the_gateway(world, settings):
@@ -291,7 +289,7 @@ def test_revoked_keys_are_not_failures_at_the_gateway(world, settings):
     key, token = world.tenant_a.key("inference")
     tenant_services.api_key_revoke(key=key, by=Actor.system())
     for _ in range(4):
-        assert models_from("203.0.113.7", token).json()["error"]["code"] == "api_key_revoked"
+        assert models_from(world, "203.0.113.7", token).json()["error"]["code"] == "api_key_revoked"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,18 +297,18 @@ def test_revoked_keys_are_not_failures_at_the_gateway(world, settings):
 
 
 def test_bad_json_is_400(world):
-    answer = call("POST", "/v1/completions", world.token, "{not json")
+    answer = call(world, "POST", "/v1/completions", world.token, "{not json")
     assert answer.status == 400
     assert answer.error()["code"] == "invalid_json"
     assert answer.error()["type"] == "invalid_request_error"
 
-    answer = call("POST", "/v1/completions", world.token, "[1, 2]")
+    answer = call(world, "POST", "/v1/completions", world.token, "[1, 2]")
     assert answer.status == 400
     assert answer.error()["code"] == "invalid_json"
 
 
 def test_missing_model_is_400_naming_the_field(world):
-    answer = complete(world.token, model=None)
+    answer = complete(world, world.token, model=None)
     assert answer.status == 400
     error = answer.error()
     assert error["code"] == "missing_model"
@@ -318,14 +316,14 @@ def test_missing_model_is_400_naming_the_field(world):
 
 
 def test_malformed_model_is_400(world):
-    answer = complete(world.token, "support-bot@r0")
+    answer = complete(world, world.token, "support-bot@r0")
     assert answer.status == 400
     assert answer.error()["code"] == "invalid_model"
 
 
 def test_unknown_model_and_another_tenants_model_get_the_identical_404(world):
-    unknown = complete(world.token, "nope-bot")
-    foreign = complete(world.token, "globex-bot")
+    unknown = complete(world, world.token, "nope-bot")
+    foreign = complete(world, world.token, "globex-bot")
 
     assert unknown.status == foreign.status == 404
     assert unknown.error()["code"] == "model_not_found"
@@ -335,25 +333,25 @@ def test_unknown_model_and_another_tenants_model_get_the_identical_404(world):
     assert sorted(foreign.headers.keys()) == sorted(unknown.headers.keys())
     assert world.vllm.calls == []
     # And tenant B itself is served.
-    assert complete(world.tenant_b.key("inference")[1], "globex-bot").status == 200
+    assert complete(world, world.tenant_b.key("inference")[1], "globex-bot").status == 200
 
 
 def test_pinned_revision_must_exist_and_be_approved(world):
     gw_revision(world.adapter, 3, state=RevisionState.EXPORTED)
 
-    assert complete(world.token, "support-bot@r3").error()["code"] == "model_not_found"
-    assert complete(world.token, "support-bot@r9").error()["code"] == "model_not_found"
-    assert complete(world.token, "support-bot@r1").status == 200
+    assert complete(world, world.token, "support-bot@r3").error()["code"] == "model_not_found"
+    assert complete(world, world.token, "support-bot@r9").error()["code"] == "model_not_found"
+    assert complete(world, world.token, "support-bot@r1").status == 200
 
 
 def test_wrong_method_is_405_in_the_openai_shape(world):
-    answer = call("GET", "/v1/completions", world.token)
+    answer = call(world, "GET", "/v1/completions", world.token)
     assert answer.status == 405
     assert answer.error()["code"] == "method_not_allowed"
 
 
 def test_unknown_endpoint_under_v1_is_404_in_the_openai_shape(world):
-    answer = call("POST", "/v1/embeddings", world.token, {"model": "support-bot", "input": "Hi"})
+    answer = call(world, "POST", "/v1/embeddings", world.token, {"model": "support-bot", "input": "Hi"})
     assert answer.status == 404
     assert answer.error()["code"] == "unknown_endpoint"
     assert world.vllm.calls == []
@@ -362,7 +360,7 @@ def test_unknown_endpoint_under_v1_is_404_in_the_openai_shape(world):
 def test_body_over_the_upload_limit_is_413_before_anything_is_forwarded(world, settings):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
 
-    answer = complete(world.token, prompt="x" * 2000)
+    answer = complete(world, world.token, prompt="x" * 2000)
 
     assert answer.status == 413
     assert answer.error()["code"] == "payload_too_large"
@@ -371,7 +369,7 @@ def test_body_over_the_upload_limit_is_413_before_anything_is_forwarded(world, s
 
 def test_unexpected_failure_is_a_500_without_a_stack_trace(world):
     with mock.patch("serving.gateway.resolve.resolve", side_effect=RuntimeError("boom at line 3")):
-        answer = complete(world.token)
+        answer = complete(world, world.token)
     assert answer.status == 500
     assert answer.error() == {
         "code": "server_error",
@@ -389,7 +387,7 @@ def test_revision_without_a_ready_placement_is_503_and_asks_for_one_prewarm(worl
     Placement.objects.filter(id=world.placement.id).update(state=PlacementState.LOADING)
     before = metric("mint_gateway_not_ready_total", tenant="acme", adapter="support-bot")
 
-    answers = [complete(world.token) for _ in range(3)]
+    answers = [complete(world, world.token) for _ in range(3)]
 
     for answer in answers:
         assert answer.status == 503
@@ -408,7 +406,7 @@ def test_revision_without_a_ready_placement_is_503_and_asks_for_one_prewarm(worl
 def test_a_node_that_is_down_does_not_count_as_ready(world):
     ServingNode.objects.filter(id=world.node_a.id).update(state=NodeState.DOWN)
 
-    answer = complete(world.token)
+    answer = complete(world, world.token)
 
     assert answer.status == 503
     assert answer.error()["code"] == "adapter_not_ready"
@@ -419,8 +417,8 @@ def test_prewarm_is_asked_again_after_the_ttl(world, settings):
     settings.MINT_GATEWAY_CACHE_S = 0.0  # every request resolves afresh
     world.placement.delete()
 
-    complete(world.token, "support-bot@r2")
-    complete(world.token, "support-bot@r2")
+    complete(world, world.token, "support-bot@r2")
+    complete(world, world.token, "support-bot@r2")
 
     assert world.prewarm.call_count == 2
     assert {c.kwargs["revision"].id for c in world.prewarm.call_args_list} == {world.r2.id}
@@ -429,8 +427,8 @@ def test_prewarm_is_asked_again_after_the_ttl(world, settings):
 def test_alias_that_never_flipped_is_503_without_a_prewarm(world):
     Alias.objects.create(adapter=world.adapter, name="candidate", revision=None, desired_revision=world.r2)
 
-    answer = complete(world.token, "support-bot:candidate")
-    missing = complete(world.token, "support-bot:canary")
+    answer = complete(world, world.token, "support-bot:candidate")
+    missing = complete(world, world.token, "support-bot:canary")
 
     assert answer.status == missing.status == 503
     assert answer.error()["code"] == missing.error()["code"] == "adapter_not_ready"
@@ -441,9 +439,9 @@ def test_alias_that_never_flipped_is_503_without_a_prewarm(world):
 def test_a_placement_that_becomes_ready_is_routed_to_after_the_ttl(world, settings):
     settings.MINT_GATEWAY_CACHE_S = 0.0
     world.placement.delete()
-    assert complete(world.token).status == 503
+    assert complete(world, world.token).status == 503
 
     Placement.objects.create(node=world.node_b, revision=world.r1, state=PlacementState.READY)
 
-    assert complete(world.token).status == 200
+    assert complete(world, world.token).status == 200
     assert world.vllm.hosts() == ["node-b.test"]

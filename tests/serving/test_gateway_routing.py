@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import httpx
 import pytest
 import redis
 from asgiref.sync import async_to_sync
@@ -12,16 +11,18 @@ from django.conf import settings as django_settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from adapters.models import Adapter, Alias
-from serving.gateway import drain, proxy, ratelimit, usage
-from serving.models import Placement, PlacementState
+from adapters.models import Adapter
+from serving.gateway import ratelimit
+from serving.gateway.upstream import UpstreamTimeout
+from serving.models import Alias, Placement, PlacementState
 from tests.metrics_scrape import scrape_metrics
 from tests.serving.gateway_world import (
+    FakeAnswer,
     call,
-    close_clients,
     complete,
     gw_revision,
     metric,
+    settle,
     site,
 )
 
@@ -34,72 +35,70 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_routing_picks_the_target_with_fewest_requests_in_flight(world):
     second = world.second_placement()
+    inflight = world.state.inflight
 
-    proxy.inflight[world.placement.id] = 3
-    proxy.inflight[second.id] = 1
-    assert complete(world.token).status == 200
-    proxy.inflight[world.placement.id] = 0
-    proxy.inflight[second.id] = 2
-    assert complete(world.token).status == 200
+    inflight[world.placement.id] = 3
+    inflight[second.id] = 1
+    assert complete(world, world.token).status == 200
+    inflight[world.placement.id] = 0
+    inflight[second.id] = 2
+    assert complete(world, world.token).status == 200
 
     assert world.vllm.hosts() == ["node-b.test", "node-a.test"]
-    assert proxy.inflight[world.placement.id] == 0 and proxy.inflight[second.id] == 2  # each released
+    assert inflight[world.placement.id] == 0 and inflight[second.id] == 2  # each released
 
 
 def test_connection_error_on_the_first_target_retries_once_on_the_second(world):
     second = world.second_placement()
-    proxy.inflight[second.id] = 1  # node-a is picked first
+    world.state.inflight[second.id] = 1  # node-a is picked first
     world.vllm.down.add("node-a.test")
     before = metric("mint_gateway_upstream_errors_total", node="node-a")
 
-    answer = complete(world.token)
+    answer = complete(world, world.token)
 
     assert answer.status == 200, answer.content
     assert answer.json()["model"] == "support-bot"
     assert world.vllm.hosts() == ["node-b.test"]
     assert metric("mint_gateway_upstream_errors_total", node="node-a") == before + 1
-    assert proxy.inflight[world.placement.id] == 0 and proxy.inflight[second.id] == 1
+    assert world.state.inflight[world.placement.id] == 0 and world.state.inflight[second.id] == 1
 
 
 def test_all_targets_unreachable_is_not_ready(world):
     world.second_placement()
     world.vllm.down.update({"node-a.test", "node-b.test"})
 
-    answer = complete(world.token)
+    answer = complete(world, world.token)
 
     assert answer.status == 503
     error = answer.error()
     assert error["code"] == "adapter_not_ready"
     assert "node-" not in error["message"]
-    assert dict(proxy.inflight) == {}
+    assert dict(world.state.inflight) == {}
 
 
 def test_a_single_unreachable_target_is_not_retried_on_itself(world):
-    attempts = []
     world.vllm.down.add("node-a.test")
-    transport = httpx.MockTransport(lambda request: attempts.append(request) or world.vllm(request))
-    proxy.set_transport(transport)
 
-    assert complete(world.token).status == 503
-    assert len(attempts) == 1
+    assert complete(world, world.token).status == 503
+    assert world.vllm.attempts == ["node-a.test"]
 
 
 def test_node_timeout_is_504(world):
-    world.vllm.failure = httpx.ReadTimeout("timed out")
+    world.vllm.failure = UpstreamTimeout("timed out")
 
-    answer = complete(world.token)
+    answer = complete(world, world.token)
 
     assert answer.status == 504
     assert answer.error()["code"] == "upstream_timeout"
-    assert dict(proxy.inflight) == {}
+    assert dict(world.state.inflight) == {}
 
 
 def test_node_server_error_is_502_and_hides_the_node(world):
-    world.vllm.answers["node-a.test"] = httpx.Response(
-        500, json={"error": {"message": f"engine dead at http://node-a.test for {world.lora}", "code": 500}}
+    world.vllm.answers["node-a.test"] = FakeAnswer(
+        500, json_body={"error": {"message": f"engine dead at http://node-a.test for {world.lora}", "code": 500}}
     )
 
-    answer = complete(world.token)
+    answer = complete(world, world.token)
 
     assert answer.status == 502
     assert answer.error()["code"] == "upstream_error"
@@ -107,9 +106,9 @@ def test_node_server_error_is_502_and_hides_the_node(world):
 
 
 def test_node_refusing_the_parameters_is_400_with_the_lora_name_scrubbed(world):
-    world.vllm.answers["node-a.test"] = httpx.Response(
+    world.vllm.answers["node-a.test"] = FakeAnswer(
         400,
-        json={
+        json_body={
             "error": {
                 "message": f"max_tokens is too large for model {world.lora}",
                 "type": "BadRequestError",
@@ -118,7 +117,7 @@ def test_node_refusing_the_parameters_is_400_with_the_lora_name_scrubbed(world):
         },
     )
 
-    answer = complete(world.token)
+    answer = complete(world, world.token)
 
     assert answer.status == 400
     error = answer.error()
@@ -127,11 +126,11 @@ def test_node_refusing_the_parameters_is_400_with_the_lora_name_scrubbed(world):
 
 
 def test_node_that_lost_the_adapter_answers_503_not_ready(world):
-    world.vllm.answers["node-a.test"] = httpx.Response(
-        404, json={"error": {"message": f"The model `{world.lora}` does not exist.", "code": 404}}
+    world.vllm.answers["node-a.test"] = FakeAnswer(
+        404, json_body={"error": {"message": f"The model `{world.lora}` does not exist.", "code": 404}}
     )
 
-    answer = complete(world.token)
+    answer = complete(world, world.token)
 
     assert answer.status == 503
     assert answer.error()["code"] == "adapter_not_ready"
@@ -148,7 +147,7 @@ def test_rate_limit_answers_429_with_retry_after_past_the_tenants_rpm(world):
     world.tenant_a.tenant.save(update_fields=["rate_limit_rpm"])
     before = metric("mint_gateway_rate_limited_total", tenant="acme")
 
-    answers = [complete(world.token) for _ in range(4)]
+    answers = [complete(world, world.token) for _ in range(4)]
 
     assert [a.status for a in answers] == [200, 200, 200, 429]
     error = answers[-1].error()
@@ -158,7 +157,7 @@ def test_rate_limit_answers_429_with_retry_after_past_the_tenants_rpm(world):
     assert len(world.vllm.calls) == 3
     assert metric("mint_gateway_rate_limited_total", tenant="acme") == before + 1
     # Another tenant has its own budget.
-    assert complete(world.tenant_b.key("inference")[1], "globex-bot").status == 200
+    assert complete(world, world.tenant_b.key("inference")[1], "globex-bot").status == 200
 
 
 def test_rate_limit_counts_per_process_when_redis_is_unreachable(world, settings):
@@ -166,7 +165,7 @@ def test_rate_limit_counts_per_process_when_redis_is_unreachable(world, settings
     world.tenant_a.tenant.rate_limit_rpm = 2
     world.tenant_a.tenant.save(update_fields=["rate_limit_rpm"])
 
-    assert [complete(world.token).status for _ in range(3)] == [200, 200, 429]
+    assert [complete(world, world.token).status for _ in range(3)] == [200, 200, 429]
 
 
 def test_rate_limit_sees_other_processes_requests_after_a_flush(world):
@@ -178,7 +177,7 @@ def test_rate_limit_sees_other_processes_requests_after_a_flush(world):
     shared.close()
 
     # The first request is decided on this process's count; its flush brings back everyone's.
-    assert [complete(world.token).status for _ in range(2)] == [200, 429]
+    assert [complete(world, world.token).status for _ in range(2)] == [200, 429]
     assert len(world.vllm.calls) == 1
 
 
@@ -192,7 +191,7 @@ def test_models_lists_only_the_callers_live_models(world):
     Alias.objects.create(adapter=never_live, name=Alias.PRODUCTION, revision=None, desired_revision=None)
     Adapter.objects.create(tenant=world.tenant_a.tenant, name="empty-bot", base_model=world.base)
 
-    answer = call("GET", "/v1/models", world.token)
+    answer = call(world, "GET", "/v1/models", world.token)
 
     assert answer.status == 200
     body = answer.json()
@@ -204,22 +203,22 @@ def test_models_lists_only_the_callers_live_models(world):
         assert isinstance(entry["created"], int)
     assert b"globex" not in answer.content
 
-    other = call("GET", "/v1/models", world.tenant_b.key("inference")[1]).json()
+    other = call(world, "GET", "/v1/models", world.tenant_b.key("inference")[1]).json()
     assert [m["id"] for m in other["data"]] == ["globex-bot"]
 
 
 def test_model_retrieve_finds_only_the_callers_models(world):
-    found = call("GET", "/v1/models/support-bot", world.token)
+    found = call(world, "GET", "/v1/models/support-bot", world.token)
     assert found.status == 200
     assert found.json()["id"] == "support-bot"
 
-    foreign = call("GET", "/v1/models/globex-bot", world.token)
+    foreign = call(world, "GET", "/v1/models/globex-bot", world.token)
     assert foreign.status == 404
     assert foreign.error()["code"] == "model_not_found"
 
 
 def test_metrics_endpoint_shows_gateway_series(world, client):
-    complete(world.token)
+    complete(world, world.token)
 
     text = scrape_metrics(client)
 
@@ -234,30 +233,30 @@ def test_metrics_endpoint_shows_gateway_series(world, client):
 
 def test_cached_ready_request_does_no_database_query(world):
     token = world.token
-    assert complete(token).status == 200  # warms the key and model caches
+    assert complete(world, token).status == 200  # warms the key and model caches
 
-    with CaptureQueriesContext(connection) as captured:
-        answer = complete(token)
+    with world.queries() as queries:
+        answer = complete(world, token)
 
     assert answer.status == 200
-    assert [q["sql"] for q in captured.captured_queries] == []
+    assert queries == []
 
 
 def test_query_capture_sees_the_cold_path(world):
     # Guards the test above: the same capture does see the queries of an uncached request.
-    with CaptureQueriesContext(connection) as captured:
-        assert complete(world.token).status == 200
-    assert len(captured.captured_queries) >= 3
+    with world.queries() as queries:
+        assert complete(world, world.token).status == 200
+    assert len(queries) >= 3
 
 
 def test_usage_is_written_in_one_batch_for_many_requests(world, settings):
     second = world.second_placement()
     for _ in range(12):
-        assert complete(world.token).status == 200
+        assert complete(world, world.token).status == 200
     assert Placement.objects.filter(last_used_at__isnull=False).count() == 0  # nothing written per request
 
     with CaptureQueriesContext(connection) as captured:
-        usage.flush()
+        world.state.usage.flush()
 
     updates = [q["sql"] for q in captured.captured_queries if q["sql"].lstrip().upper().startswith("UPDATE")]
     assert 1 <= len(updates) <= 2
@@ -268,7 +267,7 @@ def test_usage_is_written_in_one_batch_for_many_requests(world, settings):
     assert second.last_used_at is not None
     # Nothing pending any more: a second flush writes nothing.
     with CaptureQueriesContext(connection) as again:
-        usage.flush()
+        world.state.usage.flush()
     assert again.captured_queries == []
 
 
@@ -283,13 +282,14 @@ def test_usage_batch_keeps_the_latest_time_per_placement_and_touches_keys(world)
         Placement.objects.create(node=world.node_b, revision=r, state=PlacementState.READY)
         for r in (world.r2, gw_revision(world.adapter, 5))
     ]
+    usage = world.state.usage
     for minutes_ago in (5, 1, 3):
         for p in placements:
             usage.record(placement_id=p.id, at=now - timedelta(minutes=minutes_ago))
     usage.record(key_id=key.id, at=now)
 
     with CaptureQueriesContext(connection) as captured:
-        assert usage.flush() == 2
+        assert usage.flush() == 4  # rows: three placements and the key
 
     assert len(captured.captured_queries) == 2
     for p in placements:
@@ -302,7 +302,7 @@ def test_usage_batch_keeps_the_latest_time_per_placement_and_touches_keys(world)
 def test_usage_flush_runs_in_the_background_from_the_request_path(world, settings):
     settings.MINT_GATEWAY_USAGE_FLUSH_S = 0.0
 
-    assert complete(world.token).status == 200  # the helper drains background tasks
+    assert complete(world, world.token).status == 200  # the helper drains background tasks
 
     world.placement.refresh_from_db()
     assert world.placement.last_used_at is not None
@@ -318,7 +318,7 @@ def test_the_openai_client_works_unchanged(world):
     token = world.token
 
     async def scenario():
-        http = site()
+        http = site(world.state)
         client = openai.AsyncOpenAI(base_url="http://testserver/v1", api_key=token, http_client=http, max_retries=0)
         chat = await client.chat.completions.create(
             model="support-bot", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
@@ -334,8 +334,7 @@ def test_the_openai_client_works_unchanged(world):
         with pytest.raises(openai.BadRequestError):
             await client.completions.create(model="Bad Model", prompt="Hi")
         await http.aclose()
-        await drain()
-        await close_clients()
+        await settle(world.state)
         return chat, text, pieces, models, missing.value
 
     chat, text, pieces, models, missing = async_to_sync(scenario)()

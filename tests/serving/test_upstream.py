@@ -1,4 +1,4 @@
-"""The gateway's upstream transport against scripted HTTP servers on real sockets: answers, keep-alive,
+"""The gateway's upstream client against scripted HTTP servers on real sockets: answers, keep-alive,
 streaming, and every way a node can fail."""
 
 from __future__ import annotations
@@ -7,12 +7,10 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 
-import httpx
 import pytest
 
-from serving.gateway.upstream import UpstreamTransport
+from serving.gateway.upstream import BrokenAnswer, NoAnswer, Upstream, UpstreamResponse, UpstreamTimeout
 
-TIMEOUTS = {"connect": 2.0, "read": 2.0, "write": 2.0, "pool": 2.0}
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "Server"], Awaitable[None]]
 
 
@@ -68,15 +66,17 @@ def keep_answering(body: bytes = b'{"ok": true}') -> Handler:
     return handler
 
 
-async def post(transport: UpstreamTransport, url: str, payload: dict | None = None, **timeouts) -> httpx.Response:
-    request = httpx.Request(
-        "POST",
-        url + "/v1/completions",
-        content=json.dumps(payload or {"prompt": "hi"}).encode(),
-        headers={"content-type": "application/json"},
-        extensions={"timeout": TIMEOUTS | timeouts},
+def client(*, max_connections: int = 100, read_timeout: float = 2.0, pool_timeout: float = 2.0) -> Upstream:
+    return Upstream(
+        max_connections=max_connections,
+        connect_timeout=min(2.0, pool_timeout),
+        read_timeout=read_timeout,
+        pool_timeout=pool_timeout,
     )
-    return await transport.handle_async_request(request)
+
+
+async def post(upstream: Upstream, url: str, payload: dict | None = None) -> UpstreamResponse:
+    return await upstream.post(url + "/v1/completions", json.dumps(payload or {"prompt": "hi"}).encode())
 
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
@@ -86,20 +86,22 @@ def run(scenario: Callable[[], Awaitable[None]]) -> None:
 def test_answers_are_read_and_connections_kept_alive():
     async def scenario():
         async with Server(keep_answering(b'{"text": "hello"}')) as server:
-            transport = UpstreamTransport()
+            upstream = client()
             for _ in range(3):
-                response = await post(transport, server.url, {"prompt": "hi", "n": 1})
-                assert response.status_code == 200
-                assert response.headers["content-type"] == "application/json"
-                assert json.loads(await response.aread()) == {"text": "hello"}
+                response = await post(upstream, server.url, {"prompt": "hi", "n": 1})
+                assert response.status == 200
+                assert response.content_type == "application/json"
+                assert json.loads(await response.read()) == {"text": "hello"}
                 await response.aclose()
             assert server.connections == 1
             line, headers, body = server.requests[0]
             assert line == "POST /v1/completions HTTP/1.1"
             assert headers["host"] == server.url.removeprefix("http://")
             assert headers["content-type"] == "application/json"
+            # Nothing asks the node to compress, and nothing it does not need goes out.
+            assert "accept-encoding" not in headers and "user-agent" not in headers and "cookie" not in headers
             assert json.loads(body) == {"prompt": "hi", "n": 1}
-            await transport.aclose()
+            await upstream.aclose()
 
     run(scenario)
 
@@ -121,15 +123,17 @@ def test_a_chunked_stream_arrives_event_by_event():
             await server.read_request(reader)
 
         async with Server(handler) as server:
-            transport = UpstreamTransport()
-            response = await post(transport, server.url)
-            lines = []
-            async for line in response.aiter_lines():
-                lines.append(line)
+            upstream = client()
+            response = await post(upstream, server.url)
+            assert response.content_type == "text/event-stream"
+            received = []
+            async for chunk in response.chunks():
+                received.append(chunk)
                 go_on.set()
-            assert [line for line in lines if line] == ['data: {"n": 1}', 'data: {"n": 2}', "data: [DONE]"]
+            assert received[0] == b'data: {"n": 1}\n\n'  # the first event before the node sent the rest
+            assert b"".join(received) == b'data: {"n": 1}\n\ndata: {"n": 2}\n\ndata: [DONE]\n\n'
             await response.aclose()
-            await transport.aclose()
+            await upstream.aclose()
 
     run(scenario)
 
@@ -143,14 +147,16 @@ def test_a_connection_the_node_closed_while_idle_is_replaced_without_losing_the_
             # then close, as a node's keep-alive timeout does
 
         async with Server(handler) as server:
-            transport = UpstreamTransport()
-            first = await post(transport, server.url)
-            assert json.loads(await first.aread()) == {"n": 1}
+            upstream = client()
+            first = await post(upstream, server.url)
+            assert json.loads(await first.read()) == {"n": 1}
+            await first.aclose()
             await asyncio.sleep(0.05)  # the close reaches the pooled connection
-            second = await post(transport, server.url)
-            assert json.loads(await second.aread()) == {"n": 2}
+            second = await post(upstream, server.url)
+            assert json.loads(await second.read()) == {"n": 2}
             assert server.connections == 2 and len(server.requests) == 2
-            await transport.aclose()
+            await second.aclose()
+            await upstream.aclose()
 
     run(scenario)
 
@@ -165,43 +171,48 @@ def test_a_kept_alive_connection_dropped_as_the_request_goes_out_is_retried_once
             await server.read_request(reader)
 
         async with Server(handler) as server:
-            transport = UpstreamTransport()
-            await (await post(transport, server.url)).aread()
-            response = await post(transport, server.url)
-            assert response.status_code == 200
-            await response.aread()
+            upstream = client()
+            first = await post(upstream, server.url)
+            await first.read()
+            await first.aclose()
+            response = await post(upstream, server.url)
+            assert response.status == 200
+            await response.read()
             assert server.connections == 2
-            await transport.aclose()
+            await response.aclose()
+            await upstream.aclose()
 
     run(scenario)
 
 
-def test_a_node_that_refuses_connections_is_a_connect_error():
+def test_a_node_that_refuses_connections_is_no_answer():
     async def scenario():
         async with Server(keep_answering()) as server:
             url = server.url
-        transport = UpstreamTransport()
-        with pytest.raises(httpx.ConnectError):
-            await post(transport, url)
+        upstream = client()
+        with pytest.raises(NoAnswer):
+            await post(upstream, url)
+        await upstream.aclose()
 
     run(scenario)
 
 
-def test_a_node_that_closes_without_answering_is_a_protocol_error_on_a_new_connection():
+def test_a_node_that_closes_without_answering_on_a_new_connection_is_no_answer_and_not_retried():
     async def scenario():
         async def handler(reader, writer, server: Server) -> None:
             await server.read_request(reader)
 
         async with Server(handler) as server:
-            transport = UpstreamTransport()
-            with pytest.raises(httpx.RemoteProtocolError):
-                await post(transport, server.url)
+            upstream = client()
+            with pytest.raises(NoAnswer):
+                await post(upstream, server.url)
             assert server.connections == 1  # a fresh connection is not retried: the node saw the request
+            await upstream.aclose()
 
     run(scenario)
 
 
-def test_a_node_that_does_not_answer_in_time_is_a_read_timeout_and_its_connection_is_dropped():
+def test_a_node_that_does_not_answer_in_time_is_a_timeout_and_its_connection_is_dropped():
     async def scenario():
         async def handler(reader, writer, server: Server) -> None:
             await server.read_request(reader)
@@ -212,18 +223,19 @@ def test_a_node_that_does_not_answer_in_time_is_a_read_timeout_and_its_connectio
             await server.read_request(reader)
 
         async with Server(handler) as server:
-            transport = UpstreamTransport()
-            with pytest.raises(httpx.ReadTimeout):
-                await post(transport, server.url, read=0.2)
-            response = await post(transport, server.url)
-            assert response.status_code == 200
+            upstream = client(read_timeout=0.2)
+            with pytest.raises(UpstreamTimeout):
+                await post(upstream, server.url)
+            response = await post(upstream, server.url)
+            assert response.status == 200
             assert server.connections == 2
-            await transport.aclose()
+            await response.aclose()
+            await upstream.aclose()
 
     run(scenario)
 
 
-def test_an_answer_broken_off_midway_is_a_read_error():
+def test_an_answer_broken_off_midway_is_a_broken_answer():
     async def scenario():
         async def handler(reader, writer, server: Server) -> None:
             await server.read_request(reader)
@@ -231,15 +243,40 @@ def test_an_answer_broken_off_midway_is_a_read_error():
             await writer.drain()
 
         async with Server(handler) as server:
-            transport = UpstreamTransport()
-            response = await post(transport, server.url)
-            with pytest.raises(httpx.ReadError):
-                await response.aread()
+            upstream = client()
+            response = await post(upstream, server.url)
+            with pytest.raises(BrokenAnswer):
+                await response.read()
+            await response.aclose()
+            await upstream.aclose()
 
     run(scenario)
 
 
-def test_a_malformed_answer_is_a_protocol_error():
+def test_a_stream_broken_off_midway_is_a_broken_answer_after_its_first_events():
+    async def scenario():
+        async def handler(reader, writer, server: Server) -> None:
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            first = b'data: {"n": 1}\n\n'
+            writer.write(b"%x\r\n%s\r\n" % (len(first), first))
+            await writer.drain()
+
+        async with Server(handler) as server:
+            upstream = client()
+            response = await post(upstream, server.url)
+            received = []
+            with pytest.raises(BrokenAnswer):
+                async for chunk in response.chunks():
+                    received.append(chunk)
+            assert received == [b'data: {"n": 1}\n\n']
+            await response.aclose()
+            await upstream.aclose()
+
+    run(scenario)
+
+
+def test_a_malformed_answer_is_no_answer():
     async def scenario():
         async def handler(reader, writer, server: Server) -> None:
             await server.read_request(reader)
@@ -248,8 +285,10 @@ def test_a_malformed_answer_is_a_protocol_error():
             await reader.read()
 
         async with Server(handler) as server:
-            with pytest.raises(httpx.RemoteProtocolError):
-                await post(UpstreamTransport(), server.url)
+            upstream = client()
+            with pytest.raises(NoAnswer):
+                await post(upstream, server.url)
+            await upstream.aclose()
 
     run(scenario)
 
@@ -267,13 +306,14 @@ def test_a_response_closed_before_its_body_was_read_is_not_reused():
             await writer.drain()
 
         async with Server(handler) as server:
-            transport = UpstreamTransport()
-            response = await post(transport, server.url)
+            upstream = client()
+            response = await post(upstream, server.url)
             await response.aclose()  # the connection still carries the rest of that answer
-            again = await post(transport, server.url)
-            assert json.loads(await again.aread()) == {"n": 2}
+            again = await post(upstream, server.url)
+            assert json.loads(await again.read()) == {"n": 2}
             assert server.connections == 2
-            await transport.aclose()
+            await again.aclose()
+            await upstream.aclose()
 
     run(scenario)
 
@@ -286,11 +326,13 @@ def test_connection_close_from_the_node_is_honoured():
                 await writer.drain()
 
         async with Server(handler) as server:
-            transport = UpstreamTransport()
+            upstream = client()
             for _ in range(2):
-                await (await post(transport, server.url)).aread()
+                response = await post(upstream, server.url)
+                await response.read()
+                await response.aclose()
             assert server.connections == 2
-            await transport.aclose()
+            await upstream.aclose()
 
     run(scenario)
 
@@ -303,8 +345,11 @@ def test_an_answer_without_a_length_ends_with_its_connection():
             await writer.drain()
 
         async with Server(handler) as server:
-            response = await post(UpstreamTransport(), server.url)
-            assert json.loads(await response.aread()) == {"until": "close"}
+            upstream = client()
+            response = await post(upstream, server.url)
+            assert json.loads(await response.read()) == {"until": "close"}
+            await response.aclose()
+            await upstream.aclose()
 
     run(scenario)
 
@@ -321,26 +366,36 @@ def test_the_connection_cap_queues_requests_and_a_cancelled_request_frees_its_co
                 await writer.drain()
 
         async with Server(handler) as server:
-            transport = UpstreamTransport(max_connections=1)
-            stuck = asyncio.create_task(post(transport, server.url))
+            upstream = client(max_connections=1, pool_timeout=0.2)
+            stuck = asyncio.create_task(post(upstream, server.url))
             await asyncio.sleep(0.1)
-            with pytest.raises(httpx.PoolTimeout):  # the one connection is busy
-                await post(transport, server.url, pool=0.2)
+            with pytest.raises(NoAnswer):  # the one connection is busy past the pool timeout
+                await post(upstream, server.url)
             stuck.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await stuck
             gate.set()
-            response = await post(transport, server.url)  # the cancelled request's slot is free again
-            assert response.status_code == 200
-            await response.aread()
-            await transport.aclose()
+            response = await post(upstream, server.url)  # the cancelled request's slot is free again
+            assert response.status == 200
+            await response.read()
+            await response.aclose()
+            await upstream.aclose()
 
     run(scenario)
 
 
-def test_only_plain_http_is_spoken():
+def test_a_closed_client_opens_a_fresh_pool_on_next_use():
     async def scenario():
-        with pytest.raises(httpx.UnsupportedProtocol):
-            await post(UpstreamTransport(), "https://127.0.0.1:1")
+        async with Server(keep_answering()) as server:
+            upstream = client()
+            first = await post(upstream, server.url)
+            await first.read()
+            await first.aclose()
+            await upstream.aclose()  # as at the end of an event loop
+            second = await post(upstream, server.url)
+            assert json.loads(await second.read()) == {"ok": True}
+            assert server.connections == 2
+            await second.aclose()
+            await upstream.aclose()
 
     run(scenario)

@@ -183,7 +183,7 @@ def sent():
         if event["type"] == services.API_KEY_CHANGED:
             events.append((tenant_id, event))
 
-    with mock.patch("tenants.events._send", side_effect=record):
+    with mock.patch("mint_site.events._send", side_effect=record):
         yield events
 
 

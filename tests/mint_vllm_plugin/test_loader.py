@@ -18,23 +18,26 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from adapters.artifacts import packing
+import mint_vllm_plugin
+from adapters.artifacts import layout, packing
 from adapters.artifacts.export import engine_layout, moe_layout_for, write_engine_layout
 from adapters.artifacts.validate import validate_adapter_dir
+from devtools.local_node import engine_installed
+from mint_vllm_plugin import detect
 from tests.adapters.corpus import TINY_MOE, lora_config, lora_tensors, write_adapter_files
 
-pytest.importorskip("vllm", reason="the plugin patches vLLM; install the engine-cpu extra")
+# Without the engine these tests fail at set-up (tests/conftest.py) unless `-m "not engine"` deselects them.
+pytestmark = pytest.mark.engine
+if engine_installed():
+    from vllm.config.lora import LoRAConfig
+    from vllm.lora.layers.fused_moe import FusedMoEWithLoRA
+    from vllm.lora.lora_model import LoRAModel
+    from vllm.lora.model_manager import AdapterLRUCache, LRUCacheLoRAModelManager
+    from vllm.lora.request import LoRARequest
+    from vllm.lora.worker_manager import LRUCacheWorkerLoRAManager, WorkerLoRAManager
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 
-from vllm.config.lora import LoRAConfig
-from vllm.lora.layers.fused_moe import FusedMoEWithLoRA
-from vllm.lora.lora_model import LoRAModel
-from vllm.lora.model_manager import AdapterLRUCache, LRUCacheLoRAModelManager
-from vllm.lora.request import LoRARequest
-from vllm.lora.worker_manager import LRUCacheWorkerLoRAManager, WorkerLoRAManager
-from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
-
-from serving import vllm_plugin
-from serving.vllm_plugin import layout, loader
+    from mint_vllm_plugin import loader
 
 SPEC = dataclasses.replace(TINY_MOE, num_experts=8)  # 2 layers x 8 experts, hidden 64, moe_intermediate 32
 EXPERT = ("gate_proj", "up_proj", "down_proj")
@@ -43,7 +46,7 @@ MODULES = [f"model.layers.{layer}.mlp.experts" for layer in range(SPEC.num_layer
 
 @pytest.fixture(autouse=True, scope="module")
 def plugin():
-    vllm_plugin.register()
+    mint_vllm_plugin.register()
     assert getattr(WorkerLoRAManager._load_adapter, "_mint_expert_major_patch", False)
 
 
@@ -183,9 +186,9 @@ def test_other_adapters_load_through_vllms_own_path(tmp_path, monkeypatch):
     w = worker(max_lora_rank=8, dtype=torch.bfloat16)
 
     load(w, src)
-    assert loader.adapter_description(str(src)) is None
-    assert loader.adapter_description(str(three_d)) is None
-    assert loader.adapter_description(str(tmp_path / "missing")) is None
+    assert detect.adapter_description(str(src)) is None
+    assert detect.adapter_description(str(three_d)) is None
+    assert detect.adapter_description(str(tmp_path / "missing")) is None
     assert read == []
     assert w._adapter_manager.modules[MODULES[0]].w2_lora_b_stacked[0].abs().sum() > 0
 
@@ -245,7 +248,7 @@ def test_the_plugin_stays_dormant_on_another_vllm_version(monkeypatch, caplog):
     installed = []
     monkeypatch.setattr(loader, "install", lambda: installed.append(1) or True)
 
-    vllm_plugin.register()
+    mint_vllm_plugin.register()
 
     assert installed == []
     assert "not installing" in caplog.text

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from mint_site.launcher import Supervisor
+from devtools.supervisor import Supervisor
 
 STARTUP_TIMEOUT_S = 300  # 30-50 s on a 2-core machine; slower when the machine is busy
 

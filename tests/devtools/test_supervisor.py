@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from mint_site.launcher import Supervisor
+from devtools.supervisor import Supervisor
 
 
 def _child_running(pid: int, cmdline: bytes) -> int:

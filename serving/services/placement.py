@@ -1,4 +1,4 @@
-"""Writes of the serving plane: placement, admission, prewarm bookkeeping, eviction, node state, alias convergence.
+"""Writes about placements (a revision on a node): requests, admission, prewarm bookkeeping, eviction, reconcile.
 
 Admission holds the node row lock while it counts and claims, so the per-node limit
 of cold loads (MINT_NODE_COLD_LOADS) holds however many workers claim at once;
@@ -20,9 +20,9 @@ from django.db import transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
-from adapters import services as adapter_services
-from adapters.models import AdapterRevision, Alias
-from mint_site.errors import Conflict, MintError
+from adapters.models import AdapterRevision
+from mint_site.events import epoch_us, live_event
+from serving import selectors, tasks
 from serving.models import (
     ACTIVE_STATES,
     HOLDING_STATES,
@@ -31,114 +31,19 @@ from serving.models import (
     PlacementState,
     Priority,
     ServingNode,
+    lora_name,
 )
-from tenants.access import Actor
-from tenants.events import epoch_us, live_event
-from tenants.services import audit_record
 
 log = logging.getLogger(__name__)
 P = PlacementState
 
 
-def _send(task: str, *, queue: str | None = None, countdown: float | None = None, **kwargs) -> None:
-    from serving import tasks  # tasks import this module; import them when sending
-
-    getattr(tasks, task.rsplit(".", 1)[-1]).apply_async(kwargs=kwargs, queue=queue, countdown=countdown)
-
-
-# ---------------------------------------------------------------- nodes
-
-
-@transaction.atomic
-def node_register(
-    *,
-    name: str,
-    base_model,
-    url: str,
-    served_model_name: str,
-    gpu_slots: int,
-    cpu_slots: int,
-    max_lora_rank: int,
-    cache_dir: str,
-    engine_flags: list[str] | None = None,
-    by: Actor,
-) -> ServingNode:
-    """Add a serving node, or update the one with this name. It starts `down` until a heartbeat sees it."""
-    if gpu_slots < 1 or cpu_slots < gpu_slots:
-        raise MintError("cpu_slots must be at least gpu_slots, and gpu_slots at least 1.", code="invalid_slots")
-    node, created = ServingNode.objects.update_or_create(
-        name=name,
-        defaults={
-            "base_model": base_model,
-            "url": url.rstrip("/"),
-            "served_model_name": served_model_name,
-            "gpu_slots": gpu_slots,
-            "cpu_slots": cpu_slots,
-            "max_lora_rank": max_lora_rank,
-            "cache_dir": cache_dir,
-            "engine_flags": engine_flags or [],
-        },
-    )
-    audit_record(
-        tenant=None,
-        actor=by,
-        action="node.create" if created else "node.update",
-        target=f"node:{name}",
-        after={
-            "url": node.url,
-            "base_model": base_model.name,
-            "gpu_slots": gpu_slots,
-            "cpu_slots": cpu_slots,
-            "engine_flags": node.engine_flags,
-        },
-    )
-    return node
-
-
-@transaction.atomic
-def node_set_state(
-    *, node: ServingNode, state: str, by: Actor, engine_version: str = "", heartbeat: bool = False
-) -> bool:
-    """Record a node's state (from a heartbeat, or staff draining it). Returns whether it changed."""
-    now = timezone.now()
-    fields: dict = {"last_heartbeat_at": now} if heartbeat else {}
-    if engine_version:
-        fields["engine_version"] = engine_version
-    changed = (
-        ServingNode.objects.filter(id=node.id).exclude(state=state).update(state=state, state_changed_at=now, **fields)
-    )
-    if not changed and fields:
-        ServingNode.objects.filter(id=node.id).update(**fields)
-    if changed:
-        before = node.state
-        node.state = state
-        audit_record(
-            tenant=None,
-            actor=by,
-            action="node.state",
-            target=f"node:{node.name}",
-            before={"state": before},
-            after={"state": state},
-        )
-        live_event(tenant_id=None, type="node.state", id=node.id, state=state, node=node.name)
-    return bool(changed)
+def _send(task, *, queue: str | None = None, countdown: float | None = None, **kwargs) -> None:
+    """Enqueue a task of serving.tasks (a node's queue for node work), after the caller's commit."""
+    task.apply_async(kwargs=kwargs, queue=queue, countdown=countdown)
 
 
 # ---------------------------------------------------------------- placement and eviction
-
-
-def protected_revision_ids(*, now=None) -> set[int]:
-    """Revisions that must stay loaded: live and desired alias targets, and the previous live one in its grace."""
-    now = now or timezone.now()
-    grace = now - timedelta(seconds=settings.MINT_ROLLBACK_GRACE_S)
-    ids: set[int] = set()
-    for live, desired, previous, updated in Alias.objects.values_list(
-        "revision_id", "desired_revision_id", "previous_revision_id", "updated_at"
-    ):
-        ids.update(i for i in (live, desired) if i)
-        if previous and updated >= grace:
-            ids.add(previous)
-    return ids
 
 
 def eviction_victim(node: ServingNode, *, protected: set[int]) -> Placement | None:
@@ -221,7 +126,7 @@ def placement_request(*, revision: AdapterRevision, priority: int) -> Placement 
                 revision,
             )
             return None
-        protected = protected_revision_ids()
+        protected = selectors.protected_revision_ids()
         for node in nodes:
             locked = ServingNode.objects.select_for_update().get(id=node.id)
             holding = Placement.objects.filter(node=locked, state__in=HOLDING_STATES).count()
@@ -240,7 +145,7 @@ def placement_request(*, revision: AdapterRevision, priority: int) -> Placement 
             )
             if victim is not None:
                 transaction.on_commit(
-                    lambda v=victim, q=locked.queue: _send("serving.tasks.placement_unload", queue=q, placement_id=v.id)
+                    lambda v=victim, q=locked.queue: _send(tasks.placement_unload, queue=q, placement_id=v.id)
                 )
             transaction.on_commit(lambda n=locked.id: admit(node_id=n))
             return placement
@@ -288,7 +193,7 @@ def admit(*, node_id: int) -> list[int]:
                 _placement_event(placement.id, state=P.LOADING, updated_at=now, revision=placement.revision, node=node)
         for placement_id in claimed:
             transaction.on_commit(
-                lambda p=placement_id, q=node.queue: _send("serving.tasks.placement_prewarm", queue=q, placement_id=p)
+                lambda p=placement_id, q=node.queue: _send(tasks.placement_prewarm, queue=q, placement_id=p)
             )
     return claimed
 
@@ -330,7 +235,7 @@ def _admit_later(node_id: int, delay: float) -> None:
     would find it and wait for nobody (until the heartbeat's reconcile admitted again).
     """
     if cache.add(_admit_later_key(node_id), 1, timeout=max(1, math.ceil(delay))):
-        transaction.on_commit(lambda: _send("serving.tasks.node_admit", countdown=delay, node_id=node_id))
+        transaction.on_commit(lambda: _send(tasks.node_admit, countdown=delay, node_id=node_id))
 
 
 def admit_after_pause(*, node_id: int) -> list[int]:
@@ -365,14 +270,10 @@ def placement_loaded(*, placement: Placement, load_ms: float) -> bool:
     return _move(placement, sources=(P.LOADING,), to=P.WARMING, load_ms=load_ms, loaded_at=timezone.now())
 
 
-def placement_ready(*, placement: Placement, warm_ms: float) -> bool:
-    """Phase 2 done: a real completion answered. Routable from now on; aliases waiting for it flip."""
+def placement_warmed(*, placement: Placement, warm_ms: float) -> bool:
+    """Phase 2 done: a real completion answered, the placement is routable. (`aliases.placement_ready` flips.)"""
     now = timezone.now()
-    if not _move(placement, sources=(P.WARMING,), to=P.READY, warm_ms=warm_ms, ready_at=now, last_used_at=now):
-        return False
-    converge_aliases(revision=placement.revision)
-    admit(node_id=placement.node_id)
-    return True
+    return _move(placement, sources=(P.WARMING,), to=P.READY, warm_ms=warm_ms, ready_at=now, last_used_at=now)
 
 
 def placement_failed(*, placement: Placement, reason: str) -> str:
@@ -391,35 +292,8 @@ def placement_forget(*, placement: Placement) -> None:
     admit(node_id=placement.node_id)
 
 
-# ---------------------------------------------------------------- aliases
-
-
 def ready_count(revision: AdapterRevision) -> int:
     return Placement.objects.filter(revision=revision, state=P.READY, node__state=NodeState.UP).count()
-
-
-def converge_aliases(*, revision: AdapterRevision) -> list[Alias]:
-    """Flip every alias that wants `revision` once it is ready on enough nodes."""
-    flipped = []
-    if ready_count(revision) < settings.MINT_ALIAS_READY_REPLICAS:
-        return flipped
-    for alias in Alias.objects.filter(desired_revision=revision).exclude(revision=revision).select_related("adapter"):
-        try:
-            flipped.append(adapter_services.alias_flip(adapter=alias.adapter, revision=revision, alias=alias.name))
-        except Conflict:
-            continue  # the desired revision changed meanwhile
-    return flipped
-
-
-def alias_converge(*, alias: Alias) -> None:
-    """Bring an alias to its desired revision: flip now if it is ready, else have it prewarmed."""
-    desired = alias.desired_revision
-    if desired is None or desired.id == alias.revision_id:
-        return
-    if ready_count(desired) >= settings.MINT_ALIAS_READY_REPLICAS:
-        converge_aliases(revision=desired)
-        return
-    placement_request(revision=desired, priority=Priority.ROLLBACK if alias.rollback_pending else Priority.ACTIVATION)
 
 
 # ---------------------------------------------------------------- reconcile
@@ -433,9 +307,7 @@ def node_reconcile(*, node: ServingNode, loaded: set[str]) -> dict[str, int]:
     re-prewarmed, others are forgotten. A load stuck past MINT_PREWARM_TIMEOUT_S (its
     agent died) is queued again.
     """
-    from serving.models import lora_name
-
-    protected = protected_revision_ids()
+    protected = selectors.protected_revision_ids()
     requeued = forgotten = 0
     now = timezone.now()
     placements = Placement.objects.filter(node=node).select_related("revision__adapter")

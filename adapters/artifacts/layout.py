@@ -1,4 +1,4 @@
-"""MinT's expert-major MoE LoRA layout: the file contract shared by the exporter and the vLLM plugin.
+"""MinT's expert-major MoE LoRA layout: the file contract shared by the exporter (packing) and the vLLM plugin.
 
 Per layer L, six 3-D tensors (and the adapter's other tensors, e.g. attention, as PEFT names them):
 
@@ -17,7 +17,7 @@ loudly instead of serving something else. Nodes with the plugin declare `CAPABIL
 engine_flags; it is a MinT capability token, not a vLLM flag (no leading dashes), and must
 never be passed to vLLM.
 
-This module imports neither torch nor vLLM.
+This module imports neither torch nor vLLM nor Django: mint_vllm_plugin imports it inside vLLM.
 """
 
 from __future__ import annotations

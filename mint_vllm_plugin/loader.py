@@ -33,31 +33,15 @@ from vllm.lora.peft_helper import PEFTHelper
 from vllm.lora.utils import get_lora_id, is_base_embedding_weights, parse_fine_tuned_lora_name
 from vllm.lora.worker_manager import WorkerLoRAManager
 
-from serving.vllm_plugin import layout
+from adapters.artifacts import layout
+from mint_vllm_plugin.detect import TENSOR_FILE, adapter_description
 
 log = logging.getLogger(__name__)
 
-TENSOR_FILE = "adapter_model.safetensors"
-MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 TORCH_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
 # FusedMoEWithLoRA.set_lora unpacks lora_a/lora_b as [w1, w2, w3]: gate, down, up (pack_moe's order).
 SLOT_ORDER = ("gate_proj", "down_proj", "up_proj")
 _MARK = "_mint_expert_major_patch"
-
-
-def adapter_description(lora_path: object) -> dict | None:
-    """The expert-major description of the adapter directory `lora_path`, or None (any other adapter)."""
-    if not isinstance(lora_path, str):
-        return None
-    try:
-        with open(os.path.join(os.path.expanduser(lora_path), TENSOR_FILE), "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            if not 0 < size <= MAX_HEADER_BYTES:
-                return None
-            header = f.read(size)
-    except OSError:
-        return None
-    return layout.description_from_header(header)
 
 
 def install() -> bool:

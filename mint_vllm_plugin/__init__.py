@@ -4,7 +4,13 @@ vLLM calls `register()` in every process it starts (API server, engine core, wor
 the `vllm.general_plugins` entry point. It patches one function (see `loader`) and only on the
 vLLM version it was written for; on any other it logs a warning and changes nothing, and such
 a node then refuses expert-major files as plain vLLM does. Every adapter not in the layout
-loads exactly as before. This package imports no Django and none of MinT's control plane.
+loads exactly as before.
+
+A node installs it with MinT's distribution and no dependencies (README, "Serving nodes"): it
+imports no Django and none of MinT's control plane, only the file-layout contract and the
+safetensors header reader of the Django-free artifacts package (adapters.artifacts.layout,
+adapters.artifacts.safetensors_header); tests/mint_vllm_plugin/test_install.py checks that in a
+virtual environment without Django.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ def register() -> None:
             version,
         )
         return
-    from serving.vllm_plugin.loader import install
+    from mint_vllm_plugin.loader import install
 
     if install():
         log.info("MinT expert-major MoE LoRA loader installed (vLLM %s)", version)

@@ -1,121 +1,21 @@
-"""`make run`: MinT's embedded default on one machine.
+"""`make run` (`python -m devtools.launcher`): MinT's embedded default on one machine.
 
 Starts a private Redis (when REDIS_URL is unset), migrates the database, seeds the
-demo tenant, then runs the ASGI server and a Celery worker until Ctrl-C, which
-stops everything it started. `Supervisor` is also what tests/e2e use to run real
-processes.
+demo tenant, then runs the ASGI server, a Celery worker and the local vLLM node until
+Ctrl-C or SIGTERM, which stops everything it started within a bound (devtools.supervisor).
+The command lines of the web server and the workers are also what tests/e2e and
+benchmarks/ start.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(check: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            if check():
-                return
-        time.sleep(interval)
-    raise TimeoutError(f"{what} did not come up within {timeout:.0f} s")
-
-
-def http_ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310  (local URLs only)
-        return response.status == 200
-
-
-def redis_ok(port: int) -> bool:
-    with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-        sock.sendall(b"PING\r\n")
-        return sock.recv(16).startswith(b"+PONG")
-
-
-class Supervisor:
-    """Starts child processes in their own process groups and stops them all, newest first."""
-
-    def __init__(self, log_dir: Path):
-        self.log_dir = log_dir
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.children: list[tuple[str, subprocess.Popen]] = []
-
-    def start(
-        self,
-        name: str,
-        argv: list[str],
-        *,
-        env: dict[str, str] | None = None,
-        cpus: set[int] | None = None,
-        nice: int = 0,
-    ) -> subprocess.Popen:
-        """Start `argv` as `name`; `cpus` confines it (and every process and thread it starts) to those CPUs,
-        `nice` lowers its CPU priority (and theirs)."""
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115  (the child owns it)
-        process = subprocess.Popen(
-            argv,
-            env=env,
-            cwd=BASE_DIR,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        log.close()
-        # Before the child's interpreter has started any thread or process: they all inherit these.
-        if cpus:
-            os.sched_setaffinity(process.pid, cpus)
-        if nice:
-            os.setpriority(os.PRIO_PROCESS, process.pid, nice)
-        self.children.append((name, process))
-        return process
-
-    def dead_child(self) -> tuple[str, int] | None:
-        for name, process in self.children:
-            if process.poll() is not None:
-                return name, process.returncode
-        return None
-
-    def stop(self, name: str, *, timeout: float = 15) -> None:
-        for child_name, process in list(self.children):
-            if child_name == name:
-                _terminate(process, timeout)
-                self.children.remove((child_name, process))
-
-    def stop_all(self, *, timeout: float = 15) -> None:
-        while self.children:
-            _, process = self.children.pop()
-            _terminate(process, timeout)
-
-
-def _terminate(process: subprocess.Popen, timeout: float) -> None:
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+from devtools.local_node import engine_installed, start_engine
+from devtools.supervisor import BASE_DIR, Supervisor, free_port, http_ok, redis_ok, wait_for
 
 
 def web_argv(host: str, port: int) -> list[str]:
@@ -154,12 +54,16 @@ def worker_argv(
     beat_schedule: Path | None = None,
     log_level: str = "info",
     extra: tuple[str, ...] = (),
+    main_module: str = "celery",
 ) -> list[str]:
-    """A Celery worker on `queues` (comma-separated), with the beat scheduler embedded when given a schedule file."""
+    """A Celery worker on `queues` (comma-separated), with the beat scheduler embedded when given a schedule file.
+
+    `main_module` is what `python -m` runs: Celery's command line, or one that wraps it (tests/e2e/slowed_worker.py).
+    """
     argv = [
         sys.executable,
         "-m",
-        "celery",
+        main_module,
         "-A",
         "mint_site",
         "worker",
@@ -190,11 +94,14 @@ def worker_nice(env: dict[str, str]) -> int:
         raise SystemExit(f"MINT_WORKER_NICE must be an integer from 0 to 19, not {value!r}") from None
 
 
-def manage(*args: str, env: dict[str, str]) -> str:
-    result = subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=BASE_DIR, env=env, check=True, capture_output=True, text=True
-    )
+def python(*args: str, env: dict[str, str]) -> str:
+    """Run `python <args>` in the checkout to completion; its output. CalledProcessError if it fails."""
+    result = subprocess.run([sys.executable, *args], cwd=BASE_DIR, env=env, check=True, capture_output=True, text=True)
     return result.stdout.strip()
+
+
+def manage(*args: str, env: dict[str, str]) -> str:
+    return python("manage.py", *args, env=env)
 
 
 LOCAL_NODE = "local"
@@ -202,8 +109,6 @@ LOCAL_NODE = "local"
 
 def start_local_node(supervisor: Supervisor, env: dict[str, str], var_dir: Path) -> str:
     """Start a vLLM CPU server on the tiny Llama and register it as node `local`. Returns a line for people."""
-    from serving.local_node import engine_installed, start_engine
-
     if env.get("MINT_LOCAL_NODE", "1") == "0":
         return "none (MINT_LOCAL_NODE=0)"
     if not engine_installed():
@@ -242,10 +147,6 @@ def start_local_node(supervisor: Supervisor, env: dict[str, str], var_dir: Path)
     )
 
 
-def _stop_on_signal(signum, frame):
-    raise KeyboardInterrupt
-
-
 def main() -> int:
     env = os.environ.copy()
     var_dir = Path(env.setdefault("MINT_VAR_DIR", str(BASE_DIR / "var")))
@@ -253,7 +154,7 @@ def main() -> int:
     port = int(env.get("MINT_PORT", "8000"))
     env.setdefault("DEBUG", "1")
     supervisor = Supervisor(var_dir / "log")
-    signal.signal(signal.SIGTERM, _stop_on_signal)
+    supervisor.stop_on_signals()
     try:
         if "REDIS_URL" not in env:
             redis_port = free_port()
@@ -266,7 +167,7 @@ def main() -> int:
         print("Migrating the database …", flush=True)
         manage("migrate", "--noinput", env=env)
         print("Generating the tiny local models …", flush=True)
-        manage("mint_make_tiny_model", env=env)
+        python("-m", "devtools.tiny_models", env=env)
         token = manage("mint_demo", env=env)
         node_note = start_local_node(supervisor, env, var_dir)
         supervisor.start("web", web_argv(host, port), env=env)
@@ -290,14 +191,10 @@ def main() -> int:
             "Press Ctrl-C to stop.",
             flush=True,
         )
-        while True:
-            dead = supervisor.dead_child()
-            if dead is not None:
-                name, code = dead
-                print(f"{name} exited with status {code}; see {supervisor.log_dir}/{name}.log", file=sys.stderr)
-                return 1
-            time.sleep(1)
-    except KeyboardInterrupt:
+        name, code = supervisor.watch()
+        print(f"{name} exited with status {code}; see {supervisor.log_dir}/{name}.log", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # StopSignal (SIGINT, SIGTERM) included
         print("\nStopping …", flush=True)
         return 0
     except (subprocess.CalledProcessError, TimeoutError) as exc:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from serving.local_node import engine_dtype, vllm_argv
+from devtools.local_node import engine_dtype, vllm_argv
 
 
 def test_bfloat16_unless_the_cpu_has_amx_tiles(monkeypatch):

@@ -1,0 +1,221 @@
+"""Creating adapters and registering revisions: uploads into the store, storage quotas, the fair queue.
+
+Registration is the fast, synchronous step: the files are stored, the row is created `registered`
+and the revision joins the tenant's place in the control queue (adapters.dispatch).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+
+from django.conf import settings
+from django.core.files.uploadedfile import UploadedFile
+from django.db import IntegrityError, transaction
+from django.db.models import F
+
+from adapters import dispatch, selectors, store
+from adapters.models import Adapter, AdapterRevision, BaseModel
+from adapters.models import RevisionState as S
+from adapters.services.transitions import audit_target
+from mint_site.errors import Conflict, MintError, PayloadTooLarge, QuotaExceeded
+from tenants.access import Actor
+from tenants.models import Tenant
+from tenants.services import audit_record
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------- adapters
+
+
+@transaction.atomic
+def adapter_create(*, tenant: Tenant, name: str, base_model: BaseModel, description: str, by: Actor) -> Adapter:
+    """Create an adapter, within the tenant's `max_adapters` quota."""
+    locked = Tenant.objects.select_for_update().get(id=tenant.id)  # serialises the quota check
+    count = Adapter.objects.filter(tenant=locked).count()
+    if count >= locked.max_adapters:
+        raise QuotaExceeded(
+            f"Tenant {tenant.slug} already has {count} adapters, its limit (max_adapters={locked.max_adapters}).",
+            code="adapter_quota_exceeded",
+        )
+    try:
+        with transaction.atomic():
+            adapter = Adapter.objects.create(
+                tenant=tenant,
+                name=name,
+                base_model=base_model,
+                description=description,
+                created_by=by.person if by.person is not None and by.person.pk is not None else None,
+            )
+    except IntegrityError:
+        raise Conflict(f"An adapter named {name!r} already exists.", code="adapter_exists") from None
+    audit_record(
+        tenant=tenant,
+        actor=by,
+        action="adapter.create",
+        target=f"adapter:{name}",
+        after={"base_model": base_model.name, "description": description},
+    )
+    return adapter
+
+
+# ---------------------------------------------------------------- registration
+
+
+def _store_uploads(adapter: Adapter, files: Sequence[UploadedFile], *, limit: int) -> tuple[str, int]:
+    """Stream uploaded files into a fresh upload prefix. Removes it again on any failure."""
+    names = [_clean_upload_name(f.name) for f in files]
+    duplicates = sorted(name for name, seen in Counter(names).items() if seen > 1)
+    if duplicates:
+        raise MintError(f"Files uploaded twice: {', '.join(duplicates)}.", code="duplicate_file")
+    prefix = store.new_upload_prefix(adapter)
+    total = 0
+    try:
+        for name, upload in zip(names, files, strict=True):
+            total += upload.size or 0
+            if total > limit:
+                raise PayloadTooLarge(f"The upload exceeds this tenant's limit of {limit} bytes.")
+            store.save_file(f"{prefix}/{name}", upload)
+            upload.close()  # one uploaded file open at a time, however many there are (mint_site/uploads.py)
+    except BaseException:
+        store.delete_prefix(prefix)
+        raise
+    return prefix, total
+
+
+def _clean_upload_name(name: str) -> str:
+    base = (name or "").replace("\\", "/").rsplit("/", 1)[-1]
+    if not base or base.startswith(".") or "\x00" in base:
+        raise MintError(f"Unusable file name {name!r}.", code="bad_file_name")
+    return base
+
+
+def check_storage_quota(tenant: Tenant, *, adding_bytes: int) -> None:
+    """Refuse a new revision of `adding_bytes` past the tenant's stored bytes or revisions (429).
+
+    Exact when `tenant` was just read under its row lock; a fresh read is a good early check.
+    """
+    use = selectors.storage_use(tenant=tenant)
+    detail = {
+        "max_storage_bytes": tenant.max_storage_bytes,
+        "stored_bytes": use.bytes,
+        "max_revisions": tenant.max_revisions,
+        "stored_revisions": use.revisions,
+    }
+    collected = (
+        f"failed and rejected revisions are collected {settings.MINT_UPLOAD_RETENTION_DAYS:g} days after they end"
+    )
+    if use.revisions + 1 > tenant.max_revisions:
+        raise QuotaExceeded(
+            f"Tenant {tenant.slug} keeps {use.revisions} revisions, its limit (max_revisions={tenant.max_revisions}); "
+            f"{collected}, or ask for a larger plan.",
+            code="storage_quota_exceeded",
+            detail=detail,
+        )
+    if use.bytes + adding_bytes > tenant.max_storage_bytes:
+        raise QuotaExceeded(
+            f"Tenant {tenant.slug} stores {use.bytes} bytes of adapters; {adding_bytes} more would pass its limit "
+            f"(max_storage_bytes={tenant.max_storage_bytes}); {collected}, or ask for a larger plan.",
+            code="storage_quota_exceeded",
+            detail=detail,
+        )
+
+
+def _source_from_uri(tenant: Tenant, uri: str) -> tuple[str, int]:
+    """Check a `source_uri` points into the tenant's own incoming area and exists."""
+    raw = uri.removeprefix("store://").removeprefix("/")
+    path = store.clean_relative_path(raw.rstrip("/"))
+    incoming = store.incoming_prefix(tenant.id)
+    if path is None or not path.startswith(incoming + "/"):
+        raise MintError(
+            f"source_uri must name a file or folder under {incoming}/ in the artifact store.",
+            code="bad_source_uri",
+            detail={"source_uri": uri},
+        )
+    files = [path] if store.exists(path) and not store.list_files(path) else store.list_files(path)
+    if not files or not all(store.exists(f) for f in files[:1]):
+        raise MintError(f"Nothing found at source_uri {uri!r}.", code="source_not_found", detail={"source_uri": uri})
+    storage = store.artifact_storage()
+    return path, sum(storage.size(f) for f in files)
+
+
+def revision_register(
+    *,
+    adapter: Adapter,
+    by: Actor,
+    files: Sequence[UploadedFile] = (),
+    source_uri: str | None = None,
+    training_step: int | None = None,
+    parent_number: int | None = None,
+) -> AdapterRevision:
+    """Record a new revision (`registered`, next number) and queue its validation.
+
+    Files are streamed into the store first, outside any transaction; the revision row
+    and its number are created after, under a short lock on the adapter row. If anything
+    fails after the files were stored, they are removed: no orphan files, no partial rows.
+    """
+    if bool(files) == bool(source_uri):
+        raise MintError(
+            "Send either files (multipart `files` or one `archive`) or a `source_uri`, not both.",
+            code="no_artifact" if not files and not source_uri else "ambiguous_artifact",
+        )
+    tenant = adapter.tenant
+    if parent_number is not None and not AdapterRevision.objects.filter(adapter=adapter, number=parent_number).exists():
+        raise MintError(
+            f"parent: {adapter.name} has no r{parent_number}.",
+            code="invalid_request",
+            detail={"parent": [f"no revision r{parent_number}"]},
+        )
+    owned_prefix = None
+    if files:
+        check_storage_quota(tenant, adding_bytes=sum(f.size or 0 for f in files))  # before a byte is stored
+        owned_prefix, size = _store_uploads(adapter, files, limit=tenant.max_upload_bytes)
+        source = owned_prefix
+    else:
+        source, size = _source_from_uri(tenant, source_uri)
+        if size > tenant.max_upload_bytes:
+            raise PayloadTooLarge(
+                f"The artifact at source_uri is {size} bytes, over this tenant's limit of {tenant.max_upload_bytes}."
+            )
+    try:
+        with transaction.atomic():
+            # The tenant row lock serialises this tenant's registrations, so two cannot both fit the quota.
+            check_storage_quota(Tenant.objects.select_for_update().get(id=tenant.id), adding_bytes=size)
+            Tenant.objects.filter(id=tenant.id).update(
+                stored_bytes=F("stored_bytes") + size, stored_revisions=F("stored_revisions") + 1
+            )
+            locked = Adapter.objects.select_for_update().get(id=adapter.id)
+            locked.revision_counter += 1
+            locked.save(update_fields=["revision_counter"])
+            parent = (
+                AdapterRevision.objects.filter(adapter=adapter, number=parent_number).first()
+                if parent_number is not None
+                else None
+            )
+            person = by.person if by.person is not None and by.person.pk is not None else None
+            revision = AdapterRevision.objects.create(
+                adapter=adapter,
+                number=locked.revision_counter,
+                source_uri=source,
+                size_bytes=size,
+                training_step=training_step,
+                parent=parent,
+                created_by=person,
+                created_by_key=by.key,
+            )
+            revision.adapter = adapter
+            audit_record(
+                tenant=tenant,
+                actor=by,
+                action="revision.register",
+                target=audit_target(revision),
+                after={"state": S.REGISTERED, "size_bytes": size, "source": source},
+            )
+            dispatch.dispatch_on_commit()  # validation waits its turn in the fair control queue
+    except BaseException:
+        if owned_prefix:
+            store.delete_prefix(owned_prefix)
+        raise
+    return revision

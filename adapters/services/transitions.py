@@ -1,0 +1,300 @@
+"""The lifecycle transitions of a revision after registration: validation and export (called by tasks),
+delivery counting, export restore, approval with four-eyes.
+
+Every transition is a conditional update on the current state (one row or
+`InvalidTransition`) plus an audit event in the same transaction. Work on files
+and the artifact store happens outside transactions; Celery work is enqueued on commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from adapters import dispatch, store, tasks
+from adapters.models import AdapterRevision, Approval
+from adapters.models import RevisionState as S
+from mint_site.errors import Forbidden, InvalidTransition
+from mint_site.events import epoch_us, live_event
+from tenants.access import Actor
+from tenants.models import Tenant
+from tenants.services import audit_record
+
+log = logging.getLogger(__name__)
+
+
+def audit_target(revision: AdapterRevision) -> str:
+    return f"revision:{revision.adapter.name}@r{revision.number}"
+
+
+def _transition(
+    revision: AdapterRevision,
+    *,
+    to: str,
+    sources: Sequence[str],
+    by: Actor,
+    action: str,
+    extra_after: dict[str, Any] | None = None,
+    **fields: Any,
+) -> AdapterRevision:
+    """Move `revision` from one of `sources` to `to`, or raise InvalidTransition. Call inside a transaction."""
+    now = timezone.now()
+    changed = AdapterRevision.objects.filter(id=revision.id, state__in=sources).update(
+        state=to, updated_at=now, **fields
+    )
+    if changed != 1:
+        current = AdapterRevision.objects.filter(id=revision.id).values_list("state", flat=True).first()
+        raise InvalidTransition(
+            f"r{revision.number} of {revision.adapter.name} is {current}; {action} needs {' or '.join(sources)}.",
+            detail={"state": current, "allowed_from": list(sources), "to": to},
+        )
+    before = revision.state
+    revision.state = to
+    revision.updated_at = now
+    for name, value in fields.items():
+        setattr(revision, name, value)
+    audit_record(
+        tenant=revision.adapter.tenant,
+        actor=by,
+        action=f"revision.{action}",
+        target=audit_target(revision),
+        before={"state": before},
+        after={"state": to, **(extra_after or {})},
+    )
+    failure = (
+        {"failure_code": revision.failure_code, "failure_reason": revision.failure_reason} if to == S.FAILED else {}
+    )
+    live_event(
+        tenant_id=revision.adapter.tenant_id,
+        type="revision.state",
+        id=revision.id,
+        state=to,
+        updated_us=epoch_us(now),
+        adapter=revision.adapter.name,
+        revision=f"r{revision.number}",
+        **failure,
+    )
+    return revision
+
+
+# ---------------------------------------------------------------- validation and export (called by tasks)
+
+
+@transaction.atomic
+def revision_mark_validated(
+    *,
+    revision: AdapterRevision,
+    rank: int,
+    alpha: float,
+    target_modules: list[str],
+    sha256: str,
+    size_bytes: int,
+) -> AdapterRevision:
+    _transition(
+        revision,
+        to=S.VALIDATED,
+        sources=[S.REGISTERED],
+        by=Actor.system(),
+        action="validate",
+        extra_after={"rank": rank, "alpha": alpha, "target_modules": target_modules},
+        rank=rank,
+        alpha=alpha,
+        target_modules=target_modules,
+        sha256=sha256,
+        size_bytes=size_bytes,
+        validated_at=timezone.now(),
+        deliveries=0,
+    )
+    transaction.on_commit(
+        lambda: tasks.revision_export.delay(revision_id=revision.id)
+    )  # it keeps its place in the queue
+    return revision
+
+
+@transaction.atomic
+def revision_fail(*, revision: AdapterRevision, code: str, reason: str) -> AdapterRevision:
+    """Mark a revision failed with a reason a person can act on. Only before it is exported."""
+    _transition(
+        revision,
+        to=S.FAILED,
+        sources=[S.REGISTERED, S.VALIDATED],
+        by=Actor.system(),
+        action="fail",
+        extra_after={"code": code, "reason": reason},
+        failure_code=code,
+        failure_reason=reason,
+    )
+    dispatch.dispatch_on_commit()  # its place in the control queue is free
+    return revision
+
+
+def revision_delivery_start(*, revision: AdapterRevision, stage: str) -> bool:
+    """Count one delivery of the current stage's task; False (and the revision failed) once past the bound.
+
+    A delivery that never comes back (its worker was killed: out of memory, a crash, a hard time
+    limit) is redelivered by the broker; each one is counted here before any work starts, so a
+    task that kills every worker it reaches fails after MINT_TASK_MAX_DELIVERIES instead.
+    """
+    bound = settings.MINT_TASK_MAX_DELIVERIES
+    with transaction.atomic():
+        current = AdapterRevision.objects.select_for_update().filter(id=revision.id).first()
+        if current is None or current.state != revision.state:
+            return False
+        if current.deliveries < bound:
+            AdapterRevision.objects.filter(id=revision.id).update(deliveries=F("deliveries") + 1)
+            revision.deliveries = current.deliveries + 1
+            return True
+    revision_fail(
+        revision=revision,
+        code=f"{stage}_resources",
+        reason=(
+            f"The {stage} of r{revision.number} was started {current.deliveries} times and never finished: "
+            "each time the worker running it was lost (killed for memory, crashed or past its time limit). "
+            "Check the upload is the adapter's files only; an operator can see the worker logs."
+        ),
+    )
+    return False
+
+
+def revision_delivery_returned(*, revision: AdapterRevision) -> None:
+    """A delivery that ended on purpose without finishing (a retry after a store outage) is not a lost one."""
+    AdapterRevision.objects.filter(id=revision.id, deliveries__gt=0).update(deliveries=F("deliveries") - 1)
+
+
+def revision_mark_exported(*, revision: AdapterRevision, staging: str, policy_record: dict[str, Any]) -> bool:
+    """Publish a complete export written under `staging`. Returns False if another run already did.
+
+    Holds the revision row lock while the staging files are promoted, so two runs of the
+    same export (a redelivered task) cannot both publish.
+    """
+    final = store.export_prefix(revision)
+    export_bytes = sum(int(f["size_bytes"]) for f in policy_record["files"])
+    with transaction.atomic():
+        current = AdapterRevision.objects.select_for_update().get(id=revision.id)
+        if current.state != S.VALIDATED:
+            store.delete_prefix(staging)
+            return False
+        store.promote(staging, final)
+        _transition(
+            revision,
+            to=S.EXPORTED,
+            sources=[S.VALIDATED],
+            by=Actor.system(),
+            action="export",
+            extra_after={"export_uri": final, "files": len(policy_record["files"])},
+            export_uri=final,
+            policy_record=policy_record,
+            exported_at=timezone.now(),
+            export_bytes=export_bytes,
+            deliveries=0,
+        )
+        Tenant.objects.filter(id=revision.adapter.tenant_id).update(stored_bytes=F("stored_bytes") + export_bytes)
+        dispatch.dispatch_on_commit()  # its place in the control queue is free
+    return True
+
+
+def revision_restore_export(*, revision: AdapterRevision, staging: str) -> None:
+    """Put back the export of an already exported revision (for a rollback after its export was removed)."""
+    final = store.export_prefix(revision)
+    with transaction.atomic():
+        AdapterRevision.objects.select_for_update().get(id=revision.id)
+        if export_is_complete(revision):
+            store.delete_prefix(staging)
+            return
+        store.promote(staging, final)
+        audit_record(
+            tenant=revision.adapter.tenant,
+            actor=Actor.system(),
+            action="revision.reexport",
+            target=audit_target(revision),
+            after={"export_uri": final},
+        )
+
+
+def export_is_complete(revision: AdapterRevision) -> bool:
+    record = revision.policy_record or {}
+    names = [f["name"] for f in record.get("files", [])]
+    return bool(revision.export_uri and names) and all(store.exists(f"{revision.export_uri}/{n}") for n in names)
+
+
+def revision_ensure_export(*, revision: AdapterRevision) -> bool:
+    """Have an exported revision's files written again, after commit, if they were removed; True if queued.
+
+    Serving calls this when it points an alias back at an older revision (a rollback): its frozen
+    export is served again, re-exported from the source first if the files are gone.
+    """
+    if export_is_complete(revision):
+        return False
+    transaction.on_commit(lambda: tasks.revision_export.delay(revision_id=revision.id))
+    return True
+
+
+# ---------------------------------------------------------------- approval
+
+
+@transaction.atomic
+def revision_request_approval(*, revision: AdapterRevision, by: Actor) -> AdapterRevision:
+    return _transition(revision, to=S.PENDING_APPROVAL, sources=[S.EXPORTED], by=by, action="request_approval")
+
+
+def _registered_by(revision: AdapterRevision, actor: Actor) -> bool:
+    """Whether `actor` is the registrant of `revision`: the same key, or the same person (keys act as their creator).
+
+    A key without a creator is nobody: what it registered was registered by no person, so any person may
+    decide it (and such a key never decides under four-eyes: `_decide`).
+    """
+    if actor.key is not None and revision.created_by_key_id == actor.key.id:
+        return True
+    registrant = revision.created_by_id
+    if registrant is None and revision.created_by_key_id is not None:
+        registrant = revision.created_by_key.created_by_id
+    person = actor.person
+    return registrant is not None and person is not None and person.pk == registrant
+
+
+def _decide(*, revision: AdapterRevision, by: Actor, decision: str, comment: str) -> AdapterRevision:
+    if revision.adapter.tenant.four_eyes and by.key is not None and by.key.created_by_id is None:
+        # Four-eyes counts people. Two ownerless keys are not two people (one operator may hold both), so a
+        # key that stands for nobody cannot be the second pair of eyes.
+        raise Forbidden(
+            f"Four-eyes: key mint_{by.key.prefix}… has no owner, and a key without an owner cannot approve or "
+            "reject under four-eyes; ask for a key created by a person (an approver or owner).",
+            code="four_eyes",
+        )
+    if revision.adapter.tenant.four_eyes and _registered_by(revision, by):
+        raise Forbidden(
+            f"Four-eyes: r{revision.number} was registered by {by.person or by.label}; someone else must decide.",
+            code="four_eyes",
+        )
+    to = S.APPROVED if decision == Approval.Decision.APPROVED else S.REJECTED
+    _transition(
+        revision,
+        to=to,
+        sources=[S.PENDING_APPROVAL],
+        by=by,
+        action="approve" if to == S.APPROVED else "reject",
+        extra_after={"comment": comment},
+        decided_at=timezone.now(),
+    )
+    person = by.person if by.person is not None and by.person.pk is not None else None
+    Approval.objects.create(
+        revision=revision, decided_by=person, decided_by_key=by.key, decision=decision, comment=comment
+    )
+    return revision
+
+
+@transaction.atomic
+def revision_approve(*, revision: AdapterRevision, by: Actor, comment: str = "") -> AdapterRevision:
+    """Approve a pending revision. Four-eyes: the registrant (or a key they created) cannot approve."""
+    return _decide(revision=revision, by=by, decision=Approval.Decision.APPROVED, comment=comment)
+
+
+@transaction.atomic
+def revision_reject(*, revision: AdapterRevision, by: Actor, comment: str = "") -> AdapterRevision:
+    return _decide(revision=revision, by=by, decision=Approval.Decision.REJECTED, comment=comment)

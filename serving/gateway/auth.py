@@ -1,0 +1,155 @@
+"""From an `Authorization: Bearer …` header to the `Caller` a request acts for.
+
+The key itself is checked by the same code as the REST API's (`tenants.auth.live_key`: secret, revocation,
+expiry, tenant, creator), on a database thread, and the answer, a `Caller` or the refusal, is cached by the
+token's SHA-256 for MINT_GATEWAY_KEY_CACHE_S (refreshed in the background after half of it); an
+`api_key.changed` live event (serving/gateway/feed.py) drops it at once. Bearer parsing and expiry are
+`tenants.keys`'s; the key's use is recorded in batches (serving/gateway/usage.py).
+
+Failed authentications (a token that names no key, or a wrong secret) are counted per client address in
+Redis (tenants/throttles.py, shared with the REST API); an address past the limit is answered 429 before its
+token is looked up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from django.utils import timezone
+
+from serving.gateway import GatewayError
+from tenants.access import Capability, key_access
+from tenants.auth import FAILURE_CODE, KeyRefused, live_key
+from tenants.keys import bearer_token, expiry_refusal
+from tenants.models import Scope
+from tenants.throttles import auth_failures_message, client_bucket
+
+if TYPE_CHECKING:
+    from serving.gateway.state import GatewayState
+
+
+@dataclass(frozen=True)
+class Caller:
+    """What the gateway needs to know about a live key, without holding ORM objects across requests.
+
+    `capabilities` are the key's scopes narrowed to its creator's role when it was authenticated; an
+    `api_key.changed` event drops the entry when that role (or anything else here) changes.
+    """
+
+    key_id: int
+    key_prefix: str
+    scopes: tuple[str, ...]
+    capabilities: frozenset[Capability]
+    expires_at: datetime | None
+    tenant_id: int
+    tenant_slug: str
+    rate_limit_rpm: int
+
+    @property
+    def can_infer(self) -> bool:
+        return Capability.INFERENCE in self.capabilities
+
+
+@dataclass(frozen=True)
+class Refusal:
+    code: str
+    message: str
+
+    @property
+    def counts_as_failure(self) -> bool:
+        """A token that names no key (or not with that secret): counted against the client's address."""
+        return self.code == FAILURE_CODE
+
+
+def load_key(token: str) -> Caller | Refusal:
+    """The caller a token names, or why not (ORM: run it on a database thread)."""
+    try:
+        key = live_key(token)
+    except KeyRefused as refused:
+        codes = refused.get_codes()
+        return Refusal(codes if isinstance(codes, str) else "invalid_api_key", str(refused.detail))
+    return Caller(
+        key_id=key.id,
+        key_prefix=key.prefix,
+        scopes=tuple(key.scopes),
+        capabilities=key_access(key).capabilities,
+        expires_at=key.expires_at,
+        tenant_id=key.tenant_id,
+        tenant_slug=key.tenant.slug,
+        rate_limit_rpm=key.tenant.rate_limit_rpm,
+    )
+
+
+def forget_keys(state: GatewayState, *, tenant_id: int | None = None, key_id: int | None = None) -> int:
+    """Drop cached keys: one key, a tenant's keys, or every key (no arguments). Returns how many were dropped.
+
+    Cached refusals about genuine keys (revoked, a creator without access, a suspended tenant) go too,
+    whatever their tenant: the change may have made such a key work again. Refusals of tokens that name
+    no key stay.
+    """
+
+    def stale(_digest: str, value: Caller | Refusal) -> bool:
+        if isinstance(value, Refusal):
+            return not value.counts_as_failure
+        if key_id is not None:
+            return value.key_id == key_id
+        return tenant_id is None or value.tenant_id == tenant_id
+
+    return len(state.keys.drop_where(stale))
+
+
+async def authenticate(state: GatewayState, authorization: str, *, client: str | None = None) -> Caller:
+    """The caller an `Authorization` header names, or a 401/403/429 `GatewayError`.
+
+    Refusals are cached too, so a client hammering with a bad key costs one query per TTL, not one per
+    request. `client` is the caller's address (the ASGI scope's, which uvicorn takes from trusted proxies
+    only). A token not already known to be valid is checked against the address's failure count first:
+    past MINT_AUTH_FAILURES_PER_MIN failures this minute, 429 before any lookup. A token cached as valid is
+    served without that check: it cannot be a guess.
+    """
+    token = bearer_token(authorization)
+    if not token:
+        raise GatewayError(
+            401, "missing_api_key", "Send an API key with scope inference as `Authorization: Bearer mint_…`."
+        )
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    hit, cached = state.keys.get(digest)
+    bucket = client_bucket(client)
+    failures = state.auth_failures() if bucket is not None and not isinstance(cached, Caller) else None
+    if failures is not None and (wait := await failures.wait(bucket)) is not None:
+        raise GatewayError(
+            429,
+            "too_many_auth_failures",
+            auth_failures_message(wait),
+            headers={"Retry-After": str(max(1, math.ceil(wait)))},
+        )
+    if not hit:
+        epoch = state.keys.epoch
+        cached = await state.db.run(load_key, token)
+        # An event that dropped keys while this was reading may have been about this key: use the answer
+        # for this request, but do not keep it (the next request reads again).
+        if state.keys.epoch == epoch:
+            state.keys.put(digest, cached)
+    else:
+        state.keys.refresh_ahead(digest, lambda: state.db.run(load_key, token))
+    if isinstance(cached, Refusal):
+        if failures is not None and cached.counts_as_failure:
+            await failures.record(bucket)
+        # A fresh exception each time: re-raising one cached instance would grow its traceback forever.
+        raise GatewayError(401, cached.code, cached.message)
+    caller: Caller = cached
+    if expired := expiry_refusal(prefix=caller.key_prefix, expires_at=caller.expires_at, now=timezone.now()):
+        state.keys.pop(digest)
+        raise GatewayError(401, "api_key_expired", expired)
+    if not caller.can_infer:
+        raise GatewayError(
+            403,
+            "insufficient_scope",
+            f"This key's scopes ({', '.join(caller.scopes) or 'none'}) do not allow inference; "
+            f"it needs a key with scope {Scope.INFERENCE}.",
+        )
+    return caller

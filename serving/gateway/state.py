@@ -1,0 +1,196 @@
+"""What a gateway process keeps between requests, in one object built at startup and handed to every handler.
+
+`GatewayState.build()` runs in the application's lifespan (serving/gateway/asgi.py); tests build their own,
+with a fake upstream where they need one, instead of resetting module globals. Clients that belong to an
+event loop (the HTTP pool, the Redis connections) are opened lazily on the loop that uses them and closed by
+`aclose()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.db import close_old_connections
+from limits.aio.storage import RedisStorage as AsyncRedisStorage
+
+from serving.gateway.caches import RefreshingCache
+from serving.gateway.ratelimit import RateLimiter
+from serving.gateway.upstream import Upstream
+from serving.gateway.usage import Usage
+from tenants.throttles import AUTH_FAILURE_KEY_PREFIX, AsyncAuthFailures
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Background:
+    """Work the gateway runs beside requests (cache reloads, prewarms, flushes), never awaited by a request.
+
+    The event loop keeps only weak references to tasks, and a task that is garbage collected mid-flight
+    simply vanishes: this set holds them until they finish.
+    """
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], *, name: str) -> asyncio.Task:
+        """Run `coro` on the running loop, detached from the request that started it (in a fresh context)."""
+        task = asyncio.get_running_loop().create_task(coro, name=name, context=contextvars.Context())
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("gateway background task %s failed", task.get_name(), exc_info=task.exception())
+
+    async def drain(self) -> None:
+        """Wait for the background tasks of the running loop, including those they start (tests, shutdown)."""
+        loop = asyncio.get_running_loop()
+        while pending := [t for t in self._tasks if t.get_loop() is loop and not t.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+def db_threads() -> int:
+    """Half the process's database connection pool (at least 2): Django's own requests keep the other half."""
+    pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool")
+    size = pool.get("max_size", 10) if isinstance(pool, dict) else 10
+    return max(2, size // 2)
+
+
+def _in_thread(fn: Callable[..., T], args: tuple) -> T:
+    # Like a Django request: a connection past its CONN_MAX_AGE or broken is closed before, and handed back
+    # to the pool (or closed) after, so these threads never hold a connection between reads.
+    close_old_connections()
+    try:
+        return fn(*args)
+    finally:
+        close_old_connections()
+
+
+class DatabaseThreads:
+    """ORM work off the event loop, on threads of its own: several cache misses at once, at most `threads`.
+
+    Not asgiref's `sync_to_async` (nor Django's async ORM methods, which use it): those run on the one
+    thread of the request's context and so serialise every miss in the process behind each other.
+    """
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gateway-db")
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, _in_thread, fn, args)
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass(eq=False)
+class GatewayState:
+    """Everything one gateway process shares between requests; see the module docstring."""
+
+    background: Background
+    db: DatabaseThreads
+    upstream: Upstream
+    rate_limit: RateLimiter
+    usage: Usage
+    keys: RefreshingCache = field(init=False)  # token SHA-256 → Caller, or the refusal to repeat
+    routes: RefreshingCache = field(init=False)  # (tenant id, ModelRef) → Resolution, or why there is none
+    model_lists: RefreshingCache = field(init=False)  # tenant id → its servable model ids
+    prewarmed: RefreshingCache = field(init=False)  # revision id → True while a cold-request prewarm was asked
+    inflight: Counter[int] = field(default_factory=Counter)  # requests in flight per placement id
+    following: bool = False  # set by serving/gateway/feed.py while it receives live events
+    _failures: tuple[Any, AsyncAuthFailures] | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.keys = RefreshingCache(self.background, ttl=self.key_cache_ttl)
+        self.routes = RefreshingCache(self.background, ttl=self.cache_ttl, stale=self.stale_window)
+        self.model_lists = RefreshingCache(self.background, ttl=self.cache_ttl)
+        self.prewarmed = RefreshingCache(self.background, ttl=self.cache_ttl)
+
+    @classmethod
+    def build(cls, *, upstream: Upstream | None = None, db: DatabaseThreads | None = None) -> GatewayState:
+        """A fresh state from the settings; tests may pass their own HTTP client and database threads."""
+        background = Background()
+        db = db or DatabaseThreads(db_threads())
+        import os  # TEMPORARY: measurement of other clients, removed before review
+
+        candidate = os.environ.get("MINT_GATEWAY_UPSTREAM_CANDIDATE")
+        if upstream is None and candidate:
+            from serving.gateway import _candidates
+
+            make = {"httpcore": _candidates.HttpcoreUpstream, "legacy": _candidates.LegacyUpstream}[candidate]
+            upstream = make(
+                max_connections=settings.MINT_GATEWAY_MAX_CONNECTIONS,
+                connect_timeout=settings.MINT_GATEWAY_CONNECT_TIMEOUT_S,
+                read_timeout=settings.MINT_GATEWAY_READ_TIMEOUT_S,
+            )
+            log.warning("gateway upstream candidate: %s", candidate)
+        return cls(
+            background=background,
+            db=db,
+            upstream=upstream
+            or Upstream(
+                max_connections=settings.MINT_GATEWAY_MAX_CONNECTIONS,
+                connect_timeout=settings.MINT_GATEWAY_CONNECT_TIMEOUT_S,
+                read_timeout=settings.MINT_GATEWAY_READ_TIMEOUT_S,
+            ),
+            rate_limit=RateLimiter(background),
+            usage=Usage(background, db),
+        )
+
+    def cache_ttl(self) -> float:
+        """How long a route is cached: longer while live events keep routes fresh (serving/gateway/feed.py)."""
+        if self.following:
+            return float(settings.MINT_GATEWAY_FOLLOWED_CACHE_S)
+        return float(settings.MINT_GATEWAY_CACHE_S)
+
+    def stale_window(self) -> float:
+        """How long past its TTL a route is still served, while it is resolved again in the background.
+
+        Only while the feed is live: events keep routes current, so the TTL only bounds the harm of a lost
+        event, and the reload a late answer starts ends it. An adapter idle for longer than the TTL (most
+        of a large catalog) then costs its next request no database round trip.
+        """
+        return float(settings.MINT_GATEWAY_FOLLOWED_STALE_S) if self.following else 0.0
+
+    @staticmethod
+    def key_cache_ttl() -> float:
+        return float(settings.MINT_GATEWAY_KEY_CACHE_S)
+
+    def auth_failures(self) -> AsyncAuthFailures:
+        """The failed-authentication counter (tenants/throttles.py), on the rate limiter's Redis connections."""
+        pool = self.rate_limit.client().connection_pool
+        if self._failures is None or self._failures[0] is not pool:
+            storage = AsyncRedisStorage(
+                f"async+{settings.REDIS_URL}",
+                implementation="redispy",
+                key_prefix=AUTH_FAILURE_KEY_PREFIX,
+                wrap_exceptions=True,
+                connection_pool=pool,
+            )
+            self._failures = (pool, AsyncAuthFailures(storage))
+        return self._failures[1]
+
+    async def aclose(self) -> None:
+        """Close the clients opened on the running loop (the HTTP pool, Redis); they reopen on next use."""
+        await self.upstream.aclose()
+        await self.rate_limit.aclose()
+        self._failures = None
+
+    async def shutdown(self) -> None:
+        """At the application's shutdown: let background work finish, close every client and the threads."""
+        await self.background.drain()
+        await self.aclose()
+        self.db.shutdown()

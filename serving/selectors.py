@@ -1,0 +1,56 @@
+"""Reads of the serving plane, for its own services, the REST API, the gateway and the dashboard.
+
+Aliases are serving state (what each name of an adapter serves now and should serve next), so
+everything that shows or routes by an alias reads it here.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import Prefetch, QuerySet
+from django.utils import timezone
+
+from adapters.models import Adapter
+from serving.models import Alias
+
+
+def protected_revision_ids(*, now=None) -> set[int]:
+    """Revisions that must stay loaded: live and desired alias targets, and the previous live one in its grace."""
+    now = now or timezone.now()
+    grace = now - timedelta(seconds=settings.MINT_ROLLBACK_GRACE_S)
+    ids: set[int] = set()
+    for live, desired, previous, updated in Alias.objects.values_list(
+        "revision_id", "desired_revision_id", "previous_revision_id", "updated_at"
+    ):
+        ids.update(i for i in (live, desired) if i)
+        if previous and updated >= grace:
+            ids.add(previous)
+    return ids
+
+
+def with_aliases(adapters: QuerySet[Adapter], *, previous: bool = False) -> QuerySet[Adapter]:
+    """`adapters` with their aliases (and the revisions they name) prefetched as `adapter.aliases.all()`."""
+    related = ["revision", "desired_revision"] + (["previous_revision"] if previous else [])
+    aliases = Alias.objects.select_related(*related).order_by("name")
+    return adapters.prefetch_related(Prefetch("aliases", queryset=aliases))
+
+
+def alias_of(adapter: Adapter, name: str) -> Alias | None:
+    """One alias of `adapter`, with its live revision; None if it never existed."""
+    return Alias.objects.filter(adapter=adapter, name=name).select_related("revision").first()
+
+
+def live_aliases(*, tenant_id: int) -> QuerySet[Alias]:
+    """The tenant's aliases that serve a revision now, with their adapter and revision, by adapter and name."""
+    return (
+        Alias.objects.filter(adapter__tenant_id=tenant_id, revision__isnull=False)
+        .select_related("adapter", "revision")
+        .order_by("adapter__name", "name")
+    )
+
+
+def alias_for_converge(alias_id: int) -> Alias | None:
+    """An alias with what converging it reads (its adapter's base model, its desired revision)."""
+    return Alias.objects.select_related("adapter__base_model", "desired_revision__adapter").filter(id=alias_id).first()

@@ -1,0 +1,55 @@
+"""Writes of the serving plane, one module per subject; callers use `serving.services.<name>`.
+
+- `aliases`: activation, rollback, the flip once a revision is ready, convergence.
+- `placement`: placement requests, admission and pacing, prewarm bookkeeping, eviction, reconcile.
+- `nodes`: registering nodes and recording their state.
+
+Dependencies inside run one way: aliases → placement → (models, selectors, tasks to enqueue).
+"""
+
+from serving.services.aliases import (
+    alias_converge,
+    alias_flip,
+    converge_aliases,
+    placement_ready,
+    revision_activate,
+    revision_rollback,
+)
+from serving.services.nodes import node_register, node_set_state
+from serving.services.placement import (
+    admit,
+    admit_after_pause,
+    eviction_victim,
+    node_can_load,
+    node_reconcile,
+    placement_failed,
+    placement_forget,
+    placement_loaded,
+    placement_request,
+    placement_warmed,
+    prewarm_pacing_delay,
+    ready_count,
+)
+
+__all__ = [
+    "admit",
+    "admit_after_pause",
+    "alias_converge",
+    "alias_flip",
+    "converge_aliases",
+    "eviction_victim",
+    "node_can_load",
+    "node_reconcile",
+    "node_register",
+    "node_set_state",
+    "placement_failed",
+    "placement_forget",
+    "placement_loaded",
+    "placement_ready",
+    "placement_request",
+    "placement_warmed",
+    "prewarm_pacing_delay",
+    "ready_count",
+    "revision_activate",
+    "revision_rollback",
+]

@@ -1,0 +1,184 @@
+"""Writes about aliases, the names that serve a revision: activation, rollback, and the flip once it is ready.
+
+Activation and rollback set an alias's *desired* revision and ask the serving plane to converge
+(`tasks.alias_converge`): the alias flips at once if that revision is ready on
+MINT_ALIAS_READY_REPLICAS nodes, else a placement is requested and the flip happens when its prewarm
+finishes (`placement_ready`). Only approved revisions can be desired; every change is audited, and
+a flip is a live event the gateway and the dashboard follow.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from adapters import services as adapter_services
+from adapters.models import Adapter, AdapterRevision, RevisionState
+from mint_site.errors import Conflict, InvalidTransition, NotFound
+from mint_site.events import live_event
+from serving import tasks
+from serving.models import Alias, Placement, Priority
+from serving.services import placement as placements
+from tenants.access import Actor
+from tenants.services import audit_record
+
+# ---------------------------------------------------------------- activation, flip, rollback
+
+
+def _locked_alias(adapter: Adapter, name: str, *, create: bool) -> Alias:
+    alias = Alias.objects.select_for_update().filter(adapter=adapter, name=name).first()
+    if alias is None and create:
+        try:
+            with transaction.atomic():
+                Alias.objects.create(adapter=adapter, name=name)
+        except IntegrityError:
+            pass  # created concurrently; lock it below
+        alias = Alias.objects.select_for_update().get(adapter=adapter, name=name)
+    if alias is None:
+        raise NotFound(f"{adapter.name} has no alias {name!r}.", code="alias_not_found")
+    return alias
+
+
+def _label(revision: AdapterRevision | None) -> str | None:
+    return f"r{revision.number}" if revision is not None else None
+
+
+def _set_desired(target: Alias, revision: AdapterRevision, *, rollback: bool, by: Actor) -> None:
+    """Point a locked alias's desired revision at `revision`, and audit it as an activation or a rollback."""
+    before = {"revision": _label(target.revision), "desired": _label(target.desired_revision)}
+    target.desired_revision = revision
+    target.rollback_pending = rollback
+    target.updated_by = by.label
+    target.updated_at = timezone.now()
+    target.save(update_fields=["desired_revision", "rollback_pending", "updated_by", "updated_at"])
+    audit_record(
+        tenant=target.adapter.tenant,
+        actor=by,
+        action="alias.rollback" if rollback else "alias.activate",
+        target=f"alias:{target.adapter.name}:{target.name}",
+        before=before,
+        after={"revision": _label(target.revision), "desired": _label(revision)},
+    )
+
+
+@transaction.atomic
+def revision_activate(
+    *, adapter: Adapter, revision: AdapterRevision, by: Actor, alias: str = Alias.PRODUCTION
+) -> Alias:
+    """Make `revision` the desired target of `alias`. The alias flips when the serving plane has it ready."""
+    if revision.state != RevisionState.APPROVED:
+        raise InvalidTransition(
+            f"r{revision.number} is {revision.state}; only approved revisions can be activated.",
+            detail={"state": revision.state},
+        )
+    target = _locked_alias(adapter, alias, create=True)
+    _set_desired(target, revision, rollback=False, by=by)
+    transaction.on_commit(lambda: tasks.alias_converge.delay(alias_id=target.id))
+    return target
+
+
+@transaction.atomic
+def revision_rollback(
+    *, adapter: Adapter, by: Actor, alias: str = Alias.PRODUCTION, revision: AdapterRevision | None = None
+) -> Alias:
+    """Point `alias` back at the revision live before the current one (or at `revision`), as a rollback.
+
+    Nothing is retrained: the target's frozen export is served again, re-exported from its
+    source first if the export was removed.
+    """
+    target = Alias.objects.select_for_update().filter(adapter=adapter, name=alias).first()
+    if target is None or target.revision is None:
+        raise InvalidTransition(
+            f"{adapter.name}:{alias} has never been live; there is nothing to roll back.", code="nothing_to_roll_back"
+        )
+    goal = revision or target.previous_revision
+    if goal is None:
+        raise InvalidTransition(
+            f"{adapter.name}:{alias} has no earlier live revision; name one to roll back to.",
+            code="nothing_to_roll_back",
+        )
+    if goal.state != RevisionState.APPROVED:
+        raise InvalidTransition(
+            f"r{goal.number} is {goal.state}; rollback needs an approved revision.", detail={"state": goal.state}
+        )
+    _set_desired(target, goal, rollback=True, by=by)
+    adapter_services.revision_ensure_export(revision=goal)
+    transaction.on_commit(lambda: tasks.alias_converge.delay(alias_id=target.id))
+    return target
+
+
+@transaction.atomic
+def alias_flip(
+    *, adapter: Adapter, revision: AdapterRevision, alias: str = Alias.PRODUCTION, by: Actor | None = None
+) -> Alias:
+    """Point `alias` at its desired `revision`, atomically. Called by the serving plane once it is ready."""
+    target = _locked_alias(adapter, alias, create=False)
+    if target.desired_revision_id != revision.id:
+        raise InvalidTransition(
+            f"{adapter.name}:{alias} wants {_label(target.desired_revision)}, not r{revision.number}.",
+            code="not_desired",
+        )
+    if target.revision_id == revision.id:
+        return target
+    before = {"revision": _label(target.revision)}
+    target.previous_revision = target.revision
+    target.revision = revision
+    target.rollback_pending = False
+    target.updated_at = timezone.now()
+    target.save(update_fields=["previous_revision", "revision", "rollback_pending", "updated_at"])
+    audit_record(
+        tenant=adapter.tenant,
+        actor=by or Actor.system(),
+        action="alias.flip",
+        target=f"alias:{adapter.name}:{alias}",
+        before=before,
+        after={"revision": _label(revision)},
+    )
+    live_event(
+        tenant_id=adapter.tenant_id,
+        type="alias.flip",
+        id=target.id,
+        state="live",
+        adapter=adapter.name,
+        alias=alias,
+        revision=_label(revision),
+    )
+    return target
+
+
+# ---------------------------------------------------------------- convergence (called by tasks)
+
+
+def converge_aliases(*, revision: AdapterRevision) -> list[Alias]:
+    """Flip every alias that wants `revision` once it is ready on enough nodes."""
+    flipped = []
+    if placements.ready_count(revision) < settings.MINT_ALIAS_READY_REPLICAS:
+        return flipped
+    for alias in Alias.objects.filter(desired_revision=revision).exclude(revision=revision).select_related("adapter"):
+        try:
+            flipped.append(alias_flip(adapter=alias.adapter, revision=revision, alias=alias.name))
+        except Conflict:
+            continue  # the desired revision changed meanwhile
+    return flipped
+
+
+def alias_converge(*, alias: Alias) -> None:
+    """Bring an alias to its desired revision: flip now if it is ready, else have it prewarmed."""
+    desired = alias.desired_revision
+    if desired is None or desired.id == alias.revision_id:
+        return
+    if placements.ready_count(desired) >= settings.MINT_ALIAS_READY_REPLICAS:
+        converge_aliases(revision=desired)
+        return
+    priority = Priority.ROLLBACK if alias.rollback_pending else Priority.ACTIVATION
+    placements.placement_request(revision=desired, priority=priority)
+
+
+def placement_ready(*, placement: Placement, warm_ms: float) -> bool:
+    """Phase 2 of a prewarm done: the placement is routable, and aliases waiting for its revision flip."""
+    if not placements.placement_warmed(placement=placement, warm_ms=warm_ms):
+        return False
+    converge_aliases(revision=placement.revision)
+    placements.admit(node_id=placement.node_id)
+    return True
