@@ -17,7 +17,7 @@ Where things are:
 - `resolve.py`: `model` string → revision → its ready placements (cached; cold-request prewarms).
 - `caches.py`: the refresh-ahead TTL cache both use (cachetools underneath).
 - `proxy.py`: picking a target, forwarding, renaming the model both ways, relaying streams.
-- `upstream.py`: the pooled HTTP client to the nodes (aiohttp).
+- `upstream.py`: the pooled HTTP client to the nodes, on the keep-alive transport of `transport.py`.
 - `ratelimit.py`, `usage.py`, `feed.py` (live events drop what they make stale), `metrics.py`.
 
 This module holds the error every refusal is raised as. It imports nothing from Django at module level.

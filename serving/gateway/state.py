@@ -124,19 +124,6 @@ class GatewayState:
         """A fresh state from the settings; tests may pass their own HTTP client and database threads."""
         background = Background()
         db = db or DatabaseThreads(db_threads())
-        import os  # TEMPORARY: measurement of other clients, removed before review
-
-        candidate = os.environ.get("MINT_GATEWAY_UPSTREAM_CANDIDATE")
-        if upstream is None and candidate:
-            from serving.gateway import _candidates
-
-            make = {"httpcore": _candidates.HttpcoreUpstream, "legacy": _candidates.LegacyUpstream}[candidate]
-            upstream = make(
-                max_connections=settings.MINT_GATEWAY_MAX_CONNECTIONS,
-                connect_timeout=settings.MINT_GATEWAY_CONNECT_TIMEOUT_S,
-                read_timeout=settings.MINT_GATEWAY_READ_TIMEOUT_S,
-            )
-            log.warning("gateway upstream candidate: %s", candidate)
         return cls(
             background=background,
             db=db,

@@ -1,38 +1,28 @@
-"""The gateway's HTTP client to vLLM nodes: aiohttp's `ClientSession` on a tuned keep-alive pool.
+"""The gateway's client to vLLM nodes: POST a JSON body, get a status, a content type and a body.
 
-Chosen by measurement (benchmarks/gateway_overhead.py, one request at a time and 16 clients at once): on
-this project's 2-CPU benchmark machine it met the gateway's targets where httpcore (httpx's transport, with
-the pure-Python h11 parser) did not; its C parser (llhttp) keeps the per-request CPU cost small.
+What the proxy (serving/gateway/proxy.py) sees of the nodes, whatever carries the bytes: `Upstream.post`,
+an `UpstreamResponse` (read whole, or chunk by chunk for server-sent events), and three kinds of failure,
+so the proxy can tell a request that never reached the node (`NoAnswer`: safe to send elsewhere) from one
+that took too long (`UpstreamTimeout`) or broke off halfway (`BrokenAnswer`). Tests put a fake with the
+same two methods in the gateway's state.
 
-Tuned for a gateway that only ever POSTs JSON to nodes on a private network: one `ClientSession` for the
-whole process; keep-alive connections per node up to MINT_GATEWAY_MAX_CONNECTIONS; an idle connection is
-dropped after KEEPALIVE_S, below the nodes' own keep-alive (vLLM's uvicorn closes after 5 s), so a
-connection the node is closing is rarely reused; no auto-decompression, no cookies, no redirects, no proxy
-settings from the environment, no default headers; `raise_for_status` off (the proxy reads every status).
-
-A kept-alive connection can still be closed by the node just as a request goes out (its keep-alive ran
-out, or it restarted): the node never saw that request, so it is sent once more on another connection.
-
-Errors are the gateway's own three kinds, so the proxy can tell a request that never reached the node
-(`NoAnswer`: safe to send elsewhere) from one that took too long (`UpstreamTimeout`) or broke off halfway
-(`BrokenAnswer`).
+Underneath is the hand-written keep-alive transport of serving/gateway/transport.py, kept because the
+maintained clients measured against it (aiohttp, httpcore) missed the gateway's latency target; its
+docstring has the figures. Requests are built directly for it: httpx's client layer (redirects, cookies,
+auth, hooks) costs CPU the gateway has no use for.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
 
-import aiohttp
-from yarl import URL
+import httpx
 
-KEEPALIVE_S = 4.0
+from serving.gateway.transport import UpstreamTransport
+
 POOL_TIMEOUT_S = 10.0  # waiting for a free connection when a node already has MINT_GATEWAY_MAX_CONNECTIONS
-_HEADERS = {"Content-Type": "application/json"}
-# Nodes answer uncompressed; the rest of aiohttp's defaults (User-Agent, Accept) mean nothing to them.
-_SKIP_HEADERS = ("Accept", "Accept-Encoding", "User-Agent")
+_HEADERS = {"content-type": "application/json"}
 
 
 class UpstreamError(Exception):
@@ -44,30 +34,23 @@ class NoAnswer(UpstreamError):
 
 
 class UpstreamTimeout(UpstreamError):
-    """The node did not answer (or go on answering) within the read timeout."""
+    """The node did not answer (or go on answering) in time, or no connection to it came free in time."""
 
 
 class BrokenAnswer(UpstreamError):
     """The node's answer broke off or was malformed after it had begun."""
 
 
-def _error(exc: BaseException) -> UpstreamError:
-    """The gateway's kind of an aiohttp failure (to raise `from None`: tracebacks of the pool are noise)."""
-    if isinstance(exc, aiohttp.ConnectionTimeoutError | aiohttp.ClientConnectorError | aiohttp.ServerDisconnectedError):
+# Errors where nothing came back from the node: the request can safely go to another node.
+_NOTHING_CAME_BACK = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.WriteError)
+
+
+def _error(exc: httpx.HTTPError, *, begun: bool) -> UpstreamError:
+    """The gateway's kind of a transport failure (to raise `from None`: the pool's tracebacks are noise)."""
+    if not begun and isinstance(exc, _NOTHING_CAME_BACK):
         return NoAnswer(str(exc) or type(exc).__name__)
-    if isinstance(exc, TimeoutError):  # aiohttp's read timeouts are TimeoutErrors too
-        return UpstreamTimeout(str(exc) or "the node did not answer in time")
-    if isinstance(exc, aiohttp.ClientOSError):
-        return NoAnswer(str(exc))  # reset or broken while the request went out
-    if isinstance(exc, aiohttp.ClientResponseError):
-        return NoAnswer(f"the node's answer is not HTTP: {exc.message}")  # no usable answer came back
-    return BrokenAnswer(str(exc) or type(exc).__name__)
-
-
-def _midway(exc: BaseException) -> UpstreamError:
-    """The kind of a failure while reading an answer that had begun: never `NoAnswer`."""
-    if isinstance(exc, TimeoutError):
-        return UpstreamTimeout(str(exc) or "the node stopped answering")
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamTimeout(str(exc) or type(exc).__name__)
     return BrokenAnswer(str(exc) or type(exc).__name__)
 
 
@@ -76,42 +59,39 @@ class UpstreamResponse:
 
     __slots__ = ("_response", "content_type", "status")
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: httpx.Response) -> None:
         self._response = response
-        self.status = response.status
-        self.content_type = response.headers.get("Content-Type", "")
+        self.status = response.status_code
+        self.content_type = response.headers.get("content-type", "")
 
     async def read(self) -> bytes:
         try:
-            return await self._response.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise _midway(exc) from None
+            return await self._response.aread()
+        except httpx.HTTPError as exc:
+            raise _error(exc, begun=True) from None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives (for server-sent events)."""
         try:
-            async for chunk in self._response.content.iter_any():
+            async for chunk in self._response.aiter_raw():
                 yield chunk
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise _midway(exc) from None
+        except httpx.HTTPError as exc:
+            raise _error(exc, begun=True) from None
 
     async def aclose(self) -> None:
         """Done with the answer: a connection whose answer was read whole goes back to the pool, any other closes."""
-        self._response.release()
-
-
-async def _on_reuse(_session, context: SimpleNamespace, _params) -> None:
-    context.trace_request_ctx.reused = True
+        await self._response.aclose()
 
 
 @functools.lru_cache(maxsize=4096)
-def _url(url: str) -> URL:
+def _url(url: str) -> httpx.URL:
     """Parsed once per node and path: parsing a URL string costs more than the rest of building a request."""
-    return URL(url)
+    return httpx.URL(url)
 
 
 class Upstream:
-    """The pooled client (see the module docstring). Its session belongs to the event loop it was opened on."""
+    """The pooled client. Its connections belong to the event loop they were opened on: `aclose()` drops them,
+    and the next request opens a fresh pool."""
 
     def __init__(
         self,
@@ -122,65 +102,24 @@ class Upstream:
         pool_timeout: float = POOL_TIMEOUT_S,
     ) -> None:
         self._max_connections = max_connections
-        # `connect` bounds waiting for a pooled connection and opening one together, `sock_connect` the opening
-        # alone; `sock_read` is the longest silence while waiting for the answer or between its chunks (a stream
-        # may run for minutes).
-        self._timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=max(pool_timeout, connect_timeout),
-            sock_connect=connect_timeout,
-            sock_read=read_timeout,
-        )
-        self._session: aiohttp.ClientSession | None = None
-
-    def _open(self) -> aiohttp.ClientSession:
-        trace = aiohttp.TraceConfig()
-        trace.on_connection_reuseconn.append(_on_reuse)
-        connector = aiohttp.TCPConnector(
-            limit=self._max_connections,
-            limit_per_host=0,
-            keepalive_timeout=KEEPALIVE_S,
-            ttl_dns_cache=10,
-        )
-        return aiohttp.ClientSession(
-            connector=connector,
-            timeout=self._timeout,
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=_SKIP_HEADERS,
-            raise_for_status=False,
-            trust_env=False,
-            trace_configs=[trace],
-        )
+        # As the transport reads them from each request: `read` is the longest silence while waiting for the
+        # answer or between its chunks (a stream may run for minutes).
+        self._timeouts = {"connect": connect_timeout, "read": read_timeout, "write": 30.0, "pool": pool_timeout}
+        self._transport: UpstreamTransport | None = None
 
     async def post(self, url: str, body: bytes) -> UpstreamResponse:
         """POST a JSON body and wait for the answer's status and headers; the body is read from the response."""
-        if self._session is None or self._session.closed:
-            self._session = self._open()
-        target = _url(url)
-        context = SimpleNamespace(reused=False)
-        try:
-            return await self._send(target, body, context)
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            if not context.reused or isinstance(exc, aiohttp.ClientConnectorError):
-                raise _error(exc) from None
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise _error(exc) from None
-        # A kept-alive connection the node had closed as the request went out: it never saw the request.
-        try:
-            return await self._send(target, body, SimpleNamespace(reused=False))
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise _error(exc) from None
-
-    async def _send(self, target: URL, body: bytes, context: SimpleNamespace) -> UpstreamResponse:
-        assert self._session is not None
-        response = await self._session.post(
-            target, data=body, headers=_HEADERS, allow_redirects=False, trace_request_ctx=context
+        if self._transport is None:
+            self._transport = UpstreamTransport(max_connections=self._max_connections)
+        request = httpx.Request(
+            "POST", _url(url), content=body, headers=_HEADERS, extensions={"timeout": self._timeouts}
         )
-        return UpstreamResponse(response)
+        try:
+            return UpstreamResponse(await self._transport.handle_async_request(request))
+        except httpx.HTTPError as exc:
+            raise _error(exc, begun=False) from None
 
     async def aclose(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
-            await asyncio.sleep(0)  # let the connector's transports see their close
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            await transport.aclose()

@@ -1,5 +1,5 @@
-"""The gateway's upstream client against scripted HTTP servers on real sockets: answers, keep-alive,
-streaming, and every way a node can fail."""
+"""The gateway's upstream client (serving/gateway/upstream.py, on the transport of serving/gateway/transport.py)
+against scripted HTTP servers on real sockets: answers, keep-alive, streaming, and every way a node can fail."""
 
 from __future__ import annotations
 
@@ -369,7 +369,7 @@ def test_the_connection_cap_queues_requests_and_a_cancelled_request_frees_its_co
             upstream = client(max_connections=1, pool_timeout=0.2)
             stuck = asyncio.create_task(post(upstream, server.url))
             await asyncio.sleep(0.1)
-            with pytest.raises(NoAnswer):  # the one connection is busy past the pool timeout
+            with pytest.raises(UpstreamTimeout):  # the one connection is busy past the pool timeout
                 await post(upstream, server.url)
             stuck.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -397,5 +397,15 @@ def test_a_closed_client_opens_a_fresh_pool_on_next_use():
             assert server.connections == 2
             await second.aclose()
             await upstream.aclose()
+
+    run(scenario)
+
+
+def test_only_plain_http_is_spoken():
+    async def scenario():
+        upstream = client()
+        with pytest.raises(BrokenAnswer, match="plain HTTP"):
+            await upstream.post("https://127.0.0.1:1/v1/completions", b"{}")
+        await upstream.aclose()
 
     run(scenario)

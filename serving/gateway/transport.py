@@ -1,12 +1,23 @@
-"""A lean HTTP/1.1 keep-alive transport for the gateway's requests to vLLM nodes.
+"""A lean HTTP/1.1 keep-alive transport for the gateway's requests to vLLM nodes (hand-written, on httptools).
 
-httpx's own transport (httpcore with the pure-Python h11 parser) costs ~450 µs of CPU per
-request on this kind of machine; the gateway's budget is a few hundred. This one is an
-`httpx.AsyncBaseTransport`, so the proxy, its error handling and the tests' MockTransport
-stay as they are, but underneath it is an asyncio `Protocol` per connection with
-httptools' C parser (the one uvicorn uses), one `write` per request, and an idle pool per
-node. What it does not do, because the nodes never need it: TLS, proxies, HTTP/2,
-`Expect: 100-continue`, request bodies that are streams.
+Kept by measurement, as the house style asks of hand-written infrastructure: benchmarks/gateway_overhead.py
+(the same completion requests through the gateway and straight to vLLM on the generated tiny Llama, plus
+16 concurrent clients), run with each client behind the same gateway (Starlette, serving/gateway/upstream.py),
+five interleaved runs each on the project's 2-CPU machine (issue 14, figures in its note):
+
+    p50 gateway ÷ direct (target ≤ 1.05)     this transport 1.051 (1.049-1.056)
+                                             aiohttp 3.14, tuned ClientSession 1.065 (1.057-1.069)
+                                             httpcore 1.0 (httpx's transport), tuned 1.077 (1.075-1.078)
+    16 clients, throughput ÷ direct (≥ 0.95) this transport 0.971, aiohttp 0.967, httpcore 0.92
+
+aiohttp's client cost the gateway ~0.35 ms more per request at p50 (the node's answer as the gateway saw
+it), enough to miss the p50 target that this transport sits at; httpcore (the pure-Python h11 parser)
+missed both targets. Measure again before replacing it: `python -m benchmarks.gateway_overhead`.
+
+It is an `httpx.AsyncBaseTransport`, but underneath it is an asyncio `Protocol` per connection with
+httptools' C parser (the one uvicorn uses), one `write` per request, and an idle pool per node. What it
+does not do, because the nodes never need it: TLS, proxies, HTTP/2, `Expect: 100-continue`, request bodies
+that are streams.
 
 Errors are httpx's own classes, so callers can tell a request that never reached the node
 (`ConnectError`, `RemoteProtocolError` before any byte came back: safe to send elsewhere)
