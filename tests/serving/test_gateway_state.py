@@ -19,6 +19,7 @@ from serving.gateway.state import Background, GatewayState
 from serving.models import ServingNode
 from tenants.models import Tenant
 from tests.serving.gateway_world import FakeAnswer, RecordingThreads, running, settle, site
+from tests.serving.sockets import Server
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -187,53 +188,24 @@ def test_events_split_across_reads_and_crlf_line_ends_are_relayed_whole():
 # The real pooled client between the gateway and a node
 
 
-class ScriptedNode:
-    """A node on a real socket that answers completions like vLLM: JSON, or chunked server-sent events."""
-
-    def __init__(self) -> None:
-        self.connections = 0
-        self.bodies: list[dict] = []
-
-    async def __aenter__(self) -> ScriptedNode:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self.server.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":")[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length")
-                )
-                body = json.loads(await reader.readexactly(length))
-                self.bodies.append(body)
-                lora = body["model"]
-                if body.get("stream"):
-                    writer.write(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-                    )
-                    for piece in (f'data: {{"model": "{lora}", "choices": [{{"text": "Hi"}}]}}\n', "\ndata: [DO"):
-                        writer.write(b"%x\r\n%s\r\n" % (len(piece), piece.encode()))
-                        await writer.drain()
-                    writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(b"NE]\n\n"), b"NE]\n\n"))
-                else:
-                    answer = json.dumps({"model": lora, "choices": [{"text": "Hi"}], "logprob": float("-inf")})
-                    writer.write(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                        % (len(answer), answer.encode())
-                    )
+async def answer_like_vllm(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
+    """Answer completions as vLLM does: JSON, or chunked server-sent events (split mid-event)."""
+    while await server.read_request(reader):
+        body = json.loads(server.requests[-1][2])
+        lora = body["model"]
+        if body.get("stream"):
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            for piece in (f'data: {{"model": "{lora}", "choices": [{{"text": "Hi"}}]}}\n', "\ndata: [DO"):
+                writer.write(b"%x\r\n%s\r\n" % (len(piece), piece.encode()))
                 await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+            writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(b"NE]\n\n"), b"NE]\n\n"))
+        else:
+            answer = json.dumps({"model": lora, "choices": [{"text": "Hi"}], "logprob": float("-inf")})
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (len(answer), answer.encode())
+            )
+        await writer.drain()
 
 
 def test_the_gateway_relays_a_real_nodes_answers_through_its_pooled_client(world):
@@ -241,7 +213,7 @@ def test_the_gateway_relays_a_real_nodes_answers_through_its_pooled_client(world
     token = world.token
 
     async def scenario():
-        async with ScriptedNode() as node:
+        async with Server(answer_like_vllm) as node:
             await state.db.run(lambda: ServingNode.objects.filter(id=world.node_a.id).update(url=node.url))
             headers = {"Authorization": f"Bearer {token}"}
             async with site(state) as client:
@@ -252,7 +224,7 @@ def test_the_gateway_relays_a_real_nodes_answers_through_its_pooled_client(world
                     "/v1/completions", json={"model": "support-bot", "prompt": "x", "stream": True}, headers=headers
                 )
             await settle(state)
-            return plain, streamed, node.connections, node.bodies
+            return plain, streamed, node.connections, [json.loads(body) for _, _, body in node.requests]
 
     plain, streamed, connections, bodies = async_to_sync(scenario)()
     state.db.shutdown()
