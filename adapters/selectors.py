@@ -59,6 +59,20 @@ def revision_list(*, adapter: Adapter, state: str | None = None) -> QuerySet[Ada
     return revisions
 
 
+def adapter_named(*, tenant_id: int, name: str) -> Adapter | None:
+    """A tenant's adapter by name, only what routing needs (id, name, tenant); None if it has none."""
+    return Adapter.objects.filter(tenant_id=tenant_id, name=name).only("id", "name", "tenant_id").first()
+
+
+def approved_revision(*, adapter: Adapter, number: int) -> AdapterRevision | None:
+    """`adapter`'s r<number> if it is approved (what a pinned `<adapter>@r<n>` may call), else None."""
+    return AdapterRevision.objects.filter(adapter=adapter, number=number, state=RevisionState.APPROVED).first()
+
+
+def revision_with_adapter(*, revision_id: int) -> AdapterRevision | None:
+    return AdapterRevision.objects.select_related("adapter").filter(id=revision_id).first()
+
+
 def revision_get(*, adapter: Adapter, number: int) -> AdapterRevision | None:
     return (
         AdapterRevision.objects.filter(adapter=adapter, number=number)

@@ -12,8 +12,8 @@ from django.conf import settings
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
-from adapters.models import Adapter
-from serving.models import Alias
+from adapters.models import Adapter, AdapterRevision
+from serving.models import Alias, NodeState, Placement, PlacementState
 
 
 def protected_revision_ids(*, now=None) -> set[int]:
@@ -42,12 +42,28 @@ def alias_of(adapter: Adapter, name: str) -> Alias | None:
     return Alias.objects.filter(adapter=adapter, name=name).select_related("revision").first()
 
 
+def live_revision(*, adapter: Adapter, alias_name: str) -> AdapterRevision | None:
+    """The revision an alias of `adapter` serves now, or None (no such alias, or it never flipped)."""
+    alias = Alias.objects.filter(adapter=adapter, name=alias_name).select_related("revision").first()
+    return alias.revision if alias is not None else None
+
+
 def live_aliases(*, tenant_id: int) -> QuerySet[Alias]:
-    """The tenant's aliases that serve a revision now, with their adapter and revision, by adapter and name."""
+    """The tenant's aliases that serve a revision now, with their adapter (name, creation), by adapter and name."""
     return (
         Alias.objects.filter(adapter__tenant_id=tenant_id, revision__isnull=False)
-        .select_related("adapter", "revision")
+        .select_related("adapter")
+        .only("name", "adapter__name", "adapter__created_at")
         .order_by("adapter__name", "name")
+    )
+
+
+def ready_placements(*, revision: AdapterRevision) -> QuerySet[Placement]:
+    """Where `revision` can be routed now: its ready placements on up nodes, with the node, oldest first."""
+    return (
+        Placement.objects.filter(revision=revision, state=PlacementState.READY, node__state=NodeState.UP)
+        .select_related("node")
+        .order_by("id")
     )
 
 

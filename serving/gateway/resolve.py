@@ -13,9 +13,10 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from adapters.models import Adapter, AdapterRevision, RevisionState
+from adapters import selectors as adapter_selectors
+from serving import selectors
 from serving.gateway import GatewayError
-from serving.models import Alias, NodeState, Placement, PlacementState, Priority, lora_name
+from serving.models import Alias, Priority, lora_name
 
 if TYPE_CHECKING:
     from serving.gateway.state import GatewayState
@@ -113,36 +114,23 @@ class NotReady(GatewayError):
 # Database reads (run on the state's database threads)
 
 
-def _live_revision(adapter: Adapter, alias_name: str) -> AdapterRevision | None:
-    """The revision an alias of `adapter` serves now, or None (no such alias, or it never flipped)."""
-    alias = Alias.objects.filter(adapter=adapter, name=alias_name).select_related("revision").first()
-    return alias.revision if alias is not None else None
-
-
 def _resolve_sync(tenant_id: int, ref: ModelRef) -> Resolution | AliasNotLive | None:
-    adapter = Adapter.objects.filter(tenant_id=tenant_id, name=ref.adapter).only("id", "name", "tenant_id").first()
+    adapter = adapter_selectors.adapter_named(tenant_id=tenant_id, name=ref.adapter)
     if adapter is None:
         return None
     if ref.number is not None:
-        revision = AdapterRevision.objects.filter(
-            adapter=adapter, number=ref.number, state=RevisionState.APPROVED
-        ).first()
+        revision = adapter_selectors.approved_revision(adapter=adapter, number=ref.number)
         if revision is None:
             return None
     else:
-        revision = _live_revision(adapter, ref.alias_name)
+        revision = selectors.live_revision(adapter=adapter, alias_name=ref.alias_name)
         if revision is None:
             return AliasNotLive(adapter_name=adapter.name, alias=ref.alias_name)
     revision.adapter = adapter  # lora_name() reads the tenant through it; no extra query
     name = lora_name(revision)
-    placements = (
-        Placement.objects.filter(revision=revision, state=PlacementState.READY, node__state=NodeState.UP)
-        .select_related("node")
-        .order_by("id")
-    )
     targets = tuple(
         Target(placement_id=p.id, node_name=p.node.name, node_url=p.node.url.rstrip("/"), lora_name=name)
-        for p in placements
+        for p in selectors.ready_placements(revision=revision)
     )
     return Resolution(
         adapter_id=adapter.id,
@@ -161,11 +149,7 @@ class ModelEntry:
 
 
 def _model_list_sync(tenant_id: int) -> tuple[ModelEntry, ...]:
-    aliases = (
-        Alias.objects.filter(adapter__tenant_id=tenant_id, revision__isnull=False)
-        .select_related("adapter")
-        .only("name", "adapter__name", "adapter__created_at")
-    )
+    aliases = selectors.live_aliases(tenant_id=tenant_id)
     entries = [
         ModelEntry(
             id=a.adapter.name if a.name == Alias.PRODUCTION else f"{a.adapter.name}:{a.name}",
@@ -180,7 +164,7 @@ def _prewarm_sync(revision_id: int) -> None:
     from serving import services  # looked up at call time: the service may be patched or still being written
 
     try:
-        revision = AdapterRevision.objects.select_related("adapter").filter(id=revision_id).first()
+        revision = adapter_selectors.revision_with_adapter(revision_id=revision_id)
         if revision is None:
             return
         services.placement_request(revision=revision, priority=Priority.COLD_REQUEST)

@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING
 
 from cachetools import LRUCache
 from django.conf import settings
-from django.db.models import Case, DateTimeField, Value, When
 from django.utils import timezone
 
+from serving import services as serving_services
 from serving.gateway.caches import MAX_ENTRIES
-from serving.models import Placement
 from tenants import services as tenant_services
 from tenants.keys import touch_due
 
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_CHUNK = 500  # ids per UPDATE: keeps each statement (and its CASE) a reasonable size
 
 
 def flush_interval() -> float:
@@ -94,7 +92,9 @@ class Usage:
             self._placements.clear()
             self._keys.clear()
         try:
-            return _write_placements(placements) + (tenant_services.api_keys_touch(used=keys) if keys else 0)
+            return serving_services.placements_touch(used=placements) + (
+                tenant_services.api_keys_touch(used=keys) if keys else 0
+            )
         except Exception:
             log.exception(
                 "gateway usage flush failed; keeping %d timestamps for the next one", len(placements) + len(keys)
@@ -105,14 +105,3 @@ class Usage:
                         if id_ not in pending or pending[id_] < at:
                             pending[id_] = at
             raise
-
-
-def _write_placements(times: dict[int, datetime]) -> int:
-    """`UPDATE … SET last_used_at = CASE id WHEN … END WHERE id IN (…)`, one statement per chunk of ids."""
-    ids = sorted(times)
-    written = 0
-    for start in range(0, len(ids), _CHUNK):
-        chunk = ids[start : start + _CHUNK]
-        value = Case(*(When(id=i, then=Value(times[i])) for i in chunk), output_field=DateTimeField())
-        written += Placement.objects.filter(id__in=chunk).update(last_used_at=value)
-    return written

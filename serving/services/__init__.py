@@ -27,6 +27,7 @@ from serving.services.placement import (
     placement_loaded,
     placement_request,
     placement_warmed,
+    placements_touch,
     prewarm_pacing_delay,
     ready_count,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "placement_ready",
     "placement_request",
     "placement_warmed",
+    "placements_touch",
     "prewarm_pacing_delay",
     "ready_count",
     "revision_activate",

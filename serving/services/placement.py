@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import Count, F, Q
+from django.db.models import Case, Count, DateTimeField, F, Q, Value, When
 from django.utils import timezone
 
 from adapters.models import AdapterRevision
@@ -338,3 +338,20 @@ def node_reconcile(*, node: ServingNode, loaded: set[str]) -> dict[str, int]:
             _placement_event(placement.id, state=P.QUEUED, updated_at=now, revision=placement.revision, node=node)
     admit(node_id=node.id)
     return {"requeued": requeued, "forgotten": forgotten}
+
+
+# ---------------------------------------------------------------- use (from the gateway)
+
+_TOUCH_CHUNK = 500
+
+
+def placements_touch(*, used: dict[int, datetime]) -> int:
+    """Record when placements last answered a request (eviction is LRU on it): one UPDATE per chunk of ids,
+    `SET last_used_at = CASE id WHEN … END`. The gateway batches uses and calls this from a database thread."""
+    ids = sorted(used)
+    written = 0
+    for start in range(0, len(ids), _TOUCH_CHUNK):
+        chunk = ids[start : start + _TOUCH_CHUNK]
+        value = Case(*(When(id=i, then=Value(used[i])) for i in chunk), output_field=DateTimeField())
+        written += Placement.objects.filter(id__in=chunk).update(last_used_at=value)
+    return written
