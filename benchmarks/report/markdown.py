@@ -11,7 +11,8 @@ INTRO = {
     "registration": "Registering a revision over HTTP (uvicorn, PostgreSQL): from a `source_uri` already in the "
     "store, and as a 10 MB multipart upload, with 1 and 16 concurrent clients.",
     "gateway_overhead": "The same completion requests through the gateway and straight to vLLM, alternating, "
-    "on the generated tiny Llama (vLLM CPU).",
+    "on the generated tiny Llama (vLLM CPU); then 16 concurrent clients, direct and through the gateway in "
+    "alternating rounds (throughput ratio: median of the rounds).",
     "readiness_isolation": "Steady traffic on warm adapters while new revisions are activated; and each new "
     "adapter's first request against its warm latency.",
     "live_events": "From a committed state change to the message at a dashboard WebSocket (`ws/live/`), on a private "

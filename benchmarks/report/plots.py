@@ -60,8 +60,9 @@ def plot_gateway_overhead(d: dict, plt) -> Any:
     _percentile_bars(ax, [("direct to vLLM", get(d, "direct") or {}), ("through the gateway", get(d, "gateway") or {})])
     ax.set_title(
         f"Gateway overhead: p50 ratio {fmt(get(d, 'p50_ratio'))} (target ≤ 1.05), "
-        f"p99 +{fmt(get(d, 'p99_difference_ms'))} ms (≤ 3)",
-        fontsize=10,
+        f"p99 +{fmt(get(d, 'p99_difference_ms'))} ms (≤ 3), 16 clients' throughput ratio "
+        f"{fmt(get(d, 'throughput_ratio'))} (≥ 0.95)",
+        fontsize=9,
     )
     return fig
 

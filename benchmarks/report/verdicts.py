@@ -50,10 +50,13 @@ def rows_registration(d: dict) -> list[Row]:
 
 
 def rows_gateway_overhead(d: dict) -> list[Row]:
-    ratio, diff = get(d, "p50_ratio"), get(d, "p99_difference_ms")
+    ratio, diff, throughput = get(d, "p50_ratio"), get(d, "p99_difference_ms"), get(d, "throughput_ratio")
+    own = f"{fmt(get(d, 'gateway_own.p50_ms'))} / {fmt(get(d, 'gateway_own.p99_ms'))} ms"
     return [
         Row("p50 gateway ÷ direct", ratio, "≤ 1.05", check(ratio, "<=", 1.05)),
         Row("p99 gateway - direct", diff, "≤ 3 ms", check(diff, "<=", 3.0), unit=" ms"),
+        Row("16 clients: throughput gateway ÷ direct", throughput, "≥ 0.95", check(throughput, ">=", 0.95)),
+        Row("gateway's own time p50 / p99", own, "", None),
         Row("direct p50 / p99", f"{fmt(get(d, 'direct.p50_ms'))} / {fmt(get(d, 'direct.p99_ms'))} ms", "", None),
         Row("gateway p50 / p99", f"{fmt(get(d, 'gateway.p50_ms'))} / {fmt(get(d, 'gateway.p99_ms'))} ms", "", None),
     ]

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-
 def flush_interval() -> float:
     return float(settings.MINT_GATEWAY_USAGE_FLUSH_S)
 
