@@ -37,11 +37,6 @@ def with_aliases(adapters: QuerySet[Adapter], *, previous: bool = False) -> Quer
     return adapters.prefetch_related(Prefetch("aliases", queryset=aliases))
 
 
-def alias_of(adapter: Adapter, name: str) -> Alias | None:
-    """One alias of `adapter`, with its live revision; None if it never existed."""
-    return Alias.objects.filter(adapter=adapter, name=name).select_related("revision").first()
-
-
 def live_revision(*, adapter: Adapter, alias_name: str) -> AdapterRevision | None:
     """The revision an alias of `adapter` serves now, or None (no such alias, or it never flipped)."""
     alias = Alias.objects.filter(adapter=adapter, name=alias_name).select_related("revision").first()
@@ -49,12 +44,11 @@ def live_revision(*, adapter: Adapter, alias_name: str) -> AdapterRevision | Non
 
 
 def live_aliases(*, tenant_id: int) -> QuerySet[Alias]:
-    """The tenant's aliases that serve a revision now, with their adapter (name, creation), by adapter and name."""
+    """The tenant's aliases that serve a revision now, with their adapter (name, creation); in no given order."""
     return (
         Alias.objects.filter(adapter__tenant_id=tenant_id, revision__isnull=False)
         .select_related("adapter")
         .only("name", "adapter__name", "adapter__created_at")
-        .order_by("adapter__name", "name")
     )
 
 

@@ -174,6 +174,17 @@ class Extraction:
         self.unpacked += declared_size
         self.check_size(self.unpacked, name)
 
+    def write_member(self, parts: tuple[str, ...], name: str, open_member: Callable[[], BinaryIO | None]) -> None:
+        """Open a checked member's data (`open_member`: the reader's own call) and write it out."""
+        try:
+            source = open_member()
+        except READ_ERRORS as exc:
+            raise self.bad(f"member {name!r} is damaged ({exc}).") from exc
+        if source is None:  # pragma: no cover - tar's regular members always have a file object
+            raise self.bad(f"member {name!r} has no data.")
+        with source:
+            self.write_file(parts, name, source)
+
     def write_file(self, parts: tuple[str, ...], name: str, read: BinaryIO) -> None:
         target = self.make_dirs(parts[:-1], name) / parts[-1]
         try:

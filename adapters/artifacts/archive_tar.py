@@ -199,11 +199,4 @@ def extract_tar(job: Extraction) -> None:
             if kind == "dir":
                 job.make_dirs(parts, member.name)
                 continue
-            try:
-                source = tar.extractfile(member)
-            except READ_ERRORS as exc:
-                raise job.bad(f"member {member.name!r} is damaged ({exc}).") from exc
-            if source is None:  # pragma: no cover - isreg() members always have a file object
-                raise job.bad(f"member {member.name!r} has no data.")
-            with source:
-                job.write_file(parts, member.name, source)
+            job.write_member(parts, member.name, lambda m=member: tar.extractfile(m))

@@ -128,9 +128,4 @@ def extract_zip(job: Extraction) -> None:
             if kind == "dir":
                 job.make_dirs(parts, info.filename)
                 continue
-            try:
-                source = archive.open(info)
-            except READ_ERRORS as exc:
-                raise job.bad(f"member {info.filename!r} is damaged ({exc}).") from exc
-            with source:
-                job.write_file(parts, info.filename, source)
+            job.write_member(parts, info.filename, lambda i=info: archive.open(i))

@@ -8,7 +8,6 @@ Activation, rollback and aliases are serving state: serving.services.
 
 from adapters.services.registration import adapter_create, check_storage_quota, revision_register
 from adapters.services.transitions import (
-    audit_target,
     export_is_complete,
     revision_approve,
     revision_delivery_returned,
@@ -24,7 +23,6 @@ from adapters.services.transitions import (
 
 __all__ = [
     "adapter_create",
-    "audit_target",
     "check_storage_quota",
     "export_is_complete",
     "revision_approve",
