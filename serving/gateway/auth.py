@@ -13,12 +13,14 @@ token is looked up.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from django.conf import settings
 from django.utils import timezone
 
 from serving.gateway import GatewayError
@@ -102,6 +104,39 @@ def forget_keys(state: GatewayState, *, tenant_id: int | None = None, key_id: in
     return len(state.keys.drop_where(stale))
 
 
+async def _looked_up(state: GatewayState, digest: str, token: str, bucket: str | None) -> Caller | Refusal:
+    """The key a token names, read once however many requests carry it at the same moment.
+
+    The failure count only grows once a lookup has answered, so a client could otherwise start thousands of
+    lookups of different guesses before its first refusal is counted, each waiting for the database threads
+    every tenant's misses share: an address may have at most MINT_AUTH_FAILURES_PER_MIN tokens being looked
+    up at once (clients behind one address sharing a key share its one lookup).
+    """
+    pending = state.key_lookups.get(digest)
+    if pending is None:
+        if bucket is not None and state.lookups_by_client[bucket] >= settings.MINT_AUTH_FAILURES_PER_MIN:
+            raise GatewayError(429, "too_many_auth_failures", auth_failures_message(1.0), headers={"Retry-After": "1"})
+        epoch = state.keys.epoch
+        pending = asyncio.ensure_future(state.db.run(load_key, token))
+        state.key_lookups[digest] = pending
+        if bucket is not None:
+            state.lookups_by_client[bucket] += 1
+
+        def done(future: asyncio.Future) -> None:
+            state.key_lookups.pop(digest, None)
+            if bucket is not None:
+                state.lookups_by_client[bucket] -= 1
+                if state.lookups_by_client[bucket] <= 0:
+                    del state.lookups_by_client[bucket]
+            # An event that dropped keys while this was reading may have been about this key: the answer
+            # serves the requests waiting for it, but is not kept (the next request reads again).
+            if not future.cancelled() and future.exception() is None and state.keys.epoch == epoch:
+                state.keys.put(digest, future.result())
+
+        pending.add_done_callback(done)
+    return await asyncio.shield(pending)  # one caller giving up does not cancel the others' lookup
+
+
 async def authenticate(state: GatewayState, authorization: str, *, client: str | None = None) -> Caller:
     """The caller an `Authorization` header names, or a 401/403/429 `GatewayError`.
 
@@ -128,12 +163,7 @@ async def authenticate(state: GatewayState, authorization: str, *, client: str |
             headers={"Retry-After": str(max(1, math.ceil(wait)))},
         )
     if not hit:
-        epoch = state.keys.epoch
-        cached = await state.db.run(load_key, token)
-        # An event that dropped keys while this was reading may have been about this key: use the answer
-        # for this request, but do not keep it (the next request reads again).
-        if state.keys.epoch == epoch:
-            state.keys.put(digest, cached)
+        cached = await _looked_up(state, digest, token, bucket)
     else:
         state.keys.refresh_ahead(digest, lambda: state.db.run(load_key, token))
     if isinstance(cached, Refusal):

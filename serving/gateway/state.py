@@ -110,6 +110,8 @@ class GatewayState:
     model_lists: RefreshingCache = field(init=False)  # tenant id → its servable model ids
     prewarmed: RefreshingCache = field(init=False)  # revision id → True while a cold-request prewarm was asked
     inflight: Counter[int] = field(default_factory=Counter)  # requests in flight per placement id
+    key_lookups: dict[str, asyncio.Future] = field(default_factory=dict)  # token SHA-256 → its lookup in flight
+    lookups_by_client: Counter[str] = field(default_factory=Counter)  # key lookups in flight per client address
     following: bool = False  # set by serving/gateway/feed.py while it receives live events
     _failures: tuple[Any, AsyncAuthFailures] | None = field(default=None, init=False)
 

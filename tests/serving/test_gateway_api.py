@@ -273,6 +273,54 @@ def test_an_address_past_the_failure_limit_gets_429_before_any_lookup(world, set
     assert models_from(world, "203.0.113.6", "mint_nope_secret").status_code == 401
 
 
+def _concurrently(world, address: str, tokens: list[str]) -> tuple[list[int], list[str]]:
+    """Send `tokens` at once from `address` while every key lookup is held until all requests are in; returns
+    the statuses and the tokens the database was asked about."""
+    import threading
+
+    from serving.gateway import auth
+
+    looked_up: list[str] = []
+    release = threading.Event()
+    real = auth.load_key
+
+    def held(token: str):
+        looked_up.append(token)
+        release.wait(timeout=10)
+        return real(token)
+
+    async def scenario() -> list[int]:
+        async with site(world.state, client=(address, 40000)) as client:
+            requests = [
+                asyncio.ensure_future(client.get("/v1/models", headers={"Authorization": f"Bearer {t}"}))
+                for t in tokens
+            ]
+            await asyncio.sleep(0.5)  # every request has started or been refused
+            release.set()
+            answers = await asyncio.gather(*requests)
+        await settle(world.state)
+        return [a.status_code for a in answers]
+
+    with mock.patch.object(auth, "load_key", held):
+        statuses = async_to_sync(scenario)()
+    return statuses, looked_up
+
+
+def test_an_address_cannot_have_more_guesses_looked_up_at_once_than_its_failure_budget(world, settings):
+    settings.MINT_AUTH_FAILURES_PER_MIN = 3
+    guesses = [f"mint_0123456789ab_guess{i}" for i in range(10)]
+    statuses, looked_up = _concurrently(world, "203.0.113.20", guesses)
+    assert len(looked_up) == 3  # the database threads every tenant shares saw three, not ten
+    assert sorted(statuses) == [401] * 3 + [429] * 7
+
+
+def test_requests_carrying_one_key_at_once_share_its_lookup(world, settings):
+    settings.MINT_AUTH_FAILURES_PER_MIN = 3
+    statuses, looked_up = _concurrently(world, "203.0.113.21", [world.token] * 10)
+    assert looked_up == [world.token]
+    assert statuses == [200] * 10
+
+
 def test_failures_at_the_rest_api_count_at_the_gateway(world, settings):
     from rest_framework.test import APIClient
 
