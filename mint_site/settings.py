@@ -316,6 +316,9 @@ MINT_ALIAS_READY_REPLICAS = env_int("MINT_ALIAS_READY_REPLICAS", 1, minimum=1)  
 MINT_ROLLBACK_GRACE_S = env_int("MINT_ROLLBACK_GRACE_S", 900, minimum=0)  # previous revision stays loaded
 MINT_NODE_FILE_GRACE_S = env_int("MINT_NODE_FILE_GRACE_S", 300, minimum=0)  # node files kept after unload
 MINT_HEARTBEAT_S = env_int("MINT_HEARTBEAT_S", 5, minimum=1)
+# A placement that failed every attempt is not queued again by cold requests before this many seconds
+# (an activation or rollback, a person's choice, queues it again at once).
+MINT_PLACEMENT_FAILED_BACKOFF_S = env_int("MINT_PLACEMENT_FAILED_BACKOFF_S", 300, minimum=0)
 # The gateway (serving/gateway/): how long routes and keys are cached (live events refresh routes
 # sooner), how often usage is written, upstream timeouts.
 MINT_GATEWAY_CACHE_S = env_float("MINT_GATEWAY_CACHE_S", 1.0, minimum=0)
@@ -328,6 +331,9 @@ MINT_GATEWAY_CONNECT_TIMEOUT_S = env_float("MINT_GATEWAY_CONNECT_TIMEOUT_S", 3.0
 MINT_GATEWAY_READ_TIMEOUT_S = env_float("MINT_GATEWAY_READ_TIMEOUT_S", 300.0, minimum=1)
 MINT_GATEWAY_MAX_CONNECTIONS = env_int("MINT_GATEWAY_MAX_CONNECTIONS", 1000, minimum=1)
 MINT_GATEWAY_FOLLOW_EVENTS = env_bool("MINT_GATEWAY_FOLLOW_EVENTS", True)
+# Gateway fairness (serving/gateway/): streams whose client stopped reading, and a stream's whole life.
+MINT_GATEWAY_STREAM_IDLE_S = env_float("MINT_GATEWAY_STREAM_IDLE_S", 30.0, minimum=0.1)
+MINT_GATEWAY_STREAM_MAX_S = env_float("MINT_GATEWAY_STREAM_MAX_S", 900.0, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "nodes-heartbeat": {"task": "serving.tasks.nodes_heartbeat", "schedule": float(MINT_HEARTBEAT_S)},
     # Dispatching follows every change of the control queue; this only catches a hand-off that was lost.

@@ -18,7 +18,11 @@ class Tenant(models.Model):
     is_active = models.BooleanField(default=True)
     max_adapters = models.PositiveIntegerField(default=100, help_text="Adapters this tenant may create.")
     max_ready_revisions = models.PositiveIntegerField(
-        default=16, help_text="Revisions this tenant may keep loaded on serving nodes at once."
+        default=4,
+        help_text=(
+            "Pinned revisions per base model: distinct revisions an alias of this tenant holds loaded (live, desired, "
+            "previous within the rollback grace). A swap in flight may exceed it by one desired revision per alias."
+        ),
     )
     rate_limit_rpm = models.PositiveIntegerField(default=600, help_text="Gateway requests per minute.")
     max_upload_bytes = models.PositiveBigIntegerField(default=512 * MiB, help_text="Largest adapter upload.")
@@ -49,6 +53,29 @@ class Tenant(models.Model):
     # services that store and collect files (adapters.services, adapters.collect), under this row's lock.
     stored_bytes = models.PositiveBigIntegerField(default=0, db_default=0, editable=False)
     stored_revisions = models.PositiveIntegerField(default=0, db_default=0, editable=False)
+    # Serving capacity (serving/services/capacity.py) and the gateway (serving/gateway/).
+    max_aliases_per_adapter = models.PositiveIntegerField(
+        default=8, db_default=8, help_text="Aliases (production, candidate, …) one adapter may have."
+    )
+    max_inflight_requests = models.PositiveIntegerField(
+        default=16,
+        db_default=16,
+        help_text="Gateway requests and streams of this tenant in flight at once, across gateway processes.",
+    )
+    max_request_tokens = models.PositiveIntegerField(
+        default=4096, db_default=4096, help_text="Largest max_tokens (or max_completion_tokens) one request may ask."
+    )
+    max_choices = models.PositiveIntegerField(
+        default=4, db_default=4, help_text="Largest n (and best_of) one request may ask."
+    )
+    max_logprobs = models.PositiveIntegerField(
+        default=5, db_default=5, help_text="Largest logprobs / top_logprobs / prompt_logprobs one request may ask."
+    )
+    max_structured_output_bytes = models.PositiveIntegerField(
+        default=4096,
+        db_default=4096,
+        help_text="Largest structured-output constraint (schema, regex, grammar, choices), bytes; 0 refuses them.",
+    )
     four_eyes = models.BooleanField(
         default=True, help_text="Nobody approves a revision they registered (or that a key they created registered)."
     )

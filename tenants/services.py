@@ -250,6 +250,12 @@ TENANT_UPDATABLE_FIELDS = (
     "max_concurrent_tasks",
     "api_read_rpm",
     "api_write_rpm",
+    "max_aliases_per_adapter",
+    "max_inflight_requests",
+    "max_request_tokens",
+    "max_choices",
+    "max_logprobs",
+    "max_structured_output_bytes",
 )
 
 

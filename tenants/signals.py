@@ -24,7 +24,16 @@ from tenants.models import Tenant
 
 # Fields whose change alters what a key may do or what a gateway caches about it (serving/gateway/resolve.py).
 _USER_FIELDS = ("is_active",)
-_TENANT_FIELDS = ("is_active", "rate_limit_rpm", "slug")
+_TENANT_FIELDS = (
+    "is_active",
+    "rate_limit_rpm",
+    "slug",
+    "max_inflight_requests",
+    "max_request_tokens",
+    "max_choices",
+    "max_logprobs",
+    "max_structured_output_bytes",
+)
 _SEEN = "_keys_fields_seen"
 
 

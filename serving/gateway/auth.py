@@ -35,6 +35,22 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class GatewayPlan:
+    """The tenant's plan limits the gateway enforces per request (tenants.models.Tenant has their meaning)."""
+
+    rate_limit_rpm: int = 600
+    max_inflight_requests: int = 16
+    max_request_tokens: int = 4096
+    max_choices: int = 4
+    max_logprobs: int = 5
+    max_structured_output_bytes: int = 4096
+
+    @classmethod
+    def of(cls, tenant) -> GatewayPlan:
+        return cls(**{name: getattr(tenant, name) for name in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
 class Caller:
     """What the gateway needs to know about a live key, without holding ORM objects across requests.
 
@@ -49,7 +65,11 @@ class Caller:
     expires_at: datetime | None
     tenant_id: int
     tenant_slug: str
-    rate_limit_rpm: int
+    plan: GatewayPlan = GatewayPlan()
+
+    @property
+    def rate_limit_rpm(self) -> int:
+        return self.plan.rate_limit_rpm
 
     @property
     def can_infer(self) -> bool:
@@ -82,7 +102,7 @@ def load_key(token: str) -> Caller | Refusal:
         expires_at=key.expires_at,
         tenant_id=key.tenant_id,
         tenant_slug=key.tenant.slug,
-        rate_limit_rpm=key.tenant.rate_limit_rpm,
+        plan=GatewayPlan.of(key.tenant),
     )
 
 
