@@ -94,6 +94,9 @@ class ServingNode(models.Model):
 
 
 class PlacementState(models.TextChoices):
+    # Waiting for capacity: no slot is free, and none may be taken for it now (serving/services/capacity.py).
+    # It holds no slot; `failure_reason` says why it waits, and it is placed when capacity frees.
+    WAITING = "waiting", "Waiting for capacity"
     QUEUED = "queued", "Queued"
     LOADING = "loading", "Loading"
     WARMING = "warming", "Warming"

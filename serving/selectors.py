@@ -16,18 +16,27 @@ from adapters.models import Adapter, AdapterRevision
 from serving.models import Alias, NodeState, Placement, PlacementState
 
 
-def protected_revision_ids(*, now=None) -> set[int]:
-    """Revisions that must stay loaded: live and desired alias targets, and the previous live one in its grace."""
+def pinned_revisions(*, base_model_id: int | None = None, now=None) -> dict[int, int]:
+    """Pinned revisions and their tenants: what aliases hold loaded (live and desired targets, and the
+    previous live one within its rollback grace), of one base model or all."""
     now = now or timezone.now()
     grace = now - timedelta(seconds=settings.MINT_ROLLBACK_GRACE_S)
-    ids: set[int] = set()
-    for live, desired, previous, updated in Alias.objects.values_list(
-        "revision_id", "desired_revision_id", "previous_revision_id", "updated_at"
+    aliases = Alias.objects.all()
+    if base_model_id is not None:
+        aliases = aliases.filter(adapter__base_model_id=base_model_id)
+    pins: dict[int, int] = {}
+    for live, desired, previous, updated, tenant_id in aliases.values_list(
+        "revision_id", "desired_revision_id", "previous_revision_id", "updated_at", "adapter__tenant_id"
     ):
-        ids.update(i for i in (live, desired) if i)
-        if previous and updated >= grace:
-            ids.add(previous)
-    return ids
+        for revision_id in (live, desired, previous if updated >= grace else None):
+            if revision_id:
+                pins[revision_id] = tenant_id
+    return pins
+
+
+def protected_revision_ids(*, now=None) -> set[int]:
+    """Revisions that must stay loaded: live and desired alias targets, and the previous live one in its grace."""
+    return set(pinned_revisions(now=now))
 
 
 def with_aliases(adapters: QuerySet[Adapter], *, previous: bool = False) -> QuerySet[Adapter]:

@@ -173,6 +173,10 @@ def nodes_heartbeat(self) -> None:
             result = services.node_reconcile(node=node, loaded=loaded or set())
             if any(result.values()):
                 log.info("reconciled %s: %s", node, result)
+    # What waits for capacity is placed as soon as a slot frees; this catches what no event announced.
+    retried = services.placements_retry()
+    if any(retried.values()):
+        log.info("placements retried: %s", retried)
 
 
 @shared_task(bind=True, acks_late=True, ignore_result=True)

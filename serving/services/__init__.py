@@ -2,9 +2,10 @@
 
 - `aliases`: activation, rollback, the flip once a revision is ready, convergence.
 - `placement`: placement requests, admission and pacing, prewarm bookkeeping, eviction, reconcile.
+- `capacity`: the rules those follow: pinned-revision quotas, aliases per adapter, fair shares.
 - `nodes`: registering nodes and recording their state.
 
-Dependencies inside run one way: aliases → placement → (models, selectors, tasks to enqueue).
+Dependencies inside run one way: aliases → placement → capacity → (models, selectors); tasks to enqueue.
 """
 
 from serving.services.aliases import (
@@ -27,6 +28,7 @@ from serving.services.placement import (
     placement_loaded,
     placement_request,
     placement_warmed,
+    placements_retry,
     placements_touch,
     prewarm_pacing_delay,
     ready_count,
@@ -49,6 +51,7 @@ __all__ = [
     "placement_ready",
     "placement_request",
     "placement_warmed",
+    "placements_retry",
     "placements_touch",
     "prewarm_pacing_delay",
     "ready_count",

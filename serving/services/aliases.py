@@ -19,6 +19,7 @@ from mint_site.errors import Conflict, InvalidTransition, NotFound
 from mint_site.events import live_event
 from serving import tasks
 from serving.models import Alias, Placement, Priority
+from serving.services import capacity
 from serving.services import placement as placements
 from tenants.access import Actor
 from tenants.services import audit_record
@@ -38,6 +39,17 @@ def _locked_alias(adapter: Adapter, name: str, *, create: bool) -> Alias:
     if alias is None:
         raise NotFound(f"{adapter.name} has no alias {name!r}.", code="alias_not_found")
     return alias
+
+
+def _check_capacity(adapter: Adapter, alias: str, revision: AdapterRevision) -> None:
+    """Refuse (429 serving_quota_exceeded) a new alias past the adapter's limit, or a new pin past the tenant's
+    quota. Under the tenant's row lock: two activations at once cannot both take the last place."""
+    adapter.tenant = capacity.lock_tenant(adapter.tenant_id)
+    existing = Alias.objects.filter(adapter=adapter, name=alias).first()
+    if existing is None:
+        capacity.check_new_alias(adapter=adapter)
+    if existing is None or existing.desired_revision_id != revision.id:
+        capacity.check_pin(adapter=adapter, alias=existing, revision=revision)
 
 
 def _label(revision: AdapterRevision | None) -> str | None:
@@ -72,6 +84,7 @@ def revision_activate(
             f"r{revision.number} is {revision.state}; only approved revisions can be activated.",
             detail={"state": revision.state},
         )
+    _check_capacity(adapter, alias, revision)
     target = _locked_alias(adapter, alias, create=True)
     _set_desired(target, revision, rollback=False, by=by)
     transaction.on_commit(lambda: tasks.alias_converge.delay(alias_id=target.id))
@@ -102,6 +115,7 @@ def revision_rollback(
         raise InvalidTransition(
             f"r{goal.number} is {goal.state}; rollback needs an approved revision.", detail={"state": goal.state}
         )
+    _check_capacity(adapter, alias, goal)
     _set_desired(target, goal, rollback=True, by=by)
     adapter_services.revision_ensure_export(revision=goal)
     transaction.on_commit(lambda: tasks.alias_converge.delay(alias_id=target.id))

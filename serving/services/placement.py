@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import logging
 import math
-from datetime import datetime, timedelta
+from collections import Counter
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import Case, Count, DateTimeField, F, Q, Value, When
+from django.db.models import Case, Count, DateTimeField, F, Max, Value, When
 from django.utils import timezone
 
-from adapters.models import AdapterRevision
+from adapters.models import AdapterRevision, RevisionState
 from mint_site.events import epoch_us, live_event
 from serving import selectors, tasks
 from serving.models import (
@@ -33,6 +34,9 @@ from serving.models import (
     ServingNode,
     lora_name,
 )
+from serving.services import capacity
+from tenants.access import Actor
+from tenants.services import audit_record
 
 log = logging.getLogger(__name__)
 P = PlacementState
@@ -46,12 +50,17 @@ def _send(task, *, queue: str | None = None, countdown: float | None = None, **k
 # ---------------------------------------------------------------- placement and eviction
 
 
-def eviction_victim(node: ServingNode, *, protected: set[int]) -> Placement | None:
-    """The least recently used ready placement on `node` whose revision is not protected."""
+def eviction_victim(
+    nodes: ServingNode | list[ServingNode], *, protected: set[int], tenant_id: int | None = None
+) -> Placement | None:
+    """The least recently used ready placement on `nodes` whose revision is not protected (of one tenant's
+    placements only, when `tenant_id` is given), with its node and tenant."""
+    nodes = [nodes] if isinstance(nodes, ServingNode) else nodes
+    victims = Placement.objects.filter(node__in=nodes, state=P.READY).exclude(revision_id__in=protected)
+    if tenant_id is not None:
+        victims = victims.filter(revision__adapter__tenant_id=tenant_id)
     return (
-        Placement.objects.filter(node=node, state=P.READY)
-        .exclude(revision_id__in=protected)
-        .select_related("revision__adapter")
+        victims.select_related("revision__adapter__tenant", "node")
         .order_by(F("last_used_at").asc(nulls_first=True), "ready_at", "id")
         .first()
     )
@@ -64,7 +73,7 @@ def _placement_event(
     updated_at: datetime,
     revision: AdapterRevision,
     node: ServingNode,
-    **fields: float | None,
+    **fields: float | str | None,
 ) -> None:
     """Tell the revision's tenant (and staff) that a placement moved. `revision.adapter` must be loaded.
 
@@ -85,72 +94,198 @@ def _placement_event(
 
 
 def placement_request(*, revision: AdapterRevision, priority: int) -> Placement | None:
-    """Ask for `revision` to be loaded on a node of its base model (queued for admission).
+    """Ask for `revision` to be loaded on a node of its base model. Never waits for the load itself.
 
-    Returns the placement (existing or new; an existing one keeps the higher priority), or
-    None when no node of that base model is up or every node is full of protected adapters.
-    Never waits for the load itself.
+    Returns the placement, existing or new (an existing one keeps the higher priority): `queued` for
+    admission when a slot is free or may be taken under the capacity rules (serving/services/capacity.py);
+    for a pinned revision (an alias names it) that finds no room, `waiting` with its reason, placed by
+    `placements_retry` when capacity frees. None for a cold request that finds no room (the caller's 503
+    asks it to come back) and when no node of the base model can load the revision.
     """
     with transaction.atomic():
-        existing = (
-            Placement.objects.select_for_update()
-            .filter(revision=revision, node__state=NodeState.UP)
+        rows = list(
+            Placement.objects.select_for_update(of=("self",))
+            .filter(revision=revision)
             .exclude(state=P.EVICTING)
             .select_related("node")
-            .first()
+            .order_by("id")
         )
-        if existing is not None:
-            existing.updated_at = timezone.now()
-            if existing.state == P.FAILED:
-                existing.state, existing.attempts, existing.failure_reason = P.QUEUED, 0, ""
-                existing.queued_at = existing.updated_at
-                _placement_event(
-                    existing.id, state=P.QUEUED, updated_at=existing.updated_at, revision=revision, node=existing.node
-                )
-            existing.priority = max(existing.priority, priority)
-            existing.save(update_fields=["state", "attempts", "failure_reason", "queued_at", "priority", "updated_at"])
-            if existing.state == P.QUEUED:
-                transaction.on_commit(lambda: admit(node_id=existing.node_id))
-            return existing
-        nodes = list(
-            ServingNode.objects.filter(state=NodeState.UP, base_model_id=revision.adapter.base_model_id)
-            .exclude(placements__revision=revision)  # e.g. still being evicted there
-            .annotate(holding=Count("placements", filter=Q(placements__state__in=HOLDING_STATES)))
-            .order_by("holding", "name")
+        holding = [p for p in rows if p.state not in (P.FAILED, P.WAITING) and p.node.state == NodeState.UP]
+        if not holding:
+            reusable = next((p for p in rows if p.state in (P.FAILED, P.WAITING)), None)
+            return _place(revision, priority, row=reusable)
+        existing = holding[0]
+        if existing.priority < priority:
+            existing.priority, existing.updated_at = priority, timezone.now()
+            existing.save(update_fields=["priority", "updated_at"])
+        if existing.state == P.QUEUED:
+            transaction.on_commit(lambda: admit(node_id=existing.node_id))
+        return existing
+
+
+def _place(revision: AdapterRevision, priority: int, *, row: Placement | None) -> Placement | None:
+    """Find room for a revision (inside the caller's transaction) and queue it there, or make it wait.
+
+    `row` is the revision's existing placement that is not holding a slot (failed, waiting, or on a node
+    that went down), reused rather than duplicated.
+    """
+    adapter = revision.adapter
+    if row is not None and row.state == P.FAILED and priority < Priority.ACTIVATION:
+        backoff = timedelta(seconds=settings.MINT_PLACEMENT_FAILED_BACKOFF_S)
+        if row.updated_at > timezone.now() - backoff:
+            return row  # cold requests do not re-queue a load that just failed every attempt
+    others = Placement.objects.filter(revision=revision).exclude(id=row.id if row else None)
+    eligible = [
+        node
+        for node in ServingNode.objects.filter(base_model_id=adapter.base_model_id).exclude(
+            id__in=others.values("node_id")
         )
-        nodes = [node for node in nodes if node_can_load(node, revision)]
-        if not nodes:
-            log.warning(
-                "no up node serves %s for %s (or none has the flags and rank it needs)",
-                revision.adapter.base_model,
-                revision,
-            )
-            return None
-        protected = selectors.protected_revision_ids()
-        for node in nodes:
-            locked = ServingNode.objects.select_for_update().get(id=node.id)
-            holding = Placement.objects.filter(node=locked, state__in=HOLDING_STATES).count()
-            victim = None
-            if holding >= locked.cpu_slots:
-                victim = eviction_victim(locked, protected=protected)
-                if victim is None:
-                    continue
-                now = timezone.now()
-                Placement.objects.filter(id=victim.id, state=P.READY).update(state=P.EVICTING, updated_at=now)
-                # Gateways stop routing to it now, not when their cached route expires.
-                _placement_event(victim.id, state=P.EVICTING, updated_at=now, revision=victim.revision, node=locked)
-            placement = Placement.objects.create(node=locked, revision=revision, priority=priority)
-            _placement_event(
-                placement.id, state=placement.state, updated_at=placement.updated_at, revision=revision, node=locked
-            )
+        if node_can_load(node, revision)
+    ]
+    up = [node for node in eligible if node.state == NodeState.UP]
+    if not up:
+        log.warning(
+            "no up node serves %s for %s (or none has the flags and rank it needs)", adapter.base_model, revision
+        )
+        if row is None or row.state != P.WAITING or not eligible:
+            return row
+        return _wait(row, revision, node=eligible[0], priority=priority, reason="no node of the base model is up")
+    # Locked in id order, so that two requests never wait on each other's nodes.
+    locked = list(ServingNode.objects.select_for_update().filter(id__in=[n.id for n in up]).order_by("id"))
+    holding = dict(
+        Placement.objects.filter(node__in=locked, state__in=HOLDING_STATES)
+        .values_list("node_id")
+        .annotate(n=Count("id"))
+        .values_list("node_id", "n")
+    )
+    by_room = sorted(locked, key=lambda n: (holding.get(n.id, 0) - n.cpu_slots, n.name))
+    if holding.get(by_room[0].id, 0) < by_room[0].cpu_slots:
+        return _queue(row, revision, node=by_room[0], priority=priority)
+    pins = selectors.pinned_revisions(base_model_id=adapter.base_model_id)
+    tenant_id = adapter.tenant_id
+    if revision.id not in pins:
+        # A cold request: only a slot nobody pins, and once the tenant holds its quota of unpinned
+        # placements, only one of its own.
+        held = capacity.tenant_unpinned_count(tenant_id=tenant_id, base_model_id=adapter.base_model_id, pins=pins)
+        own = held >= adapter.tenant.max_ready_revisions
+        victim = eviction_victim(locked, protected=set(pins), tenant_id=tenant_id if own else None)
+        if victim is None:
+            return row
+        _evict(victim, reason=None)
+        return _queue(row, revision, node=victim.node, priority=priority)
+    victim = eviction_victim(locked, protected=set(pins))
+    if victim is not None:
+        _evict(victim, reason=None)
+        return _queue(row, revision, node=victim.node, priority=priority)
+    shares = capacity.shares(base_model_id=adapter.base_model_id, requester=tenant_id)
+    if shares.may_take(tenant_id):
+        for over in shares.over(besides=tenant_id):
+            victim = eviction_victim(locked, protected=set(), tenant_id=over)
             if victim is not None:
-                transaction.on_commit(
-                    lambda v=victim, q=locked.queue: _send(tasks.placement_unload, queue=q, placement_id=v.id)
-                )
-            transaction.on_commit(lambda n=locked.id: admit(node_id=n))
-            return placement
-    log.warning("every node for %s is full of protected adapters", revision)
-    return None
+                slug = victim.revision.adapter.tenant.slug
+                _evict(victim, reason=f"evicted for a tenant under its fair share: {shares.describe(over, slug)}")
+                return _queue(row, revision, node=victim.node, priority=priority)
+    reason = f"waiting for a free slot: {shares.describe(tenant_id, adapter.tenant.slug)}"
+    return _wait(row, revision, node=by_room[0], priority=priority, reason=reason)
+
+
+def _queue(row: Placement | None, revision: AdapterRevision, *, node: ServingNode, priority: int) -> Placement:
+    """Queue the revision on `node` for admission (a slot there is its own now)."""
+    now = timezone.now()
+    if row is None:
+        row = Placement.objects.create(node=node, revision=revision, priority=priority, queued_at=now, updated_at=now)
+    else:
+        row.node, row.state, row.attempts, row.failure_reason = node, P.QUEUED, 0, ""
+        row.priority, row.queued_at, row.updated_at = max(row.priority, priority), now, now
+        row.save(update_fields=["node", "state", "attempts", "failure_reason", "priority", "queued_at", "updated_at"])
+    _placement_event(row.id, state=P.QUEUED, updated_at=now, revision=revision, node=node)
+    transaction.on_commit(lambda: admit(node_id=node.id))
+    return row
+
+
+def _wait(row: Placement | None, revision: AdapterRevision, *, node: ServingNode, priority: int, reason: str):
+    """Keep a pinned revision waiting for capacity, with the reason people see; `placements_retry` places it."""
+    now = timezone.now()
+    if row is None:
+        row = Placement.objects.create(
+            node=node,
+            revision=revision,
+            state=P.WAITING,
+            priority=priority,
+            failure_reason=reason,
+            queued_at=now,
+            updated_at=now,
+        )
+    else:
+        fresh = row.state != P.WAITING
+        row.node, row.state, row.failure_reason, row.updated_at = node, P.WAITING, reason, now
+        row.priority = max(row.priority, priority)
+        if fresh:
+            row.attempts, row.queued_at = 0, now
+        row.save(update_fields=["node", "state", "failure_reason", "priority", "attempts", "queued_at", "updated_at"])
+    _placement_event(row.id, state=P.WAITING, updated_at=now, revision=revision, node=node, reason=reason)
+    log.info("%s waits for capacity: %s", revision, reason)
+    return row
+
+
+def _evict(victim: Placement, *, reason: str | None) -> None:
+    """Start unloading a ready placement to free its slot. A pinned one (`reason` says why it was chosen) is
+    recorded in its tenant's audit log; `placements_retry` places its revision again when capacity frees."""
+    now = timezone.now()
+    Placement.objects.filter(id=victim.id, state=P.READY).update(state=P.EVICTING, updated_at=now)
+    # Gateways stop routing to it now, not when their cached route expires.
+    _placement_event(victim.id, state=P.EVICTING, updated_at=now, revision=victim.revision, node=victim.node)
+    if reason is not None:
+        adapter = victim.revision.adapter
+        log.warning("evicting pinned %s from %s: %s", victim.revision, victim.node, reason)
+        audit_record(
+            tenant=adapter.tenant,
+            actor=Actor.system(),
+            action="placement.evict",
+            target=f"revision:{adapter.name}:r{victim.revision.number}",
+            before={"node": victim.node.name, "state": P.READY},
+            after={"state": P.EVICTING, "reason": reason},
+        )
+    transaction.on_commit(lambda: _send(tasks.placement_unload, queue=victim.node.queue, placement_id=victim.id))
+
+
+def placements_retry(*, base_model_id: int | None = None, limit: int = 200) -> dict[str, int]:
+    """Place what waits for capacity, and make sure every pinned revision has a placement.
+
+    Runs after a slot frees and on the heartbeat beat. Waiting placements whose revision no alias pins any
+    more are dropped; the others are tried in priority order, the tenant holding the fewest slots first.
+    A pinned, approved, exported revision with no placement at all (evicted for another tenant, or every
+    node was down) is requested again at activation priority. Each try is its own transaction.
+    """
+    pins = selectors.pinned_revisions(base_model_id=base_model_id)
+    waiting = Placement.objects.filter(state=P.WAITING)
+    if base_model_id is not None:
+        waiting = waiting.filter(node__base_model_id=base_model_id)
+    dropped, _ = waiting.exclude(revision_id__in=list(pins)).delete()
+    rows = list(waiting.select_related("revision__adapter").order_by("-priority", "queued_at", "id")[:limit])
+    held = Counter(
+        Placement.objects.filter(state__in=HOLDING_STATES).values_list("revision__adapter__tenant_id", flat=True)
+    )
+    rows.sort(key=lambda p: (-p.priority, held[p.revision.adapter.tenant_id], p.queued_at, p.id))
+    placed = 0
+    for row in rows:
+        with transaction.atomic():
+            locked = Placement.objects.select_for_update().filter(id=row.id, state=P.WAITING).first()
+            if locked is not None:
+                locked.revision = row.revision
+                result = _place(row.revision, locked.priority, row=locked)
+                placed += result is not None and result.state == P.QUEUED
+    unplaced = (
+        AdapterRevision.objects.filter(id__in=list(pins), state=RevisionState.APPROVED)
+        .exclude(export_uri="")
+        .exclude(placements__isnull=False)
+        .select_related("adapter__base_model", "adapter__tenant")[:limit]
+    )
+    requested = 0
+    for revision in unplaced:
+        placement_request(revision=revision, priority=Priority.ACTIVATION)
+        requested += 1
+    return {"dropped": dropped, "placed": placed, "requested": requested}
 
 
 def node_can_load(node: ServingNode, revision: AdapterRevision) -> bool:
@@ -162,7 +297,12 @@ def node_can_load(node: ServingNode, revision: AdapterRevision) -> bool:
 
 
 def admit(*, node_id: int) -> list[int]:
-    """Start prewarming the highest-priority queued placements, up to the node's cold-load limit."""
+    """Start prewarming queued placements, up to the node's cold-load limit, fairly across tenants.
+
+    The highest priority class goes first; inside it, tenants take turns (the one whose last prewarm on
+    this node started longest ago goes next), and each tenant's prewarms are paced on their own
+    (`prewarm_pacing_delay`): a tenant with hundreds queued delays another's one by at most one prewarm.
+    """
     with transaction.atomic():
         node = ServingNode.objects.select_for_update().filter(id=node_id).first()
         if node is None or node.state != NodeState.UP:
@@ -172,25 +312,36 @@ def admit(*, node_id: int) -> list[int]:
         if free <= 0:
             return []
         queued = list(
-            Placement.objects.select_for_update(skip_locked=True)
+            Placement.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(node=node, state=P.QUEUED)
-            .order_by("-priority", "queued_at", "id")
-            .values_list("id", "priority")[:free]
+            .order_by("queued_at", "id")
+            .values_list("id", "priority", "revision__adapter__tenant_id")
         )
         if not queued:
             return []
-        delay = prewarm_pacing_delay(node, priority=queued[0][1])
-        if delay > 0:
-            _admit_later(node.id, delay)
-            return []
-        claimed = [placement_id for placement_id, _ in queued]
+        tenants = {tenant for _, _, tenant in queued}
+        waits = {tenant: prewarm_pacing_delay(node, tenant_id=tenant) for tenant in tenants}
+        turns = _last_turns(node, tenants)
+        claimed: list[int] = []
         now = timezone.now()
+        for _ in range(free):
+            ready = [q for q in queued if waits[q[2]] <= 0 and q[0] not in claimed]
+            if not ready:
+                break
+            # Stable sort: inside a priority class and a tenant, the oldest queued goes first.
+            placement_id, _, tenant = min(ready, key=lambda q: (-q[1], turns.get(q[2], _NEVER)))
+            claimed.append(placement_id)
+            turns[tenant] = now
+        paused = [waits[t] for t in tenants if waits[t] > 0]
+        if paused and len(claimed) < free:
+            _admit_later(node.id, min(paused))
+        if not claimed:
+            return []
         Placement.objects.filter(id__in=claimed).update(
             state=P.LOADING, started_at=now, updated_at=now, attempts=F("attempts") + 1
         )
-        if claimed:
-            for placement in Placement.objects.filter(id__in=claimed).select_related("revision__adapter"):
-                _placement_event(placement.id, state=P.LOADING, updated_at=now, revision=placement.revision, node=node)
+        for placement in Placement.objects.filter(id__in=claimed).select_related("revision__adapter"):
+            _placement_event(placement.id, state=P.LOADING, updated_at=now, revision=placement.revision, node=node)
         for placement_id in claimed:
             transaction.on_commit(
                 lambda p=placement_id, q=node.queue: _send(tasks.placement_prewarm, queue=q, placement_id=p)
@@ -198,19 +349,33 @@ def admit(*, node_id: int) -> list[int]:
     return claimed
 
 
-def prewarm_pacing_delay(node: ServingNode, *, priority: int) -> float:
-    """Seconds before `node` may start its next prewarm of `priority` (0: now).
+_NEVER = datetime.min.replace(tzinfo=UTC)
 
-    A prewarm that kept the node busy for t seconds (fetch, verify and load, then the warm-up)
-    is followed by a pause of t·(1-duty)/duty, at most MINT_NODE_PREWARM_MAX_GAP_S, so that
-    a burst of activations takes at most MINT_NODE_PREWARM_DUTY of the engine's time and the
-    requests it is serving meanwhile keep their latency. A rollback never waits.
+
+def _last_turns(node: ServingNode, tenants: set[int]) -> dict[int, datetime]:
+    """When each tenant's last prewarm on `node` started (tenants with none are absent: their turn is first)."""
+    return dict(
+        Placement.objects.filter(node=node, started_at__isnull=False, revision__adapter__tenant_id__in=tenants)
+        .values_list("revision__adapter__tenant_id")
+        .annotate(last=Max("started_at"))
+        .values_list("revision__adapter__tenant_id", "last")
+    )
+
+
+def prewarm_pacing_delay(node: ServingNode, *, tenant_id: int) -> float:
+    """Seconds before `node` may start the tenant's next prewarm (0: now).
+
+    A prewarm that kept the node busy for t seconds (fetch, verify and load, then the warm-up) is followed,
+    for the same tenant, by a pause of t·(1-duty)/duty, at most MINT_NODE_PREWARM_MAX_GAP_S: a burst of one
+    tenant's activations (or rollbacks that need a prewarm) takes at most MINT_NODE_PREWARM_DUTY of the
+    engine's time, the requests it serves meanwhile keep their latency, and another tenant's prewarm does
+    not wait behind that tenant's pauses.
     """
     duty = settings.MINT_NODE_PREWARM_DUTY
-    if duty >= 1 or priority >= Priority.ROLLBACK:
+    if duty >= 1:
         return 0.0
     last = (
-        Placement.objects.filter(node=node, ready_at__isnull=False)
+        Placement.objects.filter(node=node, ready_at__isnull=False, revision__adapter__tenant_id=tenant_id)
         .order_by("-ready_at")
         .values_list("ready_at", "load_ms", "warm_ms")
         .first()
@@ -287,8 +452,9 @@ def placement_failed(*, placement: Placement, reason: str) -> str:
 
 
 def placement_forget(*, placement: Placement) -> None:
-    """Drop the bookkeeping of an unloaded placement, freeing its slot."""
+    """Drop the bookkeeping of an unloaded placement, freeing its slot for what waits for one."""
     Placement.objects.filter(id=placement.id).delete()
+    placements_retry(base_model_id=placement.node.base_model_id)
     admit(node_id=placement.node_id)
 
 

@@ -144,14 +144,28 @@ def test_the_previous_live_revision_is_protected_during_its_grace(node, make_rev
     assert victim.revision == previous
 
 
-def test_a_full_node_of_protected_adapters_refuses(node, make_revision):
+def test_a_full_node_of_one_tenants_pinned_adapters_makes_its_next_wait_with_the_reason(node, make_revision):
     for i in range(3):
         revision = make_revision(i + 1)
         make_live(revision) if i == 0 else Alias.objects.create(
             adapter=revision.adapter, name=f"a{i}", revision=revision, desired_revision=revision
         )
         place(node, revision, "ready")
-    assert services.placement_request(revision=make_revision(9), priority=Priority.ACTIVATION) is None
+    wanted = make_revision(9)
+    Alias.objects.create(adapter=wanted.adapter, name="next", desired_revision=wanted)
+    waiting = services.placement_request(revision=wanted, priority=Priority.ACTIVATION)
+    assert waiting.state == "waiting"
+    assert "3 of 3 slots" in waiting.failure_reason and "acme holds 3" in waiting.failure_reason
+    assert Placement.objects.filter(state="ready").count() == 3  # nothing evicted: the tenant is at its share
+
+
+def test_a_cold_request_on_a_full_node_of_pinned_adapters_gets_nothing(node, make_revision):
+    for i in range(3):
+        revision = make_revision(i + 1)
+        Alias.objects.create(adapter=revision.adapter, name=f"a{i}", revision=revision, desired_revision=revision)
+        place(node, revision, "ready")
+    assert services.placement_request(revision=make_revision(9), priority=Priority.COLD_REQUEST) is None
+    assert not Placement.objects.filter(state="waiting").exists()
 
 
 def test_ready_placement_flips_the_alias_that_wants_it(node, make_revision):
@@ -283,14 +297,24 @@ def test_once_the_pause_is_over_the_next_prewarm_starts(node, make_revision, pac
     assert services.admit(node_id=node.id) == [waiting.id]
 
 
-def test_a_rollback_never_waits_for_the_pause(node, make_revision, paced):
+def test_a_rollback_that_needs_a_prewarm_is_paced_like_an_activation(node, make_revision, paced):
+    """Rollbacks jump the queue (a higher class) but a tenant's repeated rollbacks wait out its pauses."""
     just_prewarmed(node, make_revision(1), busy_ms=200)
-    rollback = place(node, make_revision(2), "queued", priority=Priority.ROLLBACK)
-    assert services.admit(node_id=node.id) == [rollback.id]
+    place(node, make_revision(2), "queued", priority=Priority.ROLLBACK)
+    assert services.admit(node_id=node.id) == []
+
+
+def test_one_tenants_pause_does_not_delay_another_tenants_prewarm(node, make_revision, adapter_b, paced):
+    just_prewarmed(node, make_revision(1), busy_ms=200)
+    place(node, make_revision(2), "queued", priority=Priority.ROLLBACK)
+    other = AdapterRevision.objects.create(adapter=adapter_b, number=1, state="approved", source_uri="x")
+    theirs = place(node, other, "queued", priority=Priority.ACTIVATION)
+    assert services.admit(node_id=node.id) == [theirs.id]
 
 
 def test_the_pause_is_capped_and_a_duty_of_one_turns_pacing_off(node, make_revision, paced):
     just_prewarmed(node, make_revision(1), busy_ms=100_000)
-    assert services.prewarm_pacing_delay(node, priority=Priority.ACTIVATION) == pytest.approx(10.0, abs=0.1)
+    tenant_id = node.placements.get().revision.adapter.tenant_id
+    assert services.prewarm_pacing_delay(node, tenant_id=tenant_id) == pytest.approx(10.0, abs=0.1)
     paced.MINT_NODE_PREWARM_DUTY = 1.0
-    assert services.prewarm_pacing_delay(node, priority=Priority.ACTIVATION) == 0.0
+    assert services.prewarm_pacing_delay(node, tenant_id=tenant_id) == 0.0

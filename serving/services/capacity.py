@@ -1,0 +1,167 @@
+"""Who may hold how much of the serving nodes: pinned-revision quotas, aliases per adapter, fair shares.
+
+A tenant *pins* a revision when one of its aliases names it (live, desired, or previous within the
+rollback grace): pinned revisions are kept loaded. Each tenant may pin at most `max_ready_revisions`
+distinct revisions per base model, however many aliases or replicas name them, counted as what its aliases
+serve once converged; a swap in flight may exceed that by one revision per alias (the one it serves while
+the new one loads, then keeps through the rollback grace). An adapter has
+at most `max_aliases_per_adapter` aliases. Past either, activation is refused: 429 `serving_quota_exceeded`.
+
+Quotas alone do not guarantee room: every tenant may be within quota while the nodes are full. The slots
+of a base model's up nodes are shared: a tenant's fair share is slots ÷ tenants with demand (a pinned
+revision, or the request at hand). A tenant that needs a slot when none is free may take one from the
+tenant furthest over its fair share, if the taker stays within its own share after taking it; a tenant at
+or under its fair share is never evicted for another, and the two cannot take the slot back and forth.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from django.db.models import Count, Q, Sum
+
+from adapters.models import Adapter, AdapterRevision
+from mint_site.errors import QuotaExceeded
+from serving import selectors
+from serving.models import HOLDING_STATES, Alias, NodeState, Placement, ServingNode
+from tenants.models import Tenant
+
+QUOTA_CODE = "serving_quota_exceeded"
+
+
+# ---------------------------------------------------------------- quotas (checked at activation)
+
+
+def tenant_targets(
+    *, tenant_id: int, base_model_id: int, instead: tuple[int, int] | None = None
+) -> dict[int, list[str]]:
+    """What the quota counts: the distinct revisions a tenant's aliases on one base model serve once they have
+    converged (each alias's desired revision, else its live one), each with the aliases that name it.
+
+    The other pins (a live revision while its alias swaps, the previous one in its rollback grace) are the
+    one-per-alias allowance of a swap. `instead=(alias_id, revision_id)` counts as if that alias desired that
+    revision (a new alias has no row yet: pass its id as 0).
+    """
+    rows = Alias.objects.filter(adapter__tenant_id=tenant_id, adapter__base_model_id=base_model_id).values_list(
+        "id", "name", "adapter__name", "desired_revision_id", "revision_id"
+    )
+    targets: dict[int, list[str]] = {}
+    for alias_id, name, adapter_name, desired, live in rows:
+        if instead is not None and alias_id == instead[0]:
+            continue
+        if revision_id := desired or live:
+            targets.setdefault(revision_id, []).append(f"{adapter_name}:{name}")
+    if instead is not None:
+        targets.setdefault(instead[1], []).append("this activation")
+    return targets
+
+
+def check_pin(*, adapter: Adapter, alias: Alias | None, revision: AdapterRevision) -> None:
+    """Refuse (429) to make `revision` the desired target of `alias` (None: a new alias) past the tenant's
+    pinned-revision quota. The caller holds the tenant's row lock, so two activations cannot both take the
+    last pin."""
+    tenant = adapter.tenant
+    before = tenant_targets(tenant_id=tenant.id, base_model_id=adapter.base_model_id)
+    after = tenant_targets(
+        tenant_id=tenant.id, base_model_id=adapter.base_model_id, instead=(alias.id if alias else 0, revision.id)
+    )
+    if len(after) <= tenant.max_ready_revisions or len(after) <= len(before):
+        return
+    numbers = dict(AdapterRevision.objects.filter(id__in=before).values_list("id", "number"))
+    listed = "; ".join(f"r{numbers[rid]} for {', '.join(names)}" for rid, names in sorted(before.items()))
+    raise QuotaExceeded(
+        f"Tenant {tenant.slug} may pin {tenant.max_ready_revisions} revisions of base model "
+        f"{adapter.base_model.name} (plan field max_ready_revisions) and pins {len(before)}: {listed}. "
+        "Activate a revision already pinned, move an alias to one, or ask for a larger plan.",
+        code=QUOTA_CODE,
+        detail={"quota": "max_ready_revisions", "limit": tenant.max_ready_revisions, "used": len(before)},
+    )
+
+
+def check_new_alias(*, adapter: Adapter) -> None:
+    """Refuse (429) a new alias on an adapter that has `max_aliases_per_adapter` already."""
+    tenant = adapter.tenant
+    used = Alias.objects.filter(adapter=adapter).count()
+    if used >= tenant.max_aliases_per_adapter:
+        raise QuotaExceeded(
+            f"Adapter {adapter.name} has {used} aliases, the most tenant {tenant.slug}'s plan allows "
+            "(plan field max_aliases_per_adapter). Activate on an existing alias instead.",
+            code=QUOTA_CODE,
+            detail={"quota": "max_aliases_per_adapter", "limit": tenant.max_aliases_per_adapter, "used": used},
+        )
+
+
+def lock_tenant(tenant_id: int) -> Tenant:
+    return Tenant.objects.select_for_update().get(id=tenant_id)
+
+
+# ---------------------------------------------------------------- fair shares (checked at placement)
+
+
+@dataclass(frozen=True)
+class Shares:
+    """How a base model's slots are held now, per tenant, and each tenant's fair share of them."""
+
+    base_model_name: str
+    slots: int
+    held: Counter[int]
+    demand: frozenset[int]
+    pins: dict[int, int]  # pinned revision id → tenant id
+
+    @property
+    def fair(self) -> float:
+        return self.slots / max(1, len(self.demand))
+
+    def may_take(self, tenant_id: int) -> bool:
+        """Whether the tenant stays within its fair share after taking one more slot."""
+        return self.held[tenant_id] + 1 <= self.fair
+
+    def over(self, *, besides: int) -> list[int]:
+        """Tenants over their fair share (other than `besides`), furthest over first."""
+        over = [t for t, n in self.held.items() if t != besides and n > self.fair]
+        return sorted(over, key=lambda t: (-self.held[t], t))
+
+    def describe(self, tenant_id: int, tenant_slug: str) -> str:
+        used = sum(self.held.values())
+        return (
+            f"the nodes of {self.base_model_name} hold {used} of {self.slots} slots; {tenant_slug} holds "
+            f"{self.held[tenant_id]}, its fair share is {self.fair:.1f} ({self.slots} slots ÷ "
+            f"{len(self.demand)} tenants with pinned revisions)"
+        )
+
+
+def shares(*, base_model_id: int, requester: int) -> Shares:
+    """The slots of the base model's up nodes, who holds them, and who has demand for them."""
+    nodes = ServingNode.objects.filter(base_model_id=base_model_id, state=NodeState.UP)
+    totals = nodes.aggregate(slots=Sum("cpu_slots"))
+    held = Counter(
+        dict(
+            Placement.objects.filter(node__in=nodes, state__in=HOLDING_STATES)
+            .values_list("revision__adapter__tenant_id")
+            .annotate(n=Count("id"))
+            .values_list("revision__adapter__tenant_id", "n")
+        )
+    )
+    pins = selectors.pinned_revisions(base_model_id=base_model_id)
+    name = nodes.values_list("base_model__name", flat=True).first() or "?"
+    return Shares(
+        base_model_name=name,
+        slots=totals["slots"] or 0,
+        held=held,
+        demand=frozenset(pins.values()) | {requester},
+        pins=pins,
+    )
+
+
+def tenant_unpinned_count(*, tenant_id: int, base_model_id: int, pins: dict[int, int]) -> int:
+    """Placements the tenant holds on the base model's nodes for revisions no alias pins (cold requests)."""
+    return (
+        Placement.objects.filter(
+            Q(state__in=HOLDING_STATES),
+            node__base_model_id=base_model_id,
+            revision__adapter__tenant_id=tenant_id,
+        )
+        .exclude(revision_id__in=list(pins))
+        .count()
+    )

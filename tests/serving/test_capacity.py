@@ -1,0 +1,268 @@
+"""Serving capacity: pinned-revision quotas, aliases per adapter, fair shares of full nodes, waiting placements
+and their retry, cold requests' bounds, and fair admission across tenants (PostgreSQL, concurrent claimers)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from unittest import mock
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from adapters.models import AdapterRevision
+from mint_site.errors import QuotaExceeded
+from serving import services
+from serving.models import Alias, Placement, Priority
+from tenants.access import Actor
+from tenants.models import AuditEvent, Tenant
+from tests.serving.conftest import place
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def sent():
+    """Tasks for node agents and the control queue, recorded instead of sent."""
+    with (
+        mock.patch("serving.services.placement._send") as send,
+        mock.patch("serving.services.aliases.tasks.alias_converge"),
+    ):
+        yield send
+
+
+@pytest.fixture
+def revisions_of(adapter_a, adapter_b):
+    """`revisions_of("a", 3)`: approved, exported revisions r1..r3 of tenant A's adapter (or B's)."""
+
+    def make(which: str, count: int, start: int = 1) -> list[AdapterRevision]:
+        adapter = adapter_a if which == "a" else adapter_b
+        return [
+            AdapterRevision.objects.create(
+                adapter=adapter, number=n, state="approved", source_uri="x", export_uri=f"exports/{which}{n}"
+            )
+            for n in range(start, start + count)
+        ]
+
+    return make
+
+
+def pin(revision: AdapterRevision, alias: str, *, live: bool = True) -> Alias:
+    return Alias.objects.create(
+        adapter=revision.adapter, name=alias, revision=revision if live else None, desired_revision=revision
+    )
+
+
+def plan(adapter, **fields) -> None:
+    Tenant.objects.filter(id=adapter.tenant_id).update(**fields)
+    adapter.tenant.refresh_from_db()
+
+
+# ---------------------------------------------------------------- quotas
+
+
+def activate(tenant, adapter, number: int, alias: str):
+    return tenant.client_as("approver").post(
+        f"/api/v1/adapters/{adapter.name}/activate/", {"revision": number, "alias": alias}, format="json"
+    )
+
+
+def test_activation_past_the_pinned_quota_is_refused_naming_it(tenant_a, adapter_a, revisions_of):
+    plan(adapter_a, max_ready_revisions=2)
+    revisions_of("a", 4)
+    assert activate(tenant_a, adapter_a, 1, "production").status_code == 200
+    assert activate(tenant_a, adapter_a, 2, "second").status_code == 200
+    refused = activate(tenant_a, adapter_a, 3, "third")
+    assert refused.status_code == 429
+    error = refused.json()["error"]
+    assert error["code"] == "serving_quota_exceeded"
+    assert error["detail"] == {"quota": "max_ready_revisions", "limit": 2, "used": 2}
+    assert "max_ready_revisions" in error["message"] and "r1 for support-bot:production" in error["message"]
+    assert not Alias.objects.filter(name="third").exists()  # nothing half-written
+
+
+def test_a_swap_and_a_revision_already_pinned_do_not_count_again(tenant_a, adapter_a, revisions_of):
+    plan(adapter_a, max_ready_revisions=2)
+    first, second, third, _ = revisions_of("a", 4)
+    pin(first, "production")
+    pin(second, "second")
+    # A swap: production serves r1 while r3 loads (the one-per-alias allowance), so r1 is not counted.
+    assert activate(tenant_a, adapter_a, 3, "production").status_code == 200
+    # Another alias on a pinned revision: still two distinct targets.
+    assert activate(tenant_a, adapter_a, 2, "third").status_code == 200
+    # Moving third off r2, which second still serves, would make a third target.
+    assert activate(tenant_a, adapter_a, 4, "third").status_code == 429
+
+
+def test_aliases_per_adapter_are_limited(tenant_a, adapter_a, revisions_of):
+    plan(adapter_a, max_aliases_per_adapter=2)
+    revisions_of("a", 1)
+    assert activate(tenant_a, adapter_a, 1, "production").status_code == 200
+    assert activate(tenant_a, adapter_a, 1, "candidate").status_code == 200
+    refused = activate(tenant_a, adapter_a, 1, "third")
+    assert refused.status_code == 429
+    assert refused.json()["error"]["detail"] == {"quota": "max_aliases_per_adapter", "limit": 2, "used": 2}
+    assert activate(tenant_a, adapter_a, 1, "candidate").status_code == 200  # existing aliases stay usable
+
+
+def test_a_rollback_to_an_unpinned_revision_counts_like_an_activation(adapter_a, revisions_of):
+    plan(adapter_a, max_ready_revisions=1)
+    first, second = revisions_of("a", 2)
+    alias = pin(second, "production")
+    Alias.objects.filter(id=alias.id).update(previous_revision=first)
+    pin(second, "other")
+    with pytest.raises(QuotaExceeded) as refused:
+        services.revision_rollback(adapter=adapter_a, by=Actor.system(), alias="production")
+    assert refused.value.code == "serving_quota_exceeded"
+    Alias.objects.filter(name="other").delete()
+    assert services.revision_rollback(adapter=adapter_a, by=Actor.system(), alias="production").rollback_pending
+
+
+# ---------------------------------------------------------------- fair shares of a full node
+
+
+def test_a_tenant_within_its_share_takes_a_slot_from_the_one_furthest_over(
+    node, adapter_a, revisions_of, django_capture_on_commit_callbacks
+):
+    """Node of 3 slots, A pins 3 (all ready), B activates one: A is over its share (3 / 2 tenants = 1.5)."""
+    now = timezone.now()
+    a = revisions_of("a", 3)
+    for i, revision in enumerate(a):
+        pin(revision, f"a{i}")
+        place(node, revision, "ready", last_used_at=now - timedelta(minutes=10 - i))
+    (b,) = revisions_of("b", 1)
+    pin(b, "production", live=False)
+    with django_capture_on_commit_callbacks(execute=True):
+        placement = services.placement_request(revision=b, priority=Priority.ACTIVATION)
+    assert placement.state == "queued" and placement.node == node
+    evicted = Placement.objects.get(revision=a[0])  # A's least recently used
+    assert evicted.state == "evicting"
+    record = AuditEvent.objects.get(action="placement.evict")
+    assert record.tenant_id == adapter_a.tenant_id and record.target == "revision:support-bot:r1"
+    assert "fair share is 1.5" in record.after["reason"]
+
+    # Once unloaded, A's revision waits (A holds 2, still over 1.5) with the reason, and is not dropped.
+    services.placement_forget(placement=evicted)
+    waiting = Placement.objects.get(revision=a[0])
+    assert waiting.state == "waiting" and "acme holds 2" in waiting.failure_reason
+
+
+def test_a_tenant_at_or_under_its_share_is_never_evicted_for_another(node, revisions_of):
+    a = revisions_of("a", 1)[0]
+    pin(a, "production")
+    place(node, a, "ready")
+    b = revisions_of("b", 3)
+    for i, revision in enumerate(b[:2]):
+        pin(revision, f"b{i}")
+        place(node, revision, "ready")
+    pin(b[2], "b2", live=False)
+    waiting = services.placement_request(revision=b[2], priority=Priority.ACTIVATION)
+    assert waiting.state == "waiting" and "globex holds 2" in waiting.failure_reason
+    assert Placement.objects.get(revision=a).state == "ready"
+
+
+def test_a_waiting_placement_is_placed_when_a_slot_frees(node, revisions_of, django_capture_on_commit_callbacks):
+    b = revisions_of("b", 4)
+    for i, revision in enumerate(b[:3]):
+        pin(revision, f"b{i}")
+        place(node, revision, "ready")
+    pin(b[3], "b3", live=False)
+    waiting = services.placement_request(revision=b[3], priority=Priority.ACTIVATION)
+    assert waiting.state == "waiting"
+    Alias.objects.filter(name="b0").delete()  # b0 is no longer pinned: its placement goes
+    gone = Placement.objects.get(revision=b[0])
+    Placement.objects.filter(id=gone.id).update(state="evicting")
+    with django_capture_on_commit_callbacks(execute=True):
+        services.placement_forget(placement=gone)
+    assert Placement.objects.get(id=waiting.id).state in ("queued", "loading")  # placed, and admitted at once
+
+
+def test_retry_drops_what_nobody_pins_and_requests_what_lost_its_placement(node, revisions_of):
+    stale, lost = revisions_of("a", 2)
+    Placement.objects.create(node=node, revision=stale, state="waiting", failure_reason="x")
+    pin(lost, "production")
+    result = services.placements_retry()
+    assert result == {"dropped": 1, "placed": 0, "requested": 1}
+    assert not Placement.objects.filter(revision=stale).exists()
+    assert Placement.objects.get(revision=lost).state == "queued"
+
+
+# ---------------------------------------------------------------- cold requests
+
+
+def test_cold_requests_past_the_quota_evict_only_the_tenants_own(node, adapter_a, revisions_of):
+    plan(adapter_a, max_ready_revisions=2)
+    now = timezone.now()
+    (theirs,) = revisions_of("b", 1)
+    place(node, theirs, "ready", last_used_at=now - timedelta(hours=1))  # B's, unpinned, least recently used
+    mine = revisions_of("a", 3)
+    place(node, mine[0], "ready", last_used_at=now)
+    place(node, mine[1], "ready", last_used_at=now)
+    placement = services.placement_request(revision=mine[2], priority=Priority.COLD_REQUEST)
+    assert placement is not None
+    assert Placement.objects.get(revision=theirs).state == "ready"
+    assert Placement.objects.get(revision=mine[0]).state == "evicting"
+
+
+def test_a_failed_load_is_not_queued_again_by_cold_requests_until_its_backoff(node, revisions_of, settings):
+    settings.MINT_PLACEMENT_FAILED_BACKOFF_S = 300
+    (revision,) = revisions_of("a", 1)
+    failed = place(node, revision, "failed", failure_reason="bad weights", updated_at=timezone.now())
+    again = services.placement_request(revision=revision, priority=Priority.COLD_REQUEST)
+    assert again.id == failed.id and Placement.objects.get(id=failed.id).state == "failed"
+    activated = services.placement_request(revision=revision, priority=Priority.ACTIVATION)
+    assert activated.id == failed.id and Placement.objects.get(id=failed.id).state == "queued"
+
+
+# ---------------------------------------------------------------- fair admission
+
+
+def test_tenants_take_turns_inside_a_priority_class(node, revisions_of, settings):
+    settings.MINT_NODE_COLD_LOADS = 1
+    settings.MINT_NODE_PREWARM_DUTY = 1.0
+    node.cpu_slots = 10
+    node.save()
+    now = timezone.now()
+    a = [place(node, r, "queued", queued_at=now + timedelta(seconds=i)) for i, r in enumerate(revisions_of("a", 3))]
+    b = [place(node, r, "queued", queued_at=now + timedelta(seconds=10 + i)) for i, r in enumerate(revisions_of("b", 2))]
+    order = []
+    for _ in range(5):
+        (claimed,) = services.admit(node_id=node.id)
+        order.append(claimed)
+        Placement.objects.filter(id=claimed).update(state="ready", ready_at=timezone.now())
+    assert order == [a[0].id, b[0].id, a[1].id, b[1].id, a[2].id]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_queued_of_b_goes_before_200_of_a_under_concurrent_claimers(node, revisions_of, settings):
+    assert connection.vendor == "postgresql"
+    settings.MINT_NODE_COLD_LOADS = 1
+    settings.MINT_NODE_PREWARM_DUTY = 1.0
+    node.cpu_slots = 500
+    node.save()
+    now = timezone.now()
+    a = revisions_of("a", 201)
+    place(node, a[0], "ready", started_at=now, ready_at=now)  # A's turn came last
+    Placement.objects.bulk_create(
+        [Placement(node=node, revision=r, state="queued", queued_at=now - timedelta(hours=1)) for r in a[1:]]
+    )
+    (b,) = revisions_of("b", 1)
+    mine = place(node, b, "queued", queued_at=now)  # queued last of all
+    barrier = threading.Barrier(8)
+    claimed: list[int] = []
+
+    def claimer() -> None:
+        try:
+            barrier.wait()
+            claimed.extend(services.admit(node_id=node.id))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claimer) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert claimed == [mine.id]
+    assert Placement.objects.filter(state="loading").count() == 1
