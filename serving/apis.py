@@ -47,7 +47,7 @@ class AdapterListCreateApi(catalog.AdapterListCreateApi):
     serializer_class = AdapterSerializer
 
     def get_base_queryset(self):
-        return selectors.with_aliases(adapter_selectors.adapter_list(tenant=self.tenant))
+        return selectors.with_aliases(adapter_selectors.adapter_list(tenant=self.tenant), placements=True)
 
 
 @extend_schema_view(get=extend_schema(responses=AdapterDetailSerializer))
@@ -57,7 +57,7 @@ class AdapterDetailApi(catalog.AdapterDetailApi):
     serializer_class = AdapterDetailSerializer
 
     def get_base_queryset(self):
-        return selectors.with_aliases(adapter_selectors.adapter_list(tenant=self.tenant))
+        return selectors.with_aliases(adapter_selectors.adapter_list(tenant=self.tenant), placements=True)
 
 
 class AdapterActivateApi(catalog.AdapterApiMixin, TenantApi):

@@ -39,10 +39,13 @@ def protected_revision_ids(*, now=None) -> set[int]:
     return set(pinned_revisions(now=now))
 
 
-def with_aliases(adapters: QuerySet[Adapter], *, previous: bool = False) -> QuerySet[Adapter]:
-    """`adapters` with their aliases (and the revisions they name) prefetched as `adapter.aliases.all()`."""
+def with_aliases(adapters: QuerySet[Adapter], *, previous: bool = False, placements: bool = False) -> QuerySet[Adapter]:
+    """`adapters` with their aliases (and the revisions they name) prefetched as `adapter.aliases.all()`, and
+    with `placements`, where each desired revision is being placed."""
     related = ["revision", "desired_revision"] + (["previous_revision"] if previous else [])
     aliases = Alias.objects.select_related(*related).order_by("name")
+    if placements:
+        aliases = aliases.prefetch_related("desired_revision__placements__node")
     return adapters.prefetch_related(Prefetch("aliases", queryset=aliases))
 
 

@@ -13,19 +13,54 @@ def _label(revision: AdapterRevision | None) -> str | None:
     return f"r{revision.number}" if revision is not None else None
 
 
+class PlacementSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.name")
+
+    class Meta:
+        model = Placement
+        fields = [
+            "node",
+            "state",
+            "priority",
+            "queued_at",
+            "ready_at",
+            "last_used_at",
+            "load_ms",
+            "warm_ms",
+            "attempts",
+            "failure_reason",
+        ]
+
+
 class AliasSerializer(serializers.ModelSerializer):
     revision = serializers.SerializerMethodField()
     desired_revision = serializers.SerializerMethodField()
+    desired_placements = serializers.SerializerMethodField(
+        help_text="Where the desired revision is being placed, while it is not live: state and why it waits."
+    )
 
     class Meta:
         model = Alias
-        fields = ["name", "revision", "desired_revision", "rollback_pending", "updated_by", "updated_at"]
+        fields = [
+            "name",
+            "revision",
+            "desired_revision",
+            "desired_placements",
+            "rollback_pending",
+            "updated_by",
+            "updated_at",
+        ]
 
     def get_revision(self, alias: Alias) -> str | None:
         return _label(alias.revision)
 
     def get_desired_revision(self, alias: Alias) -> str | None:
         return _label(alias.desired_revision)
+
+    def get_desired_placements(self, alias: Alias) -> list[dict]:
+        if alias.desired_revision is None or alias.desired_revision_id == alias.revision_id:
+            return []
+        return PlacementSerializer(alias.desired_revision.placements.all(), many=True).data
 
 
 class AdapterSerializer(CatalogAdapterSerializer):
@@ -90,22 +125,3 @@ class ServingNodeCreateSerializer(serializers.Serializer):
     max_lora_rank = serializers.IntegerField(min_value=1, max_value=1024, default=16)
     cache_dir = serializers.CharField(max_length=500)
     engine_flags = serializers.ListField(child=serializers.CharField(), required=False, default=list)
-
-
-class PlacementSerializer(serializers.ModelSerializer):
-    node = serializers.CharField(source="node.name")
-
-    class Meta:
-        model = Placement
-        fields = [
-            "node",
-            "state",
-            "priority",
-            "queued_at",
-            "ready_at",
-            "last_used_at",
-            "load_ms",
-            "warm_ms",
-            "attempts",
-            "failure_reason",
-        ]

@@ -303,7 +303,8 @@ def call(world: World, method: str, path: str, token: str | None = None, body: A
 
 
 def complete(world: World, token: str | None, model: Any = "support-bot", path: str = "/v1/completions", **extra):
-    body = {"prompt": "Hi", "max_tokens": 4, **extra}
+    text = {"messages": [{"role": "user", "content": "Hi"}]} if path == "/v1/chat/completions" else {"prompt": "Hi"}
+    body = {**text, "max_tokens": 4, **extra}
     if model is not None:
         body["model"] = model
     return call(world, "POST", path, token, body)
