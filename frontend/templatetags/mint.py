@@ -19,6 +19,7 @@ REVISION_PHASES = {
     "pending_approval": "awaiting a decision",
 }
 PLACEMENT_PHASES = {
+    "waiting": "waiting for capacity (the reason is below)",
     "queued": "waiting for admission",
     "loading": "phase 1: fetch, verify, load",
     "warming": "phase 2: warm-up completion",
@@ -45,6 +46,7 @@ def placement_phase(placement) -> str:
 @register.filter
 def placement_since(placement):
     return {
+        "waiting": placement.queued_at,
         "queued": placement.queued_at,
         "loading": placement.started_at,
         "warming": placement.loaded_at,
