@@ -334,6 +334,18 @@ MINT_GATEWAY_FOLLOW_EVENTS = env_bool("MINT_GATEWAY_FOLLOW_EVENTS", True)
 # Gateway fairness (serving/gateway/): streams whose client stopped reading, and a stream's whole life.
 MINT_GATEWAY_STREAM_IDLE_S = env_float("MINT_GATEWAY_STREAM_IDLE_S", 30.0, minimum=0.1)
 MINT_GATEWAY_STREAM_MAX_S = env_float("MINT_GATEWAY_STREAM_MAX_S", 900.0, minimum=1)
+# A tenant's requests in flight are counted across gateway processes through Redis under leases of this
+# long (a dead process's stop counting after one lease); serving/gateway/inflight.py.
+MINT_GATEWAY_INFLIGHT_LEASE_S = env_float("MINT_GATEWAY_INFLIGHT_LEASE_S", 10.0, minimum=1)
+# Upstream slots per node in each gateway process, shared fairly between tenants (serving/gateway/fairslots.py),
+# and how long a request may wait for one before 503 node_busy.
+MINT_GATEWAY_NODE_SLOTS = env_int("MINT_GATEWAY_NODE_SLOTS", min(256, MINT_GATEWAY_MAX_CONNECTIONS), minimum=1)
+if MINT_GATEWAY_NODE_SLOTS > MINT_GATEWAY_MAX_CONNECTIONS:
+    raise ImproperlyConfigured(
+        f"MINT_GATEWAY_NODE_SLOTS={MINT_GATEWAY_NODE_SLOTS} is more than MINT_GATEWAY_MAX_CONNECTIONS="
+        f"{MINT_GATEWAY_MAX_CONNECTIONS}: a node's slots must fit in its connection pool."
+    )
+MINT_GATEWAY_NODE_WAIT_S = env_float("MINT_GATEWAY_NODE_WAIT_S", 5.0, minimum=0)
 CELERY_BEAT_SCHEDULE = {
     "nodes-heartbeat": {"task": "serving.tasks.nodes_heartbeat", "schedule": float(MINT_HEARTBEAT_S)},
     # Dispatching follows every change of the control queue; this only catches a hand-off that was lost.

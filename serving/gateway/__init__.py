@@ -2,8 +2,8 @@
 
 A Starlette application that mint_site/asgi.py puts in front of Django for `/v1/`: a request for a ready
 adapter never goes through Django's request machinery (middleware, signals, thread hops), does no database
-query (key and model resolutions are cached in-process), no Redis round trip on its path (the rate limit
-counts in memory and syncs in the background), and one pooled HTTP call to a vLLM node. Bookkeeping (usage
+query (key and model resolutions are cached in-process), no Redis round trip on its path (the rate limit and
+the in-flight cap count in memory and sync in the background), and one pooled HTTP call to a vLLM node. Bookkeeping (usage
 timestamps, cold-request prewarms, cache reloads) runs as background tasks that a request never awaits.
 
 Where things are:
@@ -15,7 +15,11 @@ Where things are:
   handed to every handler; tests build their own.
 - `auth.py`: bearer key → `Caller` (cached; failed attempts counted per client address).
 - `resolve.py`: `model` string → revision → its ready placements (cached; cold-request prewarms).
-- `caches.py`: the refresh-ahead TTL cache both use (cachetools underneath).
+- `caches.py`: the refresh-ahead TTL cache both use (cachetools underneath), each tenant's entries bounded apart.
+- `policy/`: what a tenant may send (an allow-list per endpoint, bounded by its plan) and what comes back
+  (OpenAI's fields only).
+- `inflight.py`: the tenant's cap on requests in flight, counted across gateway processes (Redis leases).
+- `fairslots.py`: each node's upstream slots, shared fairly between tenants.
 - `proxy.py`: picking a target, forwarding, renaming the model both ways, relaying streams.
 - `upstream.py`: the pooled HTTP client to the nodes, on the keep-alive transport of `transport.py`.
 - `ratelimit.py`, `usage.py`, `feed.py` (live events drop what they make stale), `metrics.py`.

@@ -30,9 +30,18 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route, Router
 from starlette.types import ASGIApp
 
-from serving.gateway import GatewayError, auth, feed, proxy, resolve
+from serving.gateway import GatewayError, auth, feed, policy, proxy, resolve
 from serving.gateway.auth import Caller
-from serving.gateway.metrics import NOT_READY, RATE_LIMITED, REQUEST_SECONDS, REQUESTS, UNKNOWN
+from serving.gateway.inflight import Held
+from serving.gateway.metrics import (
+    INFLIGHT_REFUSED,
+    NOT_READY,
+    RATE_LIMITED,
+    REQUEST_SECONDS,
+    REQUESTS,
+    STREAMS_ENDED,
+    UNKNOWN,
+)
 from serving.gateway.resolve import NotReady, parse_model
 from serving.gateway.responses import NobodyToAnswer, error_response, json_response
 from serving.gateway.state import GatewayState
@@ -89,12 +98,19 @@ def _finish(state: GatewayState, response: Response, outcome: Outcome, started: 
 
 
 def _endpoint(handle: Handler) -> Callable[[Request], Awaitable[Response]]:
-    """A route's endpoint: read the body, authenticate, rate-limit, run `handle`, answer every failure in shape."""
+    """A route's endpoint: read the body, authenticate, take an in-flight slot, rate-limit, run `handle`, answer
+    every failure in shape.
+
+    The tenant's in-flight slot (serving/gateway/inflight.py) is taken right after authentication and let go
+    only once the answer has been sent (`Held`): a stream holds it until it ends or its client goes away, and
+    every other path (errors, refusals, a cancelled task) gives it back too.
+    """
 
     async def endpoint(request: Request) -> Response:
         state: GatewayState = request.app.state.gateway
         started = time.perf_counter()
         outcome = Outcome()
+        release: Callable[[], None] | None = None
         try:
             body = await _read(request)
             # The peer as the server saw it (uvicorn puts a trusted proxy's X-Forwarded-For there); never a header.
@@ -102,6 +118,17 @@ def _endpoint(handle: Handler) -> Callable[[Request], Awaitable[Response]]:
             authorization = request.headers.get("authorization", "")
             caller = await auth.authenticate(state, authorization, client=peer.host if peer else None)
             outcome.tenant = caller.tenant_slug
+            limit = caller.plan.max_inflight_requests
+            release = state.inflight_cap.take(caller.tenant_id, limit)
+            if release is None:
+                INFLIGHT_REFUSED.labels(caller.tenant_slug).inc()
+                raise GatewayError(
+                    429,
+                    "too_many_requests_in_flight",
+                    f"Tenant {caller.tenant_slug} is at its limit of {limit} requests in flight at once; "
+                    "retry when one has finished.",
+                    headers={"Retry-After": "1"},
+                )
             retry_after = state.rate_limit.hit(caller.tenant_id, caller.rate_limit_rpm)
             if retry_after is not None:
                 RATE_LIMITED.labels(caller.tenant_slug).inc()
@@ -114,6 +141,8 @@ def _endpoint(handle: Handler) -> Callable[[Request], Awaitable[Response]]:
             state.usage.record(key_id=caller.key_id)
             response = await handle(state, body, caller, outcome, request.path_params)
         except ClientDisconnect:
+            if release is not None:
+                release()
             return NobodyToAnswer()  # gone before its request was read
         except NotReady as refused:
             outcome.adapter = refused.adapter_name
@@ -124,7 +153,22 @@ def _endpoint(handle: Handler) -> Callable[[Request], Awaitable[Response]]:
         except Exception:
             log.exception("gateway: unexpected failure on %s", request.url.path)
             response = error_response(GatewayError(500, "server_error", "The gateway failed to handle this request."))
-        return _finish(state, response, outcome, started)
+        except BaseException:  # cancelled while it was handled
+            if release is not None:
+                release()
+            raise
+        response = _finish(state, response, outcome, started)
+        if release is None:
+            return response
+        slot_release, sent = release, response
+
+        def done() -> None:
+            slot_release()
+            if (ended := getattr(sent, "ended", None)) is not None:
+                STREAMS_ENDED.labels(outcome.tenant, ended).inc()
+                log.info("gateway: ended a stream of tenant %s (%s)", outcome.tenant, ended)
+
+        return Held(response, done)
 
     return endpoint
 
@@ -132,13 +176,14 @@ def _endpoint(handle: Handler) -> Callable[[Request], Awaitable[Response]]:
 def _inference(path: str) -> Handler:
     async def handle(state: GatewayState, body: bytes, caller: Caller, outcome: Outcome, _: dict) -> Response:
         data = _json_body(body)
+        policy.check_request(path, data, caller.plan)
         model = data.get("model")
         ref = parse_model(model)
         resolution = await resolve.resolve(state, caller.tenant_id, ref, model)
         outcome.adapter = resolution.adapter_name
         try:
             response, outcome.upstream_s = await proxy.forward(
-                state, path=path, body=data, resolution=resolution, model=model
+                state, path=path, body=data, resolution=resolution, model=model, tenant_id=caller.tenant_id
             )
         except NotReady:
             resolve.forget(state, caller.tenant_id, ref)

@@ -6,6 +6,12 @@ token's SHA-256 for MINT_GATEWAY_KEY_CACHE_S (refreshed in the background after 
 `api_key.changed` live event (serving/gateway/feed.py) drops it at once. Bearer parsing and expiry are
 `tenants.keys`'s; the key's use is recorded in batches (serving/gateway/usage.py).
 
+The key cache is shared out (serving/gateway/caches.py, `key_share`): each tenant's keys at most
+TENANT_SHARE (2,500) entries; refusals of tokens that name no key, and refusals of genuine keys, each at
+most SHARED_MISSES (1,000) apart from them. No flood of guesses or of one tenant's keys evicts another
+tenant's valid key, and an event about one tenant's keys discards only lookups of that tenant's keys (and
+of refused genuine keys).
+
 Failed authentications (a token that names no key, or a wrong secret) are counted per client address in
 Redis (tenants/throttles.py, shared with the REST API); an address past the limit is answered 429 before its
 token is looked up.
@@ -106,12 +112,26 @@ def load_key(token: str) -> Caller | Refusal:
     )
 
 
+# The key cache's shares (serving/gateway/caches.py) that belong to no tenant: each bounded apart from every
+# tenant's keys, so that no flood of refusals evicts a valid key.
+REFUSED_KEYS = "refused keys"  # genuine keys refused (revoked, expired, a creator without access, …)
+UNKNOWN_TOKENS = "unknown tokens"  # tokens that name no key, or not with that secret: guesses
+
+
+def key_share(_digest: str, found: Caller | Refusal) -> tuple[int | str, bool]:
+    """Whose share of the key cache an answer counts against: the key's tenant, or one of the refusals'."""
+    if isinstance(found, Caller):
+        return found.tenant_id, False
+    return (UNKNOWN_TOKENS if found.counts_as_failure else REFUSED_KEYS), True
+
+
 def forget_keys(state: GatewayState, *, tenant_id: int | None = None, key_id: int | None = None) -> int:
     """Drop cached keys: one key, a tenant's keys, or every key (no arguments). Returns how many were dropped.
 
     Cached refusals about genuine keys (revoked, a creator without access, a suspended tenant) go too,
     whatever their tenant: the change may have made such a key work again. Refusals of tokens that name
-    no key stay.
+    no key stay. A lookup or reload under way is discarded only if it is about what this drops (that key,
+    that tenant's keys, a genuine key's refusal): another tenant's keys keep refreshing.
     """
 
     def stale(_digest: str, value: Caller | Refusal) -> bool:
@@ -121,7 +141,8 @@ def forget_keys(state: GatewayState, *, tenant_id: int | None = None, key_id: in
             return value.key_id == key_id
         return tenant_id is None or value.tenant_id == tenant_id
 
-    return len(state.keys.drop_where(stale))
+    owners = None if tenant_id is None else (tenant_id, REFUSED_KEYS)  # where such entries can be
+    return len(state.keys.drop_where(stale, owners=owners))
 
 
 async def _looked_up(state: GatewayState, digest: str, token: str, bucket: str | None) -> Caller | Refusal:
@@ -136,7 +157,7 @@ async def _looked_up(state: GatewayState, digest: str, token: str, bucket: str |
     if pending is None:
         if bucket is not None and state.lookups_by_client[bucket] >= settings.MINT_AUTH_FAILURES_PER_MIN:
             raise GatewayError(429, "too_many_auth_failures", auth_failures_message(1.0), headers={"Retry-After": "1"})
-        epoch = state.keys.epoch
+        loading = state.keys.loading(digest)
         pending = asyncio.ensure_future(state.db.run(load_key, token))
         state.key_lookups[digest] = pending
         if bucket is not None:
@@ -148,10 +169,13 @@ async def _looked_up(state: GatewayState, digest: str, token: str, bucket: str |
                 state.lookups_by_client[bucket] -= 1
                 if state.lookups_by_client[bucket] <= 0:
                     del state.lookups_by_client[bucket]
-            # An event that dropped keys while this was reading may have been about this key: the answer
-            # serves the requests waiting for it, but is not kept (the next request reads again).
-            if not future.cancelled() and future.exception() is None and state.keys.epoch == epoch:
-                state.keys.put(digest, future.result())
+            # An event that dropped this key (or its tenant's keys) while this was reading: the answer serves
+            # the requests waiting for it, but is not kept (the next request reads again). Events about other
+            # tenants' keys do not concern it.
+            if not future.cancelled() and future.exception() is None:
+                loading.keep(future.result())
+            else:
+                loading.cancel()
 
         pending.add_done_callback(done)
     return await asyncio.shield(pending)  # one caller giving up does not cancel the others' lookup

@@ -15,6 +15,10 @@ Keys too: `api_key.changed` (a key revoked; a member added, re-roled or removed;
 deactivated; a tenant suspended) drops the cached keys of that tenant, or that one key, so
 every gateway process refuses a revoked key, or narrows a key, on its next request rather
 than at the end of MINT_GATEWAY_KEY_CACHE_S.
+
+An event discards only the reloads of what it drops (serving/gateway/caches.py): one tenant's flips or key
+events, however many, never keep another tenant's routes or keys from refreshing in the background. A
+`node.state` event and (re)joining the group drop every tenant's routes, and their reloads with them.
 """
 
 from __future__ import annotations

@@ -34,3 +34,19 @@ UPSTREAM_ERRORS = Counter(
     "Failed calls to a serving node (connection errors, timeouts, 5xx, broken streams), by node name.",
     ["node"],
 )
+INFLIGHT_REFUSED = Counter(
+    "mint_gateway_inflight_refused_total",
+    "Requests refused 429 too_many_requests_in_flight by the tenant's cap on requests in flight.",
+    ["tenant"],
+)
+STREAMS_ENDED = Counter(
+    "mint_gateway_streams_ended_total",
+    "Streams the gateway ended before the node did: the client stopped reading for MINT_GATEWAY_STREAM_IDLE_S "
+    '("stalled") or the stream ran for MINT_GATEWAY_STREAM_MAX_S ("too_long"), by tenant and reason.',
+    ["tenant", "reason"],
+)
+NODE_BUSY = Counter(
+    "mint_gateway_node_busy_total",
+    "Requests answered 503 node_busy: every upstream slot of the node stayed taken for MINT_GATEWAY_NODE_WAIT_S.",
+    ["node"],
+)

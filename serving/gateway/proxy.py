@@ -15,10 +15,12 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from starlette.responses import Response
 
-from serving.gateway import GatewayError
-from serving.gateway.metrics import UPSTREAM_ERRORS
+from serving.gateway import GatewayError, policy
+from serving.gateway.fairslots import NodeBusy
+from serving.gateway.metrics import NODE_BUSY, UPSTREAM_ERRORS
 from serving.gateway.resolve import NotReady, Resolution, Target
 from serving.gateway.responses import EventStream, error_response, json_response
 from serving.gateway.upstream import NoAnswer, UpstreamError, UpstreamResponse, UpstreamTimeout
@@ -58,22 +60,47 @@ def _releaser(inflight: Counter[int], placement_id: int) -> Callable[[], None]:
 
 
 async def forward(
-    state: GatewayState, *, path: str, body: dict[str, Any], resolution: Resolution, model: str
+    state: GatewayState,
+    *,
+    path: str,
+    body: dict[str, Any],
+    resolution: Resolution,
+    model: str,
+    tenant_id: int,
 ) -> tuple[Response, float]:
     """Send a completion request to a ready node and relay its answer, or raise a 502/503/504 `GatewayError`.
 
     Returns the response and the seconds spent waiting on the node (to its headers, for a stream). A failure
     before any byte came back is retried once on another ready target; when no target can be reached at all
     the answer is 503 adapter_not_ready, like for any adapter not ready.
+
+    The request holds one of the node's fair slots (serving/gateway/fairslots.py) from before it is sent until
+    the node's answer is closed, in the name of `tenant_id`.
+    When the chosen node's slots are all taken another ready node with a free one is tried first; otherwise
+    the request waits its turn, at most MINT_GATEWAY_NODE_WAIT_S (then 503 node_busy).
     """
+    tenant = tenant_id
+    slots = state.node_slots
     payload = json.dumps({**body, "model": resolution.lora_name}, ensure_ascii=False).encode()
     tried: set[int] = set()
     for _attempt in range(2):
         target = pick(state.inflight, resolution.targets, tried)
         if target is None:
             break
+        slot = slots.try_take(target.node_name, tenant)
+        if slot is None:
+            full = {t.placement_id for t in resolution.targets if slots.full(t.node_name)}
+            other = pick(state.inflight, resolution.targets, tried | full)
+            if other is not None:
+                target, slot = other, slots.try_take(other.node_name, tenant)
+            if slot is None:
+                try:
+                    slot = await slots.take(target.node_name, tenant, wait_s=settings.MINT_GATEWAY_NODE_WAIT_S)
+                except NodeBusy:
+                    NODE_BUSY.labels(target.node_name).inc()
+                    raise
         tried.add(target.placement_id)
-        release = _releaser(state.inflight, target.placement_id)
+        release = slot.joined(_releaser(state.inflight, target.placement_id))
         sent_at = time.perf_counter()
         try:
             upstream = await state.upstream.post(target.node_url + path, payload)
@@ -118,7 +145,12 @@ async def _relay(
     lora = resolution.lora_name
     if upstream.status == 200 and upstream.content_type.startswith("text/event-stream"):
         relay = _SSERelay(upstream, release=release, lora=lora, model=model, node_name=target.node_name)
-        return EventStream(relay.events(), finish=relay.finish)
+        return EventStream(
+            relay.events(),
+            finish=relay.finish,
+            idle_s=settings.MINT_GATEWAY_STREAM_IDLE_S,
+            max_s=settings.MINT_GATEWAY_STREAM_MAX_S,
+        )
     try:
         content = await upstream.read()
     except UpstreamTimeout:
@@ -166,8 +198,10 @@ def _upstream_message(content: bytes) -> str | None:
 
 
 def _rewrite(data: Any, *, lora: str, model: str) -> Any:
-    """Name the caller's model where vLLM named the LoRA: the `model` field and any error message."""
+    """Name the caller's model where vLLM named the LoRA (the `model` field and any error message), and keep
+    only OpenAI's fields of a completion, chat completion or chunk (policy.openai_answer)."""
     if isinstance(data, dict):
+        data = policy.openai_answer(data)
         if "model" in data:
             data["model"] = model
         error = data.get("error")

@@ -4,6 +4,14 @@ Resolutions are cached in the gateway's state (serving/gateway/state.py) for a s
 stream of requests for a ready adapter does no database query at all; a change (an alias flip, a placement
 becoming ready, a node going down) is seen within that TTL, and at once where a live event announces it
 (serving/gateway/feed.py). Misses run the ORM on the state's database threads, several at once.
+
+The route cache is shared out by tenant (serving/gateway/caches.py has the mechanics): a tenant's routes are
+at most TENANT_SHARE (2,500) entries, and its misses (a model that names nothing, an alias with no live
+revision, a pin of no approved revision; each a 404 or 503 repeated from the cache) at most TENANT_MISSES
+(200), kept apart. A tenant asking for random model names or `@rN` pins evicts only its own misses; another
+tenant's routes stay cached. A node's 404 (`forget`) or an event (`invalidate`) discards only the reloads
+of the routes it drops, never another tenant's. Cold-request prewarms are remembered per tenant the same
+way, and each tenant's model list is one entry of its own.
 """
 
 from __future__ import annotations
@@ -28,6 +36,11 @@ _ADAPTER = r"[a-z0-9][a-z0-9._-]{0,63}"
 _MODEL_RE = re.compile(
     rf"^(?P<adapter>{_ADAPTER})(?::(?P<alias>[a-z][a-z0-9_-]{{0,31}})|@r(?P<number>[1-9][0-9]{{0,9}}))?$"
 )
+
+
+def tenant_share(key: tuple[int, Any], found: Any) -> tuple[int, bool]:
+    """Whose share of a cache a `(tenant id, …)` entry counts against: its tenant's, misses apart."""
+    return key[0], found is None or isinstance(found, AliasNotLive)
 
 
 def not_ready_retry_after() -> int:
@@ -187,8 +200,7 @@ async def resolve(state: GatewayState, tenant_id: int, ref: ModelRef, model: str
     key = (tenant_id, ref)
     hit, found = state.routes.get(key)
     if not hit:
-        found = await state.db.run(_resolve_sync, tenant_id, ref)
-        state.routes.put(key, found)
+        found = await state.routes.load(key, lambda: state.db.run(_resolve_sync, tenant_id, ref))
     else:
         state.routes.refresh_ahead(key, lambda: state.db.run(_resolve_sync, tenant_id, ref))
     if found is None:
@@ -199,7 +211,7 @@ async def resolve(state: GatewayState, tenant_id: int, ref: ModelRef, model: str
             adapter_name=found.adapter_name,
         )
     if not found.targets:
-        schedule_prewarm(state, found.revision_id)
+        schedule_prewarm(state, found.revision_id, tenant_id=tenant_id)
         raise NotReady(
             f"Revision r{found.revision_number} of adapter {found.adapter_name!r} is not loaded yet; "
             "it is being prepared, retry shortly.",
@@ -216,12 +228,15 @@ def forget(state: GatewayState, tenant_id: int, ref: ModelRef) -> None:
 def invalidate(
     state: GatewayState, *, tenant_id: int | None = None, adapter: str | None = None
 ) -> list[tuple[int, ModelRef]]:
-    """Drop the cached routes of one adapter of a tenant (or every route, without a tenant); return their keys."""
+    """Drop the cached routes of one adapter of a tenant (or every route, without a tenant); return their keys.
+
+    Reloads under way of the routes dropped (of that adapter of that tenant) are discarded; others are kept.
+    """
 
     def touched(key: tuple[int, ModelRef], _value: object) -> bool:
         return tenant_id is None or (key[0] == tenant_id and (adapter is None or key[1].adapter == adapter))
 
-    dropped = state.routes.drop_where(touched)
+    dropped = state.routes.drop_where(touched, owners=None if tenant_id is None else (tenant_id,))
     if tenant_id is None:
         state.model_lists.clear()
     else:
@@ -232,16 +247,19 @@ def invalidate(
 async def prefetch(state: GatewayState, keys: list[tuple[int, ModelRef]]) -> None:
     """Resolve routes now, so the next request for them finds them cached."""
     for tenant_id, ref in keys:
-        found = await state.db.run(_resolve_sync, tenant_id, ref)
-        state.routes.put((tenant_id, ref), found)
+        await state.routes.load((tenant_id, ref), lambda t=tenant_id, r=ref: state.db.run(_resolve_sync, t, r))
 
 
-def schedule_prewarm(state: GatewayState, revision_id: int) -> bool:
-    """Ask for a cold-request placement of a revision in the background, at most once per TTL. True if asked."""
-    hit, _ = state.prewarmed.get(revision_id)
+def schedule_prewarm(state: GatewayState, revision_id: int, *, tenant_id: int) -> bool:
+    """Ask for a cold-request placement of a tenant's revision in the background, at most once per TTL.
+
+    True if asked. Remembered in the tenant's share, so one tenant's cold pins cannot make another's ask again.
+    """
+    key = (tenant_id, revision_id)
+    hit, _ = state.prewarmed.get(key)
     if hit:
         return False
-    state.prewarmed.put(revision_id, True)
+    state.prewarmed.put(key, True)
     state.background.spawn(state.db.run(_prewarm_sync, revision_id), name=f"prewarm r{revision_id}")
     return True
 
@@ -249,7 +267,6 @@ def schedule_prewarm(state: GatewayState, revision_id: int) -> bool:
 async def model_list(state: GatewayState, tenant_id: int) -> tuple[ModelEntry, ...]:
     """The tenant's servable model ids: each adapter with a live production alias, plus `<adapter>:<alias>`."""
     hit, entries = state.model_lists.get(tenant_id)
-    if not hit:
-        entries = await state.db.run(_model_list_sync, tenant_id)
-        state.model_lists.put(tenant_id, entries)
+    if not hit:  # kept unless an event dropped this tenant's list while it was read
+        entries = await state.model_lists.load(tenant_id, lambda: state.db.run(_model_list_sync, tenant_id))
     return entries

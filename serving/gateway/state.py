@@ -21,7 +21,10 @@ from django.conf import settings
 from django.db import close_old_connections
 from limits.aio.storage import RedisStorage as AsyncRedisStorage
 
-from serving.gateway.caches import RefreshingCache
+from serving.gateway import auth, resolve
+from serving.gateway.caches import SHARED_MISSES, TENANT_MISSES, TENANT_SHARE, RefreshingCache
+from serving.gateway.fairslots import FairSlots
+from serving.gateway.inflight import InflightCap
 from serving.gateway.ratelimit import RateLimiter
 from serving.gateway.upstream import Upstream
 from serving.gateway.usage import Usage
@@ -108,7 +111,9 @@ class GatewayState:
     keys: RefreshingCache = field(init=False)  # token SHA-256 → Caller, or the refusal to repeat
     routes: RefreshingCache = field(init=False)  # (tenant id, ModelRef) → Resolution, or why there is none
     model_lists: RefreshingCache = field(init=False)  # tenant id → its servable model ids
-    prewarmed: RefreshingCache = field(init=False)  # revision id → True while a cold-request prewarm was asked
+    prewarmed: RefreshingCache = field(init=False)  # (tenant id, revision id) → True while a prewarm was asked
+    inflight_cap: InflightCap = field(init=False)  # each tenant's requests in flight, shared through Redis
+    node_slots: FairSlots = field(init=False)  # each node's upstream slots, shared fairly between tenants
     inflight: Counter[int] = field(default_factory=Counter)  # requests in flight per placement id
     key_lookups: dict[str, asyncio.Future] = field(default_factory=dict)  # token SHA-256 → its lookup in flight
     lookups_by_client: Counter[str] = field(default_factory=Counter)  # key lookups in flight per client address
@@ -116,10 +121,28 @@ class GatewayState:
     _failures: tuple[Any, AsyncAuthFailures] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self.keys = RefreshingCache(self.background, ttl=self.key_cache_ttl)
-        self.routes = RefreshingCache(self.background, ttl=self.cache_ttl, stale=self.stale_window)
-        self.model_lists = RefreshingCache(self.background, ttl=self.cache_ttl)
-        self.prewarmed = RefreshingCache(self.background, ttl=self.cache_ttl)
+        # Shared out per tenant (serving/gateway/caches.py): no tenant's entries or misses evict another's.
+        self.keys = RefreshingCache(
+            self.background,
+            ttl=self.key_cache_ttl,
+            share=auth.key_share,  # a tenant's keys; refusals of tokens and of genuine keys apart
+            per_owner=TENANT_SHARE,
+            misses_per_owner=SHARED_MISSES,
+        )
+        self.routes = RefreshingCache(
+            self.background,
+            ttl=self.cache_ttl,
+            stale=self.stale_window,
+            share=resolve.tenant_share,  # a tenant's routes; its misses apart
+            per_owner=TENANT_SHARE,
+            misses_per_owner=TENANT_MISSES,
+        )
+        self.model_lists = RefreshingCache(self.background, ttl=self.cache_ttl)  # one entry per tenant
+        self.prewarmed = RefreshingCache(
+            self.background, ttl=self.cache_ttl, share=resolve.tenant_share, per_owner=TENANT_SHARE
+        )
+        self.inflight_cap = InflightCap(self.background, self.rate_limit.client)
+        self.node_slots = FairSlots(capacity=self.node_slot_count)
 
     @classmethod
     def build(cls, *, upstream: Upstream | None = None, db: DatabaseThreads | None = None) -> GatewayState:
@@ -158,6 +181,10 @@ class GatewayState:
     def key_cache_ttl() -> float:
         return float(settings.MINT_GATEWAY_KEY_CACHE_S)
 
+    @staticmethod
+    def node_slot_count() -> int:
+        return int(settings.MINT_GATEWAY_NODE_SLOTS)
+
     def auth_failures(self) -> AsyncAuthFailures:
         """The failed-authentication counter (tenants/throttles.py), on the rate limiter's Redis connections."""
         pool = self.rate_limit.client().connection_pool
@@ -180,6 +207,7 @@ class GatewayState:
 
     async def shutdown(self) -> None:
         """At the application's shutdown: let background work finish, close every client and the threads."""
+        await self.inflight_cap.aclose()  # before the drain: its sync runs for as long as slots are held
         await self.background.drain()
         await self.aclose()
         self.db.shutdown()

@@ -84,7 +84,7 @@ def test_activation_past_the_pinned_quota_is_refused_naming_it(tenant_a, adapter
 
 def test_a_swap_and_a_revision_already_pinned_do_not_count_again(tenant_a, adapter_a, revisions_of):
     plan(adapter_a, max_ready_revisions=2)
-    first, second, third, _ = revisions_of("a", 4)
+    first, second, _, _ = revisions_of("a", 4)
     pin(first, "production")
     pin(second, "second")
     # A swap: production serves r1 while r3 loads (the one-per-alias allowance), so r1 is not counted.
@@ -225,7 +225,10 @@ def test_tenants_take_turns_inside_a_priority_class(node, revisions_of, settings
     node.save()
     now = timezone.now()
     a = [place(node, r, "queued", queued_at=now + timedelta(seconds=i)) for i, r in enumerate(revisions_of("a", 3))]
-    b = [place(node, r, "queued", queued_at=now + timedelta(seconds=10 + i)) for i, r in enumerate(revisions_of("b", 2))]
+    b = [
+        place(node, r, "queued", queued_at=now + timedelta(minutes=1, seconds=i))
+        for i, r in enumerate(revisions_of("b", 2))
+    ]
     order = []
     for _ in range(5):
         (claimed,) = services.admit(node_id=node.id)

@@ -209,14 +209,14 @@ def test_a_revoked_key_is_refused_after_a_background_reload(world, settings):
     assert complete(world, token).error()["code"] == "api_key_revoked"
 
 
-def test_a_reload_that_started_before_an_invalidation_is_discarded():
+def test_a_reload_that_started_before_a_drop_of_its_entry_is_discarded():
     background = Background()
     cache = RefreshingCache(background, ttl=lambda: 0.2)
     cache.put("route", "old")
     time.sleep(0.11)
 
     async def load() -> str:
-        cache.pop("another route")  # an event dropped routes while this reload was reading
+        cache.pop("route")  # an event dropped this route while its reload was reading
         return "read before the event"
 
     async def scenario() -> None:
@@ -224,8 +224,28 @@ def test_a_reload_that_started_before_an_invalidation_is_discarded():
         await background.drain()
 
     async_to_sync(scenario)()
-    assert cache.get("route") == (True, "old")
+    assert cache.get("route") == (False, None)  # the reload's older answer is not kept
     assert "route" not in cache._reloading  # and a later reload may start again
+
+
+def test_a_reload_is_kept_when_a_drop_meanwhile_was_about_other_entries():
+    background = Background()
+    cache = RefreshingCache(background, ttl=lambda: 0.2)
+    cache.put("route", "old")
+    cache.put("another route", "other")
+    time.sleep(0.11)
+
+    async def load() -> str:
+        cache.pop("another route")
+        cache.drop_where(lambda key, _value: key == "a third route")
+        return "new"
+
+    async def scenario() -> None:
+        cache.refresh_ahead("route", load)
+        await background.drain()
+
+    async_to_sync(scenario)()
+    assert cache.get("route") == (True, "new")
 
 
 # ---------------------------------------------------------------------------------------------
