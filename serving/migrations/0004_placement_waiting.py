@@ -4,24 +4,40 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('adapters', '0004_alias_moves_to_serving'),
-        ('serving', '0003_alias_from_adapters'),
+        ("adapters", "0004_alias_moves_to_serving"),
+        ("serving", "0003_alias_from_adapters"),
     ]
 
     operations = [
         migrations.RemoveConstraint(
-            model_name='placement',
-            name='placement_state_valid',
+            model_name="placement",
+            name="placement_state_valid",
         ),
         migrations.AlterField(
-            model_name='placement',
-            name='state',
-            field=models.CharField(choices=[('waiting', 'Waiting for capacity'), ('queued', 'Queued'), ('loading', 'Loading'), ('warming', 'Warming'), ('ready', 'Ready'), ('failed', 'Failed'), ('evicting', 'Evicting')], default='queued', max_length=10),
+            model_name="placement",
+            name="state",
+            field=models.CharField(
+                choices=[
+                    ("waiting", "Waiting for capacity"),
+                    ("queued", "Queued"),
+                    ("loading", "Loading"),
+                    ("warming", "Warming"),
+                    ("ready", "Ready"),
+                    ("failed", "Failed"),
+                    ("evicting", "Evicting"),
+                ],
+                default="queued",
+                max_length=10,
+            ),
         ),
         migrations.AddConstraint(
-            model_name='placement',
-            constraint=models.CheckConstraint(condition=models.Q(('state__in', ['waiting', 'queued', 'loading', 'warming', 'ready', 'failed', 'evicting'])), name='placement_state_valid'),
+            model_name="placement",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("state__in", ["waiting", "queued", "loading", "warming", "ready", "failed", "evicting"])
+                ),
+                name="placement_state_valid",
+            ),
         ),
     ]
