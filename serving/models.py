@@ -42,6 +42,12 @@ class Alias(models.Model):
         related_name="+",
         help_text="What the alias pointed at before its last flip: the default rollback target.",
     )
+    previous_pinned_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="The previous revision stays loaded (pinned) until then: the rollback grace, from the flip. "
+        "A new activation of another revision ends it, so an alias pins at most one revision besides its target.",
+    )
     rollback_pending = models.BooleanField(default=False, help_text="The desired revision is a rollback.")
     updated_by = models.CharField(max_length=200, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)

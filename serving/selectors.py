@@ -6,9 +6,6 @@ everything that shows or routes by an alias reads it here.
 
 from __future__ import annotations
 
-from datetime import timedelta
-
-from django.conf import settings
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
@@ -18,17 +15,16 @@ from serving.models import Alias, NodeState, Placement, PlacementState
 
 def pinned_revisions(*, base_model_id: int | None = None, now=None) -> dict[int, int]:
     """Pinned revisions and their tenants: what aliases hold loaded (live and desired targets, and the
-    previous live one within its rollback grace), of one base model or all."""
+    previous live one until its rollback grace ends), of one base model or all."""
     now = now or timezone.now()
-    grace = now - timedelta(seconds=settings.MINT_ROLLBACK_GRACE_S)
     aliases = Alias.objects.all()
     if base_model_id is not None:
         aliases = aliases.filter(adapter__base_model_id=base_model_id)
     pins: dict[int, int] = {}
-    for live, desired, previous, updated, tenant_id in aliases.values_list(
-        "revision_id", "desired_revision_id", "previous_revision_id", "updated_at", "adapter__tenant_id"
+    for live, desired, previous, until, tenant_id in aliases.values_list(
+        "revision_id", "desired_revision_id", "previous_revision_id", "previous_pinned_until", "adapter__tenant_id"
     ):
-        for revision_id in (live, desired, previous if updated >= grace else None):
+        for revision_id in (live, desired, previous if until is not None and until >= now else None):
             if revision_id:
                 pins[revision_id] = tenant_id
     return pins

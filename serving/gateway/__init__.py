@@ -3,8 +3,9 @@
 A Starlette application that mint_site/asgi.py puts in front of Django for `/v1/`: a request for a ready
 adapter never goes through Django's request machinery (middleware, signals, thread hops), does no database
 query (key and model resolutions are cached in-process), no Redis round trip on its path (the rate limit and
-the in-flight cap count in memory and sync in the background), and one pooled HTTP call to a vLLM node. Bookkeeping (usage
-timestamps, cold-request prewarms, cache reloads) runs as background tasks that a request never awaits.
+the in-flight cap count in memory and sync in the background), and one pooled HTTP call to a vLLM node.
+Bookkeeping (usage timestamps, cold-request prewarms, cache reloads) runs as background tasks that a request
+never awaits.
 
 Where things are:
 

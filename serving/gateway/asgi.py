@@ -81,6 +81,8 @@ def _json_body(body: bytes) -> dict[str, Any]:
         data = json.loads(body)
     except ValueError as exc:
         raise GatewayError(400, "invalid_json", f"The request body is not valid JSON: {exc}.") from None
+    except RecursionError:  # nesting deeper than the parser goes: no request needs it
+        raise GatewayError(400, "invalid_json", "The request body nests too deeply.") from None
     if not isinstance(data, dict):
         raise GatewayError(400, "invalid_json", "The request body must be a JSON object.")
     return data

@@ -9,6 +9,8 @@ a flip is a live event the gateway and the dashboard follow.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -57,13 +59,23 @@ def _label(revision: AdapterRevision | None) -> str | None:
 
 
 def _set_desired(target: Alias, revision: AdapterRevision, *, rollback: bool, by: Actor) -> None:
-    """Point a locked alias's desired revision at `revision`, and audit it as an activation or a rollback."""
+    """Point a locked alias's desired revision at `revision`, and audit it as an activation or a rollback.
+
+    Asking for what the alias already wants changes nothing (and records nothing). Wanting a revision other
+    than the live one ends the previous revision's pin: an alias holds at most one revision besides its target.
+    """
+    if target.desired_revision_id == revision.id and target.rollback_pending == rollback:
+        return
     before = {"revision": _label(target.revision), "desired": _label(target.desired_revision)}
     target.desired_revision = revision
     target.rollback_pending = rollback
     target.updated_by = by.label
     target.updated_at = timezone.now()
-    target.save(update_fields=["desired_revision", "rollback_pending", "updated_by", "updated_at"])
+    fields = ["desired_revision", "rollback_pending", "updated_by", "updated_at"]
+    if revision.id != target.revision_id and target.previous_pinned_until is not None:
+        target.previous_pinned_until = None
+        fields.append("previous_pinned_until")
+    target.save(update_fields=fields)
     audit_record(
         tenant=target.adapter.tenant,
         actor=by,
@@ -100,6 +112,7 @@ def revision_rollback(
     Nothing is retrained: the target's frozen export is served again, re-exported from its
     source first if the export was removed.
     """
+    adapter.tenant = capacity.lock_tenant(adapter.tenant_id)  # tenant before alias, as activation locks them
     target = Alias.objects.select_for_update().filter(adapter=adapter, name=alias).first()
     if target is None or target.revision is None:
         raise InvalidTransition(
@@ -140,7 +153,10 @@ def alias_flip(
     target.revision = revision
     target.rollback_pending = False
     target.updated_at = timezone.now()
-    target.save(update_fields=["previous_revision", "revision", "rollback_pending", "updated_at"])
+    target.previous_pinned_until = target.updated_at + timedelta(seconds=settings.MINT_ROLLBACK_GRACE_S)
+    target.save(
+        update_fields=["previous_revision", "revision", "rollback_pending", "updated_at", "previous_pinned_until"]
+    )
     audit_record(
         tenant=adapter.tenant,
         actor=by or Actor.system(),

@@ -18,7 +18,8 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import Case, Count, DateTimeField, F, Max, Value, When
+from django.db.models import Case, Count, DateTimeField, F, Max, Value, When, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from adapters.models import AdapterRevision, RevisionState
@@ -253,28 +254,35 @@ def placements_retry(*, base_model_id: int | None = None, limit: int = 200) -> d
     """Place what waits for capacity, and make sure every pinned revision has a placement.
 
     Runs after a slot frees and on the heartbeat beat. Waiting placements whose revision no alias pins any
-    more are dropped; the others are tried in priority order, the tenant holding the fewest slots first.
-    A pinned, approved, exported revision with no placement at all (evicted for another tenant, or every
-    node was down) is requested again at activation priority. Each try is its own transaction.
+    more are dropped. The others are tried tenant by tenant in turn (the tenant holding the fewest slots
+    first, each tenant's in priority order), and once one of a tenant's waits on a base model its others
+    there are not tried this round (they would wait for the same reason): a tenant with many waiting costs
+    one try per round, and cannot keep another's from being tried. A pinned, approved, exported revision
+    with no placement at all (evicted for another tenant, or every node was down) is requested again at
+    activation priority. Each try is its own transaction.
     """
     pins = selectors.pinned_revisions(base_model_id=base_model_id)
     waiting = Placement.objects.filter(state=P.WAITING)
     if base_model_id is not None:
         waiting = waiting.filter(node__base_model_id=base_model_id)
     dropped, _ = waiting.exclude(revision_id__in=list(pins)).delete()
-    rows = list(waiting.select_related("revision__adapter").order_by("-priority", "queued_at", "id")[:limit])
     held = Counter(
         Placement.objects.filter(state__in=HOLDING_STATES).values_list("revision__adapter__tenant_id", flat=True)
     )
-    rows.sort(key=lambda p: (-p.priority, held[p.revision.adapter.tenant_id], p.queued_at, p.id))
-    placed = 0
-    for row in rows:
+    placed, stuck = 0, set()
+    for row in _in_turns(waiting, held, limit=limit):
+        adapter = row.revision.adapter
+        if (adapter.tenant_id, adapter.base_model_id) in stuck:
+            continue
         with transaction.atomic():
             locked = Placement.objects.select_for_update().filter(id=row.id, state=P.WAITING).first()
-            if locked is not None:
-                locked.revision = row.revision
-                result = _place(row.revision, locked.priority, row=locked)
-                placed += result is not None and result.state == P.QUEUED
+            if locked is None:
+                continue
+            result = _place(row.revision, locked.priority, row=locked)
+        if result is not None and result.state == P.QUEUED:
+            placed += 1
+        else:
+            stuck.add((adapter.tenant_id, adapter.base_model_id))
     unplaced = (
         AdapterRevision.objects.filter(id__in=list(pins), state=RevisionState.APPROVED)
         .exclude(export_uri="")
@@ -286,6 +294,21 @@ def placements_retry(*, base_model_id: int | None = None, limit: int = 200) -> d
         placement_request(revision=revision, priority=Priority.ACTIVATION)
         requested += 1
     return {"dropped": dropped, "placed": placed, "requested": requested}
+
+
+def _in_turns(waiting, held: Counter[int], *, limit: int) -> list[Placement]:
+    """Up to `limit` waiting placements, tenants taking turns: each tenant's first (highest priority, oldest),
+    tenants holding fewer slots first, then each one's second, and so on."""
+    ranked = waiting.annotate(
+        turn=Window(
+            RowNumber(),
+            partition_by=[F("revision__adapter__tenant_id")],
+            order_by=[F("priority").desc(), F("queued_at").asc(), F("id").asc()],
+        )
+    ).select_related("revision__adapter__tenant")
+    rows = list(ranked.filter(turn__lte=max(1, limit // 4)).order_by("turn", "-priority", "queued_at")[: limit * 4])
+    rows.sort(key=lambda p: (p.turn, -p.priority, held[p.revision.adapter.tenant_id], p.queued_at, p.id))
+    return rows[:limit]
 
 
 def node_can_load(node: ServingNode, revision: AdapterRevision) -> bool:

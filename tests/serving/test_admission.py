@@ -129,17 +129,18 @@ def test_eviction_takes_the_least_recently_used_unprotected_placement(
     assert [c.kwargs["placement_id"] for c in unloads] == [old_placement.id]
 
 
-def test_the_previous_live_revision_is_protected_during_its_grace(node, make_revision, settings):
+def test_the_previous_live_revision_is_protected_during_its_grace(node, make_revision):
     now = timezone.now()
     previous, live, other = make_revision(1), make_revision(2), make_revision(3)
     alias = make_live(live)
-    Alias.objects.filter(id=alias.id).update(previous_revision=previous, updated_at=now)
+    Alias.objects.filter(id=alias.id).update(
+        previous_revision=previous, previous_pinned_until=now + timedelta(minutes=1)
+    )
     place(node, previous, "ready", last_used_at=now - timedelta(hours=2))
     other_placement = place(node, other, "ready", last_used_at=now - timedelta(hours=1))
     assert services.eviction_victim(node, protected=selectors.protected_revision_ids()) == other_placement
 
-    settings.MINT_ROLLBACK_GRACE_S = 60
-    Alias.objects.filter(id=alias.id).update(updated_at=now - timedelta(minutes=5))
+    Alias.objects.filter(id=alias.id).update(previous_pinned_until=now - timedelta(seconds=1))
     victim = services.eviction_victim(node, protected=selectors.protected_revision_ids())
     assert victim.revision == previous
 
