@@ -19,6 +19,7 @@ BENCHMARKS = [
     "packing",
     "catalog",
     "noisy_neighbour_control",
+    "noisy_neighbour_serving",
 ]
 DOCS = BASE_DIR / "docs" / "benchmarks.md"
 
@@ -53,6 +54,7 @@ TITLES = {
     "packing": "MoE packing",
     "catalog": "Catalog at scale",
     "noisy_neighbour_control": "Noisy neighbour on the control plane",
+    "noisy_neighbour_serving": "Noisy neighbour on the serving plane",
 }
 
 

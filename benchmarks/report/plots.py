@@ -210,6 +210,40 @@ def plot_noisy_neighbour_control(d: dict, plt) -> Any:
     return fig
 
 
+def plot_noisy_neighbour_serving(d: dict, plt) -> Any:
+    """Per pair: B's p95 (left) and B's activation → live (right), quiet and disturbed, with the ratio."""
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    pairs = get(d, "pairs", default=[]) or []
+    groups = [f"pair {i + 1}" for i in range(len(pairs))]
+    panels = (
+        ("steady.p95_ms", "p95_ratio", "p95_ratio_median", "B's p95, ms", "B's steady traffic"),
+        (
+            "activation_to_live_s",
+            "activation_ratio",
+            "activation_ratio_median",
+            "activation → live, s",
+            "B's activation",
+        ),
+    )
+    for ax, (key, ratio_key, median_key, ylabel, what) in zip(axes, panels, strict=True):
+        series = {kind: [number(get(p, f"{kind}.{key}")) for p in pairs] for kind in ("quiet", "disturbed")}
+        _bars(ax, groups, series, ylabel=ylabel)
+        ax.legend(fontsize=8, loc="upper left")
+        ratio = ax.twinx()
+        ratio.plot(range(len(pairs)), [number(p.get(ratio_key)) for p in pairs], "ko-", label="ratio")
+        target = number(get(d, f"target.{median_key}")) or 1.0
+        ratio.axhline(target, color="red", linestyle="--", linewidth=1, label=f"target {target}")
+        ratio.set_ylim(0, 1.1 * max([target * 1.5] + [number(p.get(ratio_key)) or 0 for p in pairs]))
+        ratio.set_ylabel("disturbed ÷ quiet")
+        ratio.legend(fontsize=8, loc="upper right")
+        ci = get(d, median_key.replace("_median", "_ci95")) or [None, None]
+        ax.set_title(
+            f"{what}: median ratio {fmt(get(d, median_key))} (95 % CI {fmt(ci[0])} to {fmt(ci[1])}), target ≤ {target}",
+            fontsize=10,
+        )
+    return fig
+
+
 PLOTS: dict[str, Callable[[dict, Any], Any]] = {
     "registration": plot_registration,
     "gateway_overhead": plot_gateway_overhead,
@@ -217,6 +251,7 @@ PLOTS: dict[str, Callable[[dict, Any], Any]] = {
     "live_events": plot_live_events,
     "catalog": plot_catalog,
     "noisy_neighbour_control": plot_noisy_neighbour_control,
+    "noisy_neighbour_serving": plot_noisy_neighbour_serving,
 }
 
 

@@ -233,6 +233,57 @@ def rows_noisy_neighbour_control(d: dict) -> list[Row]:
     ]
 
 
+def rows_noisy_neighbour_serving(d: dict) -> list[Row]:
+    target = get(d, "target", default={}) or {}
+    p95, act, errors = get(d, "p95_ratio_median"), get(d, "activation_ratio_median"), get(d, "b_errors")
+    p95_limit, act_limit = target.get("p95_ratio_median", 1.1), target.get("activation_ratio_median", 1.5)
+    pairs = len(get(d, "pairs", default=[]) or [])
+
+    def interval(key: str) -> str:
+        ci = get(d, key) or [None, None]
+        return f"{fmt(ci[0])} to {fmt(ci[1])}"
+
+    def answers(counts: dict | None) -> str:
+        return ", ".join(f"{k}: {v}" for k, v in (counts or {}).items()) or MISSING
+
+    return [
+        Row(f"B's p95 disturbed ÷ quiet (median of {pairs} pairs)", p95, f"≤ {p95_limit}", check(p95, "<=", p95_limit)),
+        Row("95 % bootstrap interval of that median", interval("p95_ratio_ci95"), "", None),
+        Row(
+            "B's activation → live disturbed ÷ quiet (median)",
+            act,
+            f"≤ {act_limit}",
+            check(act, "<=", act_limit),
+        ),
+        Row("95 % bootstrap interval of that median", interval("activation_ratio_ci95"), "", None),
+        Row(
+            "the serving plane's part alone (activation written → flip), disturbed ÷ quiet (median, 95 % CI)",
+            f"{fmt(get(d, 'activation_server_ratio_median'))} ({interval('activation_server_ratio_ci95')})",
+            "",
+            None,
+        ),
+        Row("B's errors (every non-200)", fmt(errors, digits=0), "0", check(errors, "<=", 0)),
+        Row("B's errors by code", answers(get(d, "b_errors_by_code")), "", None),
+        Row(
+            "noise: quiet ÷ previous quiet, p95 / activation (medians)",
+            f"{fmt(get(d, 'null_p95_ratio_median'))} / {fmt(get(d, 'null_activation_ratio_median'))}",
+            "",
+            None,
+        ),
+        Row(
+            "B's p50 / p95, quiet → disturbed",
+            f"{fmt(get(d, 'quiet.p50_ms'))} / {fmt(get(d, 'quiet.p95_ms'))} ms → "
+            f"{fmt(get(d, 'disturbed.p50_ms'))} / {fmt(get(d, 'disturbed.p95_ms'))} ms",
+            "",
+            None,
+        ),
+        Row("A's flood: requests", answers(get(d, "attacker.flood.requests")), "", None),
+        Row("A's flood: unread streams", answers(get(d, "attacker.flood.streams")), "", None),
+        Row("A's flood: activations", answers(get(d, "attacker.flood.activations")), "", None),
+        Row("A at its rate limit (quiet windows)", answers(get(d, "attacker.quiet.requests")), "", None),
+    ]
+
+
 ROWS: dict[str, Callable[[dict], list[Row]]] = {
     "registration": rows_registration,
     "gateway_overhead": rows_gateway_overhead,
@@ -241,6 +292,7 @@ ROWS: dict[str, Callable[[dict], list[Row]]] = {
     "packing": rows_packing,
     "catalog": rows_catalog,
     "noisy_neighbour_control": rows_noisy_neighbour_control,
+    "noisy_neighbour_serving": rows_noisy_neighbour_serving,
 }
 
 
