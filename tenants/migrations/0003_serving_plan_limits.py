@@ -4,45 +4,67 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tenants', '0002_plan_limits_audit_survives'),
+        ("tenants", "0002_plan_limits_audit_survives"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='tenant',
-            name='max_aliases_per_adapter',
-            field=models.PositiveIntegerField(db_default=8, default=8, help_text='Aliases (production, candidate, …) one adapter may have.'),
+            model_name="tenant",
+            name="max_aliases_per_adapter",
+            field=models.PositiveIntegerField(
+                db_default=8, default=8, help_text="Aliases (production, candidate, …) one adapter may have."
+            ),
         ),
         migrations.AddField(
-            model_name='tenant',
-            name='max_choices',
-            field=models.PositiveIntegerField(db_default=4, default=4, help_text='Largest n (and best_of) one request may ask.'),
+            model_name="tenant",
+            name="max_choices",
+            field=models.PositiveIntegerField(
+                db_default=4, default=4, help_text="Largest n (and best_of) one request may ask."
+            ),
         ),
         migrations.AddField(
-            model_name='tenant',
-            name='max_inflight_requests',
-            field=models.PositiveIntegerField(db_default=16, default=16, help_text='Gateway requests and streams of this tenant in flight at once, across gateway processes.'),
+            model_name="tenant",
+            name="max_inflight_requests",
+            field=models.PositiveIntegerField(
+                db_default=16,
+                default=16,
+                help_text="Gateway requests and streams of this tenant in flight at once, across gateway processes.",
+            ),
         ),
         migrations.AddField(
-            model_name='tenant',
-            name='max_logprobs',
-            field=models.PositiveIntegerField(db_default=5, default=5, help_text='Largest logprobs / top_logprobs / prompt_logprobs one request may ask.'),
+            model_name="tenant",
+            name="max_logprobs",
+            field=models.PositiveIntegerField(
+                db_default=5,
+                default=5,
+                help_text="Largest logprobs / top_logprobs / prompt_logprobs one request may ask.",
+            ),
         ),
         migrations.AddField(
-            model_name='tenant',
-            name='max_request_tokens',
-            field=models.PositiveIntegerField(db_default=4096, default=4096, help_text='Largest max_tokens (or max_completion_tokens) one request may ask.'),
+            model_name="tenant",
+            name="max_request_tokens",
+            field=models.PositiveIntegerField(
+                db_default=4096,
+                default=4096,
+                help_text="Largest max_tokens (or max_completion_tokens) one request may ask.",
+            ),
         ),
         migrations.AddField(
-            model_name='tenant',
-            name='max_structured_output_bytes',
-            field=models.PositiveIntegerField(db_default=4096, default=4096, help_text='Largest structured-output constraint (schema, regex, grammar, choices), bytes; 0 refuses them.'),
+            model_name="tenant",
+            name="max_structured_output_bytes",
+            field=models.PositiveIntegerField(
+                db_default=4096,
+                default=4096,
+                help_text="Largest structured-output constraint (schema, regex, grammar, choices), bytes; 0 refuses them.",
+            ),
         ),
         migrations.AlterField(
-            model_name='tenant',
-            name='max_ready_revisions',
-            field=models.PositiveIntegerField(default=4, help_text='Pinned revisions per base model: distinct revisions an alias of this tenant holds loaded (live, desired, previous within the rollback grace). A swap in flight may exceed it by one desired revision per alias.'),
+            model_name="tenant",
+            name="max_ready_revisions",
+            field=models.PositiveIntegerField(
+                default=4,
+                help_text="Pinned revisions per base model: distinct revisions an alias of this tenant holds loaded (live, desired, previous within the rollback grace). A swap in flight may exceed it by one desired revision per alias.",
+            ),
         ),
     ]
