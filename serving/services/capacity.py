@@ -23,7 +23,6 @@ from django.db.models import Count, Q, Sum
 
 from adapters.models import Adapter, AdapterRevision
 from mint_site.errors import QuotaExceeded
-from serving import selectors
 from serving.models import HOLDING_STATES, Alias, NodeState, Placement, ServingNode
 from tenants.models import Tenant
 
@@ -33,25 +32,30 @@ QUOTA_CODE = "serving_quota_exceeded"
 # ---------------------------------------------------------------- quotas (checked at activation)
 
 
-def tenant_targets(
-    *, tenant_id: int, base_model_id: int, instead: tuple[int, int] | None = None
-) -> dict[int, list[str]]:
-    """What the quota counts: the distinct revisions a tenant's aliases on one base model serve once they have
-    converged (each alias's desired revision, else its live one), each with the aliases that name it.
-
-    The other pins (a live revision while its alias swaps, the previous one in its rollback grace) are the
-    one-per-alias allowance of a swap. `instead=(alias_id, revision_id)` counts as if that alias desired that
-    revision (a new alias has no row yet: pass its id as 0).
-    """
+def _aliases_on(*, tenant_id: int, base_model_id: int) -> list[tuple[int, str, int | None]]:
+    """(alias id, `adapter:alias`, the revision it serves once converged) for a tenant's aliases on a base model."""
     rows = Alias.objects.filter(adapter__tenant_id=tenant_id, adapter__base_model_id=base_model_id).values_list(
         "id", "name", "adapter__name", "desired_revision_id", "revision_id"
     )
+    return [
+        (alias_id, f"{adapter_name}:{name}", desired or live) for alias_id, name, adapter_name, desired, live in rows
+    ]
+
+
+def _targets(
+    aliases: list[tuple[int, str, int | None]], instead: tuple[int, int] | None = None
+) -> dict[int, list[str]]:
+    """What the quota counts: the distinct revisions the aliases serve once they have converged (each alias's
+    desired revision, else its live one), each with the aliases that name it.
+
+    The other pins (a live revision while its alias swaps, the previous one in its rollback grace) are the
+    one-per-alias allowance of a swap. `instead=(alias_id, revision_id)` counts as if that alias desired that
+    revision (a new alias has no row yet: its id is 0).
+    """
     targets: dict[int, list[str]] = {}
-    for alias_id, name, adapter_name, desired, live in rows:
-        if instead is not None and alias_id == instead[0]:
-            continue
-        if revision_id := desired or live:
-            targets.setdefault(revision_id, []).append(f"{adapter_name}:{name}")
+    for alias_id, label, revision_id in aliases:
+        if revision_id and (instead is None or alias_id != instead[0]):
+            targets.setdefault(revision_id, []).append(label)
     if instead is not None:
         targets.setdefault(instead[1], []).append("this activation")
     return targets
@@ -62,10 +66,9 @@ def check_pin(*, adapter: Adapter, alias: Alias | None, revision: AdapterRevisio
     pinned-revision quota. The caller holds the tenant's row lock, so two activations cannot both take the
     last pin."""
     tenant = adapter.tenant
-    before = tenant_targets(tenant_id=tenant.id, base_model_id=adapter.base_model_id)
-    after = tenant_targets(
-        tenant_id=tenant.id, base_model_id=adapter.base_model_id, instead=(alias.id if alias else 0, revision.id)
-    )
+    aliases = _aliases_on(tenant_id=tenant.id, base_model_id=adapter.base_model_id)
+    before = _targets(aliases)
+    after = _targets(aliases, instead=(alias.id if alias else 0, revision.id))
     if len(after) <= tenant.max_ready_revisions or len(after) <= len(before):
         return
     numbers = dict(AdapterRevision.objects.filter(id__in=before).values_list("id", "number"))
@@ -107,7 +110,6 @@ class Shares:
     slots: int
     held: Counter[int]
     demand: frozenset[int]
-    pins: dict[int, int]  # pinned revision id → tenant id
 
     @property
     def fair(self) -> float:
@@ -131,8 +133,9 @@ class Shares:
         )
 
 
-def shares(*, base_model_id: int, requester: int) -> Shares:
-    """The slots of the base model's up nodes, who holds them, and who has demand for them."""
+def shares(*, base_model_id: int, requester: int, pins: dict[int, int]) -> Shares:
+    """The slots of the base model's up nodes, who holds them, and who has demand for them (`pins`: the base
+    model's pinned revisions and their tenants, `selectors.pinned_revisions`)."""
     nodes = ServingNode.objects.filter(base_model_id=base_model_id, state=NodeState.UP)
     totals = nodes.aggregate(slots=Sum("cpu_slots"))
     held = Counter(
@@ -143,14 +146,12 @@ def shares(*, base_model_id: int, requester: int) -> Shares:
             .values_list("revision__adapter__tenant_id", "n")
         )
     )
-    pins = selectors.pinned_revisions(base_model_id=base_model_id)
     name = nodes.values_list("base_model__name", flat=True).first() or "?"
     return Shares(
         base_model_name=name,
         slots=totals["slots"] or 0,
         held=held,
         demand=frozenset(pins.values()) | {requester},
-        pins=pins,
     )
 
 

@@ -164,28 +164,26 @@ def _place(revision: AdapterRevision, priority: int, *, row: Placement | None) -
         return _queue(row, revision, node=by_room[0], priority=priority)
     pins = selectors.pinned_revisions(base_model_id=adapter.base_model_id)
     tenant_id = adapter.tenant_id
+
+    def take(victim: Placement, reason: str | None = None) -> Placement:
+        _evict(victim, reason=reason)
+        return _queue(row, revision, node=victim.node, priority=priority)
+
     if revision.id not in pins:
         # A cold request: only a slot nobody pins, and once the tenant holds its quota of unpinned
         # placements, only one of its own.
         held = capacity.tenant_unpinned_count(tenant_id=tenant_id, base_model_id=adapter.base_model_id, pins=pins)
         own = held >= adapter.tenant.max_ready_revisions
         victim = eviction_victim(locked, protected=set(pins), tenant_id=tenant_id if own else None)
-        if victim is None:
-            return row
-        _evict(victim, reason=None)
-        return _queue(row, revision, node=victim.node, priority=priority)
-    victim = eviction_victim(locked, protected=set(pins))
-    if victim is not None:
-        _evict(victim, reason=None)
-        return _queue(row, revision, node=victim.node, priority=priority)
-    shares = capacity.shares(base_model_id=adapter.base_model_id, requester=tenant_id)
+        return row if victim is None else take(victim)
+    if (victim := eviction_victim(locked, protected=set(pins))) is not None:
+        return take(victim)
+    shares = capacity.shares(base_model_id=adapter.base_model_id, requester=tenant_id, pins=pins)
     if shares.may_take(tenant_id):
         for over in shares.over(besides=tenant_id):
-            victim = eviction_victim(locked, protected=set(), tenant_id=over)
-            if victim is not None:
+            if (victim := eviction_victim(locked, protected=set(), tenant_id=over)) is not None:
                 slug = victim.revision.adapter.tenant.slug
-                _evict(victim, reason=f"evicted for a tenant under its fair share: {shares.describe(over, slug)}")
-                return _queue(row, revision, node=victim.node, priority=priority)
+                return take(victim, f"evicted for a tenant under its fair share: {shares.describe(over, slug)}")
     reason = f"waiting for a free slot: {shares.describe(tenant_id, adapter.tenant.slug)}"
     return _wait(row, revision, node=by_room[0], priority=priority, reason=reason)
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from django.db import connection
 
 from adapters.models import AdapterRevision
 from serving.models import Alias, Placement, ServingNode
@@ -28,6 +31,29 @@ def make_revision(adapter_a):
         return AdapterRevision.objects.create(adapter=adapter_a, number=number, state=state, source_uri="x")
 
     return make
+
+
+def claim_concurrently(node: ServingNode, *, claimers: int) -> list[int]:
+    """Run admission for `node` from that many threads at once (each its own database connection); what they
+    claimed, together."""
+    from serving import services
+
+    barrier = threading.Barrier(claimers)
+    claimed: list[int] = []
+
+    def claimer() -> None:
+        try:
+            barrier.wait()
+            claimed.extend(services.admit(node_id=node.id))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claimer) for _ in range(claimers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return claimed
 
 
 def place(node: ServingNode, revision: AdapterRevision, state: str, **fields) -> Placement:

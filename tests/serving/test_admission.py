@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 from unittest import mock
 
@@ -15,7 +14,7 @@ from adapters.models import AdapterRevision
 from serving import selectors, services, tasks
 from serving.models import Alias, NodeState, Placement, Priority, ServingNode
 from tests.metrics_scrape import scrape_metrics
-from tests.serving.conftest import make_live, place
+from tests.serving.conftest import claim_concurrently, make_live, place
 
 pytestmark = pytest.mark.django_db
 
@@ -63,21 +62,7 @@ def test_the_per_node_limit_holds_under_concurrent_claimers(node, make_revision,
     settings.MINT_NODE_COLD_LOADS = 2
     for i in range(12):
         place(node, make_revision(i + 1), "queued")
-    barrier = threading.Barrier(8)
-    claimed: list[int] = []
-
-    def claimer() -> None:
-        try:
-            barrier.wait()
-            claimed.extend(services.admit(node_id=node.id))
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=claimer) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    claimed = claim_concurrently(node, claimers=8)
     assert len(claimed) == len(set(claimed)) == 2
     assert Placement.objects.filter(state="loading").count() == 2
     assert sent.call_count == 2

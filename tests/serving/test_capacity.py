@@ -3,7 +3,6 @@ and their retry, cold requests' bounds, and fair admission across tenants (Postg
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 from unittest import mock
 
@@ -17,7 +16,7 @@ from serving import services
 from serving.models import Alias, Placement, Priority
 from tenants.access import Actor
 from tenants.models import AuditEvent, Tenant
-from tests.serving.conftest import place
+from tests.serving.conftest import claim_concurrently, place
 
 pytestmark = pytest.mark.django_db
 
@@ -122,10 +121,8 @@ def test_a_rollback_to_an_unpinned_revision_counts_like_an_activation(adapter_a,
 # ---------------------------------------------------------------- fair shares of a full node
 
 
-def test_a_tenant_within_its_share_takes_a_slot_from_the_one_furthest_over(
-    node, adapter_a, revisions_of, django_capture_on_commit_callbacks
-):
-    """Node of 3 slots, A pins 3 (all ready), B activates one: A is over its share (3 / 2 tenants = 1.5)."""
+def a_fills_the_node(node, revisions_of) -> tuple[list[AdapterRevision], AdapterRevision]:
+    """A pins 3 revisions, ready on the node's 3 slots (r1 least recently used); B pins one not placed yet."""
     now = timezone.now()
     a = revisions_of("a", 3)
     for i, revision in enumerate(a):
@@ -133,6 +130,14 @@ def test_a_tenant_within_its_share_takes_a_slot_from_the_one_furthest_over(
         place(node, revision, "ready", last_used_at=now - timedelta(minutes=10 - i))
     (b,) = revisions_of("b", 1)
     pin(b, "production", live=False)
+    return a, b
+
+
+def test_a_tenant_within_its_share_takes_a_slot_from_the_one_furthest_over(
+    node, adapter_a, revisions_of, django_capture_on_commit_callbacks
+):
+    """Node of 3 slots, A pins 3 (all ready), B activates one: A is over its share (3 / 2 tenants = 1.5)."""
+    a, b = a_fills_the_node(node, revisions_of)
     with django_capture_on_commit_callbacks(execute=True):
         placement = services.placement_request(revision=b, priority=Priority.ACTIVATION)
     assert placement.state == "queued" and placement.node == node
@@ -252,20 +257,6 @@ def test_one_queued_of_b_goes_before_200_of_a_under_concurrent_claimers(node, re
     )
     (b,) = revisions_of("b", 1)
     mine = place(node, b, "queued", queued_at=now)  # queued last of all
-    barrier = threading.Barrier(8)
-    claimed: list[int] = []
-
-    def claimer() -> None:
-        try:
-            barrier.wait()
-            claimed.extend(services.admit(node_id=node.id))
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=claimer) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    claimed = claim_concurrently(node, claimers=8)
     assert claimed == [mine.id]
     assert Placement.objects.filter(state="loading").count() == 1

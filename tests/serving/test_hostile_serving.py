@@ -26,7 +26,7 @@ from tenants.access import Actor
 from tests.serving import test_capacity
 from tests.serving.conftest import place
 from tests.serving.gateway_world import call, complete
-from tests.serving.test_capacity import activate, pin, plan
+from tests.serving.test_capacity import a_fills_the_node, activate, pin, plan
 
 # test_capacity's fixtures, used here by name: its revisions, and its tasks recorded instead of sent (autouse).
 revisions_of = test_capacity.revisions_of
@@ -210,12 +210,7 @@ def test_fair_share_eviction_does_not_ping_pong(node, adapter_a, revisions_of, d
     """Defence holds: once B took a slot of A's (A over its share), A's evicted revision waits; retries do not take
     it back from B, however often they run."""
     now = timezone.now()
-    a = revisions_of("a", 3)
-    for i, revision in enumerate(a):
-        pin(revision, f"a{i}")
-        place(node, revision, "ready", last_used_at=now - timedelta(minutes=10 - i))
-    (b,) = revisions_of("b", 1)
-    pin(b, "production", live=False)
+    a, b = a_fills_the_node(node, revisions_of)
     with django_capture_on_commit_callbacks(execute=True):
         taken = services.placement_request(revision=b, priority=Priority.ACTIVATION)
     evicted = Placement.objects.get(revision=a[0])
