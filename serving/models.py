@@ -167,6 +167,26 @@ class Placement(models.Model):
         return lora_name(self.revision)
 
 
+class PrewarmTurn(models.Model):
+    """A tenant's prewarm history on one node: when its last prewarm started (admission's turns) and until when
+    its next one must wait (prewarm pacing).
+
+    Kept apart from placements, which eviction and unloads delete: a tenant that could erase its history by
+    having its own placements evicted would go first again, and unpaced, on every burst.
+    """
+
+    node = models.ForeignKey(ServingNode, on_delete=models.CASCADE, related_name="prewarm_turns")
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="prewarm_turns")
+    started_at = models.DateTimeField()
+    resting_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "tenant"], name="prewarm_turn_node_tenant_unique")]
+
+    def __str__(self) -> str:
+        return f"tenant {self.tenant_id} on {self.node}: started {self.started_at:%H:%M:%S}"
+
+
 def lora_name(revision: AdapterRevision) -> str:
     """The immutable vLLM LoRA name of a revision; never reused (vLLM caches by name)."""
     return f"t{revision.adapter.tenant_id}-a{revision.adapter_id}-r{revision.number}"

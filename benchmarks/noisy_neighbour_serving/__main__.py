@@ -27,6 +27,7 @@ from benchmarks.noisy_neighbour_serving import (
     POLL_S,
     RATE_WINDOW_S,
     Params,
+    cpu,
     say,
 )
 from benchmarks.noisy_neighbour_serving.clients import Clients, answer_code
@@ -101,22 +102,15 @@ def vllm_queue(url: str) -> tuple[float, float]:
 
 
 def pacing_pause_s() -> float:
-    """Seconds left of the pause that the node's last prewarm earns under prewarm pacing (whatever tenant it
-    was for): the formula of serving.services.placement, read here from the rows and settings so that
-    settling does not depend on that module's signatures, which change as admission does."""
-    from django.conf import settings
+    """Seconds left of the longest prewarm pacing pause pending on the node (whatever tenant it is for), from
+    the rows that admission reads (serving.models.PrewarmTurn)."""
+    from django.db.models import Max
     from django.utils import timezone
 
-    from serving.models import Placement
+    from serving.models import PrewarmTurn
 
-    duty = settings.MINT_NODE_PREWARM_DUTY
-    last = Placement.objects.filter(ready_at__isnull=False).order_by("-ready_at")
-    row = last.values_list("ready_at", "load_ms", "warm_ms").first()
-    if duty >= 1 or row is None:
-        return 0.0
-    ready_at, load_ms, warm_ms = row
-    gap = min(((load_ms or 0) + (warm_ms or 0)) / 1000 * (1 - duty) / duty, settings.MINT_NODE_PREWARM_MAX_GAP_S)
-    return max(0.0, (ready_at - timezone.now()).total_seconds() + gap)
+    until = PrewarmTurn.objects.aggregate(until=Max("resting_until"))["until"]
+    return 0.0 if until is None else max(0.0, (until - timezone.now()).total_seconds())
 
 
 def settle(stack: Stack, timeout: float) -> float | None:
@@ -350,14 +344,23 @@ def window(
     stack: Stack, clients: Clients, http: httpx.Client, b_token: str, command: dict, number: int, params: Params
 ) -> dict:
     """One window: A's command runs; B activates r`number` `activation_offset_s` in and waits for the flip."""
-    start = time.monotonic()
+    parts = {name: process.pid for name, process in stack.supervisor.children} | clients.pids()
+    cpu_before, start = cpu.snapshot(parts, split=("vllm",)), time.monotonic()
     clients.a_start(command)
     time.sleep(params.activation_offset_s)
     activation = b_activate(http, stack.web_url, b_token, number, params.activation_timeout_s)
     time.sleep(max(0.0, start + params.window_s - time.monotonic()))
+    cpu_used = cpu.used(cpu_before, cpu.snapshot(parts, split=("vllm",)), time.monotonic() - start)
     a_result = clients.a_result(timeout=params.window_s + 120)
     load = round(os.getloadavg()[0], 2)  # the machine's load over the window: other work shares these CPUs
-    return {"start": start, "end": start + params.window_s, "activation": activation, "a": a_result, "loadavg_1m": load}
+    return {
+        "start": start,
+        "end": start + params.window_s,
+        "activation": activation,
+        "a": a_result,
+        "loadavg_1m": load,
+        "cpu": cpu_used,
+    }
 
 
 if __name__ == "__main__":

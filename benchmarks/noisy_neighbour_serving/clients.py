@@ -246,6 +246,10 @@ class Clients:
         self._steady.start()
         self._neighbour.start()
 
+    def pids(self) -> dict[str, int]:
+        """The clients' processes, for CPU accounting."""
+        return {"client_b": self._steady.pid, "client_a": self._neighbour.pid}
+
     def a_start(self, command: dict) -> None:
         self._a.send(command)
 

@@ -78,6 +78,7 @@ def figures(windows, clients: Clients, params: Params, plans, *, audit, a_end, s
                         "settle_before_s": w["settle_before_s"],
                         "rate_window_wait_s": w["rate_window_wait_s"],
                         "loadavg_1m": w["loadavg_1m"],
+                        "cpu": w["cpu"],
                     }
                     for kind, w in (("quiet", quiet), ("disturbed", loud))
                 },
@@ -173,6 +174,18 @@ def figures(windows, clients: Clients, params: Params, plans, *, audit, a_end, s
         "null_activation_ratio_median": round(statistics.median(null_act), 3) if null_act else None,
         "quiet": summary_ms(all_quiet),
         "disturbed": summary_ms(all_loud),
+        # CPU per part of the stack (1.0 = one CPU busy), the median over each kind of window: who pays.
+        "cpu_share_median": {
+            kind: {
+                part: round(statistics.median(w["cpu"].get(part, 0.0) for w in ws), 3)
+                for part in sorted({part for w in ws for part in w["cpu"]})
+            }
+            for kind, ws in (
+                ("quiet", [w for w in windows if not w["disturbed"]]),
+                ("disturbed", [w for w in windows if w["disturbed"]]),
+            )
+            if ws
+        },
         # The node's part of the same requests (the gateway's Server-Timing): the engine's share of a change.
         "quiet_upstream": summary_ms(upstream(False)),
         "disturbed_upstream": summary_ms(upstream(True)),

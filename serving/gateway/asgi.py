@@ -179,6 +179,7 @@ def _inference(path: str) -> Handler:
     async def handle(state: GatewayState, body: bytes, caller: Caller, outcome: Outcome, _: dict) -> Response:
         data = _json_body(body)
         policy.check_request(path, data, caller.plan)
+        data = policy.with_plan_defaults(path, data, caller.plan)
         model = data.get("model")
         ref = parse_model(model)
         resolution = await resolve.resolve(state, caller.tenant_id, ref, model)

@@ -3,7 +3,7 @@
 Admission holds the node row lock while it counts and claims, so the per-node limit
 of cold loads (MINT_NODE_COLD_LOADS) holds however many workers claim at once;
 queued placements are claimed with SKIP LOCKED in priority order. Prewarms are paced so
-that they take at most MINT_NODE_PREWARM_DUTY of a node's time (rollbacks are not):
+that one tenant's take at most MINT_NODE_PREWARM_DUTY of a node's time (rollbacks that need one too):
 loads and warm-ups run on the engine that serves everyone else's requests. HTTP to vLLM never
 happens inside these transactions: tasks call vLLM, then record the outcome here.
 """
@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import Case, Count, DateTimeField, F, Max, Value, When, Window
+from django.db.models import Case, Count, DateTimeField, F, Value, When, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
@@ -31,6 +31,7 @@ from serving.models import (
     NodeState,
     Placement,
     PlacementState,
+    PrewarmTurn,
     Priority,
     ServingNode,
     lora_name,
@@ -361,6 +362,12 @@ def admit(*, node_id: int) -> list[int]:
         Placement.objects.filter(id__in=claimed).update(
             state=P.LOADING, started_at=now, updated_at=now, attempts=F("attempts") + 1
         )
+        PrewarmTurn.objects.bulk_create(
+            [PrewarmTurn(node=node, tenant_id=t, started_at=now) for t in {q[2] for q in queued if q[0] in claimed}],
+            update_conflicts=True,
+            unique_fields=("node", "tenant"),
+            update_fields=("started_at",),
+        )
         for placement in Placement.objects.filter(id__in=claimed).select_related("revision__adapter"):
             _placement_event(placement.id, state=P.LOADING, updated_at=now, revision=placement.revision, node=node)
         for placement_id in claimed:
@@ -375,38 +382,35 @@ _NEVER = datetime.min.replace(tzinfo=UTC)
 
 def _last_turns(node: ServingNode, tenants: set[int]) -> dict[int, datetime]:
     """When each tenant's last prewarm on `node` started (tenants with none are absent: their turn is first)."""
-    return dict(
-        Placement.objects.filter(node=node, started_at__isnull=False, revision__adapter__tenant_id__in=tenants)
-        .values_list("revision__adapter__tenant_id")
-        .annotate(last=Max("started_at"))
-        .values_list("revision__adapter__tenant_id", "last")
-    )
+    turns = PrewarmTurn.objects.filter(node=node, tenant_id__in=tenants)
+    return dict(turns.values_list("tenant_id", "started_at"))
 
 
 def prewarm_pacing_delay(node: ServingNode, *, tenant_id: int) -> float:
     """Seconds before `node` may start the tenant's next prewarm (0: now).
 
-    A prewarm that kept the node busy for t seconds (fetch, verify and load, then the warm-up) is followed,
-    for the same tenant, by a pause of t·(1-duty)/duty, at most MINT_NODE_PREWARM_MAX_GAP_S: a burst of one
-    tenant's activations (or rollbacks that need a prewarm) takes at most MINT_NODE_PREWARM_DUTY of the
-    engine's time, the requests it serves meanwhile keep their latency, and another tenant's prewarm does
-    not wait behind that tenant's pauses.
+    A prewarm that kept the node busy for t seconds (fetch, verify and load, then the warm-up; a failed one
+    from its start to its failure) is followed, for the same tenant, by a pause of t·(1-duty)/duty, at most
+    MINT_NODE_PREWARM_MAX_GAP_S (`_rest`): a burst of one tenant's activations (or rollbacks that need a
+    prewarm) takes at most MINT_NODE_PREWARM_DUTY of the engine's time, the requests it serves meanwhile keep
+    their latency, and another tenant's prewarm does not wait behind that tenant's pauses.
     """
+    if settings.MINT_NODE_PREWARM_DUTY >= 1:
+        return 0.0
+    until = PrewarmTurn.objects.filter(node=node, tenant_id=tenant_id).values_list("resting_until", flat=True).first()
+    return 0.0 if until is None else max(0.0, (until - timezone.now()).total_seconds())
+
+
+def _rest(placement: Placement, *, busy_s: float, now: datetime) -> None:
+    """Record the pause that a prewarm of `busy_s` seconds earns its tenant on the placement's node."""
     duty = settings.MINT_NODE_PREWARM_DUTY
-    if duty >= 1:
-        return 0.0
-    last = (
-        Placement.objects.filter(node=node, ready_at__isnull=False, revision__adapter__tenant_id=tenant_id)
-        .order_by("-ready_at")
-        .values_list("ready_at", "load_ms", "warm_ms")
-        .first()
+    gap = 0.0 if duty >= 1 else min(busy_s * (1 - duty) / duty, settings.MINT_NODE_PREWARM_MAX_GAP_S)
+    PrewarmTurn.objects.update_or_create(
+        node_id=placement.node_id,
+        tenant_id=placement.revision.adapter.tenant_id,
+        defaults={"resting_until": now + timedelta(seconds=gap)},
+        create_defaults={"started_at": placement.started_at or now, "resting_until": now + timedelta(seconds=gap)},
     )
-    if last is None:
-        return 0.0
-    ready_at, load_ms, warm_ms = last
-    busy_s = ((load_ms or 0) + (warm_ms or 0)) / 1000
-    gap = min(busy_s * (1 - duty) / duty, settings.MINT_NODE_PREWARM_MAX_GAP_S)
-    return max(0.0, (ready_at - timezone.now()).total_seconds() + gap)
 
 
 def _admit_later_key(node_id: int) -> str:
@@ -459,14 +463,19 @@ def placement_loaded(*, placement: Placement, load_ms: float) -> bool:
 def placement_warmed(*, placement: Placement, warm_ms: float) -> bool:
     """Phase 2 done: a real completion answered, the placement is routable. (`aliases.placement_ready` flips.)"""
     now = timezone.now()
-    return _move(placement, sources=(P.WARMING,), to=P.READY, warm_ms=warm_ms, ready_at=now, last_used_at=now)
+    moved = _move(placement, sources=(P.WARMING,), to=P.READY, warm_ms=warm_ms, ready_at=now, last_used_at=now)
+    if moved:
+        _rest(placement, busy_s=((placement.load_ms or 0) + warm_ms) / 1000, now=now)
+    return moved
 
 
 def placement_failed(*, placement: Placement, reason: str) -> str:
     """A prewarm attempt failed: queue it again while attempts remain, else `failed` with the reason."""
     retry = placement.attempts < settings.MINT_PREWARM_ATTEMPTS
     to = P.QUEUED if retry else P.FAILED
-    _move(placement, sources=(P.LOADING, P.WARMING), to=to, failure_reason=reason[:2000])
+    if _move(placement, sources=(P.LOADING, P.WARMING), to=to, failure_reason=reason[:2000]):
+        now = timezone.now()
+        _rest(placement, busy_s=(now - (placement.started_at or now)).total_seconds(), now=now)
     log.warning("prewarm of %s failed (attempt %s): %s", placement, placement.attempts, reason)
     admit(node_id=placement.node_id)
     return to

@@ -2,7 +2,8 @@
 
 One scenario, because a live adapter per tenant takes a while: the sampling fields a tenant may set reach
 vLLM and take effect (max_tokens, stop, seed with temperature), an engine field (`request_id`) is refused
-before it gets there, answers carry no engine extras, and two tenants sending at the same moment with the
+before it gets there, a chat request that bounds no tokens gets the plan's bound, answers carry no engine
+extras, and two tenants sending at the same moment with the
 same `X-Request-Id` header get distinct answer ids that owe nothing to it: the gateway forwards no header.
 """
 
@@ -91,6 +92,22 @@ def test_the_gateway_forwards_what_a_tenant_may_set_and_nothing_else(
     again = _text(client, "support-bot", max_tokens=8, temperature=1.0, seed=1)
     assert again.choices[0].text == sampled[1].choices[0].text
     assert len({a.choices[0].text for a in sampled.values()}) > 1
+
+    # A chat request that bounds no tokens is bounded by the plan (the engine would run to its context's end).
+    tenant = tenant_a.tenant
+    tenant.max_request_tokens = 6
+    tenant.save(update_fields=["max_request_tokens"])
+
+    def chat_tokens() -> int:
+        answer = client.chat.completions.create(
+            model="support-bot",
+            messages=[{"role": "user", "content": PROMPT}],
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        return answer.usage.completion_tokens
+
+    wait(lambda: chat_tokens() == 6, timeout=30, what="the plan's token bound applied", logs=acme.logs)
 
     # An engine field is refused by the gateway, naming it, before any node sees it.
     for field, value in (("request_id", "fixed"), ("priority", -10)):

@@ -8,11 +8,12 @@ from unittest import mock
 import pytest
 from django.core.cache import cache
 from django.db import connection
+from django.db.models import F
 from django.utils import timezone
 
 from adapters.models import AdapterRevision
 from serving import selectors, services, tasks
-from serving.models import Alias, NodeState, Placement, Priority, ServingNode
+from serving.models import Alias, NodeState, Placement, PrewarmTurn, Priority, ServingNode
 from tests.metrics_scrape import scrape_metrics
 from tests.serving.conftest import claim_concurrently, make_live, place
 
@@ -226,13 +227,16 @@ def paced(settings):
 
 def just_prewarmed(node, revision, *, busy_ms: float, ago_s: float = 0.0) -> Placement:
     """A placement whose prewarm (load + warm-up) kept the node busy `busy_ms`, finished `ago_s` ago."""
-    return place(
-        node,
-        revision,
-        "ready",
-        load_ms=busy_ms / 2,
-        warm_ms=busy_ms / 2,
-        ready_at=timezone.now() - timedelta(seconds=ago_s),
+    placement = place(node, revision, "warming", load_ms=busy_ms / 2, started_at=timezone.now())
+    assert services.placement_warmed(placement=placement, warm_ms=busy_ms / 2)
+    rested_ago(node, revision.adapter.tenant_id, ago_s)
+    return placement
+
+
+def rested_ago(node, tenant_id: int, seconds: float) -> None:
+    """Move the tenant's pause on `node` `seconds` into the past."""
+    PrewarmTurn.objects.filter(node=node, tenant_id=tenant_id).update(
+        resting_until=F("resting_until") - timedelta(seconds=seconds)
     )
 
 
@@ -265,11 +269,12 @@ def test_each_pause_gets_its_own_wake_up_however_short(
     third = place(node, make_revision(3), "queued", priority=Priority.ACTIVATION)
     with django_capture_on_commit_callbacks(execute=True):
         assert services.admit(node_id=node.id) == []  # a 60 ms pause after the first
-    Placement.objects.filter(id=first.id).update(ready_at=timezone.now() - timedelta(seconds=1))
+    rested_ago(node, first.revision.adapter.tenant_id, 1)
     with django_capture_on_commit_callbacks(execute=True):
         node_admit.run(node_id=node.id)  # the pause is over: the second starts
     assert Placement.objects.get(id=second.id).state == "loading"
-    Placement.objects.filter(id=second.id).update(state="ready", load_ms=10, warm_ms=10, ready_at=timezone.now())
+    Placement.objects.filter(id=second.id).update(state="warming", load_ms=10)
+    assert services.placement_warmed(placement=Placement.objects.get(id=second.id), warm_ms=10)
     with django_capture_on_commit_callbacks(execute=True):
         assert services.admit(node_id=node.id) == []  # a pause after the second, within the same second
     wake_ups = [call for call in sent.call_args_list if call.args == (tasks.node_admit,)]
@@ -296,6 +301,26 @@ def test_one_tenants_pause_does_not_delay_another_tenants_prewarm(node, make_rev
     other = AdapterRevision.objects.create(adapter=adapter_b, number=1, state="approved", source_uri="x")
     theirs = place(node, other, "queued", priority=Priority.ACTIVATION)
     assert services.admit(node_id=node.id) == [theirs.id]
+
+
+def test_a_tenants_pause_outlives_its_placements(node, make_revision, paced):
+    """A tenant cannot erase its pause by having its own placement evicted or unloaded (cold requests past its
+    unpinned share evict its least recently used placement, often the one just prewarmed)."""
+    first = just_prewarmed(node, make_revision(1), busy_ms=200)
+    services.placement_forget(placement=first)
+    waiting = place(node, make_revision(2), "queued", priority=Priority.ACTIVATION)
+    assert services.admit(node_id=node.id) == []
+    assert Placement.objects.get(id=waiting.id).state == "queued"
+
+
+def test_a_failed_prewarm_earns_a_pause_for_the_time_it_took(node, make_revision, paced):
+    """A prewarm that fails (a bad file found late, a warm-up that errors) kept the node busy too."""
+    paced.MINT_PREWARM_ATTEMPTS = 1
+    failing = place(node, make_revision(1), "loading", started_at=timezone.now() - timedelta(seconds=2), attempts=1)
+    assert services.placement_failed(placement=failing, reason="warm-up failed") == "failed"
+    tenant_id = failing.revision.adapter.tenant_id
+    # busy 2 s at a 25 % share: a 6 s pause.
+    assert services.prewarm_pacing_delay(node, tenant_id=tenant_id) == pytest.approx(6.0, abs=0.2)
 
 
 def test_the_pause_is_capped_and_a_duty_of_one_turns_pacing_off(node, make_revision, paced):

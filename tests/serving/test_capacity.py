@@ -13,7 +13,7 @@ from django.utils import timezone
 from adapters.models import AdapterRevision
 from mint_site.errors import QuotaExceeded
 from serving import services
-from serving.models import Alias, Placement, Priority
+from serving.models import Alias, Placement, PrewarmTurn, Priority
 from tenants.access import Actor
 from tenants.models import AuditEvent, Tenant
 from tests.serving.conftest import claim_concurrently, place
@@ -242,6 +242,26 @@ def test_tenants_take_turns_inside_a_priority_class(node, revisions_of, settings
     assert order == [a[0].id, b[0].id, a[1].id, b[1].id, a[2].id]
 
 
+def test_a_tenants_turn_outlives_its_evicted_placements(node, revisions_of, settings):
+    """Had the turns been read from placements, A could have its just-prewarmed placement evicted (a cold
+    request past its unpinned share does it) and go first again, every time."""
+    settings.MINT_NODE_COLD_LOADS = 1
+    settings.MINT_NODE_PREWARM_DUTY = 1.0
+    node.cpu_slots = 10
+    node.save()
+    now = timezone.now()
+    a, (b,) = revisions_of("a", 2), revisions_of("b", 1)
+    first = place(node, a[0], "queued", queued_at=now)
+    theirs = place(node, b, "queued", queued_at=now + timedelta(minutes=1))
+    assert services.admit(node_id=node.id) == [first.id]
+    Placement.objects.filter(id=first.id).update(state="ready", ready_at=timezone.now())
+    again = place(node, a[1], "queued", queued_at=now - timedelta(hours=1))
+    # A's prewarmed placement is evicted: its row goes, and the freed slot's admission picks B all the same.
+    services.placement_forget(placement=Placement.objects.get(id=first.id))
+    assert Placement.objects.get(id=theirs.id).state == "loading"
+    assert Placement.objects.get(id=again.id).state == "queued"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_one_queued_of_b_goes_before_200_of_a_under_concurrent_claimers(node, revisions_of, settings):
     assert connection.vendor == "postgresql"
@@ -251,7 +271,8 @@ def test_one_queued_of_b_goes_before_200_of_a_under_concurrent_claimers(node, re
     node.save()
     now = timezone.now()
     a = revisions_of("a", 201)
-    place(node, a[0], "ready", started_at=now, ready_at=now)  # A's turn came last
+    place(node, a[0], "ready", started_at=now, ready_at=now)
+    PrewarmTurn.objects.create(node=node, tenant_id=a[0].adapter.tenant_id, started_at=now)  # A's turn came last
     Placement.objects.bulk_create(
         [Placement(node=node, revision=r, state="queued", queued_at=now - timedelta(hours=1)) for r in a[1:]]
     )

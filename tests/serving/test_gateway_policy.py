@@ -294,6 +294,31 @@ def test_a_request_at_every_plan_limit_is_forwarded(world):
     assert forwarded(world)["max_tokens"] == 8
 
 
+def test_a_chat_request_without_a_token_bound_gets_the_plans(world):
+    """Left to the engine it would run to the end of the node's context window."""
+    set_plan(world, max_request_tokens=12)
+
+    answer = send(world, CHAT)
+
+    assert answer.status == 200, answer.content
+    assert forwarded(world)["max_completion_tokens"] == 12
+
+
+@pytest.mark.parametrize("given", [{"max_tokens": 5}, {"max_completion_tokens": 5}])
+def test_a_chat_request_with_its_own_token_bound_keeps_it(world, given):
+    answer = send(world, CHAT, **given)
+
+    assert answer.status == 200, answer.content
+    assert forwarded(world) == {"model": "support-bot", "messages": HELLO} | given
+
+
+def test_a_completion_without_max_tokens_keeps_the_engines_default_of_16(world):
+    answer = send(world, COMPLETIONS)
+
+    assert answer.status == 200, answer.content
+    assert "max_tokens" not in forwarded(world)
+
+
 # ---------------------------------------------------------------------------------------------
 # The plan's bounds
 

@@ -6,8 +6,9 @@ in the engine and in its answer, `kv_transfer_params` and `vllm_xargs` reach con
 `chat_template` runs the tenant's Jinja on the node, `prompt_embeds` hands it tensors to decode, and an
 `image_url` part has it fetch a URL. So the gateway forwards an allow-list: each endpoint's fields
 (fields.py), each with a check of its type (checks.py) and, where a plan field bounds it (`GatewayPlan`),
-of its value. Any other field is refused with 400 `unsupported_parameter` naming it rather than dropped,
-so that a tenant learns its setting would have had no effect. The README's "Gateway request fields" says
+of its value; a chat request that names no token bound gets the plan's. Any other field is refused with
+400 `unsupported_parameter` naming it rather than dropped, so that a tenant learns its setting would have
+had no effect. The README's "Gateway request fields" says
 the same for people.
 
 Answers are narrowed the other way (answers.py): completion, chat completion and chunk objects keep
@@ -18,6 +19,6 @@ compiles, fetches or decodes what a tenant sent (structured-output constraints a
 """
 
 from serving.gateway.policy.answers import openai_answer
-from serving.gateway.policy.fields import CHAT_COMPLETIONS, COMPLETIONS, FIELDS, check_request
+from serving.gateway.policy.fields import CHAT_COMPLETIONS, COMPLETIONS, FIELDS, check_request, with_plan_defaults
 
-__all__ = ["CHAT_COMPLETIONS", "COMPLETIONS", "FIELDS", "check_request", "openai_answer"]
+__all__ = ["CHAT_COMPLETIONS", "COMPLETIONS", "FIELDS", "check_request", "openai_answer", "with_plan_defaults"]

@@ -317,3 +317,14 @@ def check_request(path: str, body: dict[str, Any], plan: GatewayPlan) -> None:
             check(name, value, plan)
     _check_choices(path, body, plan)
     _check_structured(body, plan)
+
+
+def with_plan_defaults(path: str, body: dict[str, Any], plan: GatewayPlan) -> dict[str, Any]:
+    """The checked body as the node gets it: a chat request that bounds no tokens is bounded by the plan.
+
+    Left to the engine, a chat completion without `max_tokens` or `max_completion_tokens` runs to the end of
+    the node's context window; a completion's default is 16 tokens, which needs no bound.
+    """
+    if path == CHAT_COMPLETIONS and body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+        return body | {"max_completion_tokens": plan.max_request_tokens}
+    return body
