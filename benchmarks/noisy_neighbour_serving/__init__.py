@@ -21,7 +21,7 @@ figure is the median over the pairs with a 95 % bootstrap interval; quiet ÷ pre
 machine's own noise. Targets: p95 ratio ≤ 1.1, activation ratio ≤ 1.5, no error for B (every non-200
 that B sees, counted by status and code). A's answers are counted by status and code.
 
-    python -m benchmarks.noisy_neighbour_serving [--quick] [--pairs 5] [--window 20]
+    python -m benchmarks.noisy_neighbour_serving [--quick] [--pairs 7] [--window 30] [--b-rate 8]
         [--database-url postgres://…/mint_bench] [--redis-db 15]
 """
 

@@ -214,9 +214,9 @@ def a_state(tenant) -> dict[str, Any]:
 
 def main() -> int:
     p = parser(benchmarks.noisy_neighbour_serving.__doc__)
-    p.add_argument("--pairs", type=int, default=5, help="quiet/disturbed window pairs")
-    p.add_argument("--window", type=float, default=20.0, help="seconds per window")
-    p.add_argument("--b-rate", type=float, default=5.0, help="B's requests a second (its plan allows 10)")
+    p.add_argument("--pairs", type=int, default=7, help="quiet/disturbed window pairs")
+    p.add_argument("--window", type=float, default=30.0, help="seconds per window")
+    p.add_argument("--b-rate", type=float, default=8.0, help="B's requests a second (its plan allows 10)")
     p.add_argument("--flood-factor", type=float, default=10.0, help="A's flood rate ÷ its rate limit")
     p.add_argument("--streams", type=int, default=200, help="A's unread streams per disturbed window")
     p.add_argument("--stream-tokens", type=int, default=448, help="max_tokens of each stream (the engine: 512)")
