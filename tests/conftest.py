@@ -13,7 +13,7 @@ from tenants.access import Actor
 from tenants.models import ApiKey, Role, Scope, Tenant
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
-pytest_plugins = ["tests.adapters.fixtures"]
+pytest_plugins = ["tests.adapters.fixtures", "tests.s3"]
 
 ENGINE_MISSING = (
     "vLLM is not installed (the engine-cpu extra, which `make install` brings); "
