@@ -184,10 +184,49 @@ def test_reconcile_requeues_lost_live_placements_and_forgets_the_rest(node, make
     lost_idle = place(node, idle, "ready")
     kept = place(node, present, "ready")
     result = services.node_reconcile(node=node, loaded={"test-dense", lora_name(present)})
-    assert result == {"requeued": 1, "forgotten": 1}
+    assert result == {"requeued": 1, "forgotten": 1, "failed": 0, "unloads_resent": 0}
     assert Placement.objects.get(id=lost_live.id).state in ("queued", "loading")
     assert not Placement.objects.filter(id=lost_idle.id).exists()
     assert Placement.objects.get(id=kept.id).state == "ready"
+
+
+def test_reconcile_requeues_a_stuck_load_while_it_has_attempts_then_fails_it(node, make_revision, settings):
+    """A load whose agent died (or whose task was lost with the broker) is driven again, but not forever."""
+    settings.MINT_PREWARM_ATTEMPTS = 2
+    long_ago = timezone.now() - timedelta(seconds=settings.MINT_PREWARM_TIMEOUT_S + 1)
+    again = place(node, make_revision(1), "loading", attempts=1, started_at=long_ago)
+    spent = place(node, make_revision(2), "loading", attempts=2, started_at=long_ago)
+    fresh = place(node, make_revision(3), "loading", attempts=2, started_at=timezone.now())
+
+    result = services.node_reconcile(node=node, loaded={"test-dense"})
+
+    assert (result["requeued"], result["failed"]) == (1, 1)
+    assert Placement.objects.get(id=again.id).state in ("queued", "loading")
+    assert Placement.objects.get(id=spent.id).state == "failed"
+    assert "2 attempts" in Placement.objects.get(id=spent.id).failure_reason
+    assert Placement.objects.get(id=fresh.id).state == "loading"
+
+
+def test_reconcile_finishes_an_eviction_whose_unload_was_lost(
+    node, make_revision, settings, sent, django_capture_on_commit_callbacks
+):
+    """The unload task went with the broker: a LoRA vLLM no longer lists is forgotten (its slot frees), one it
+    still lists is unloaded again once overdue, and a recent eviction is left to its task."""
+    from serving.models import lora_name
+
+    long_ago = timezone.now() - timedelta(seconds=settings.MINT_PREWARM_TIMEOUT_S + 1)
+    unloaded, stuck, recent = make_revision(1), make_revision(2), make_revision(3)
+    place(node, unloaded, "evicting", updated_at=long_ago)
+    still = place(node, stuck, "evicting", updated_at=long_ago)
+    place(node, recent, "evicting", updated_at=timezone.now())
+
+    with django_capture_on_commit_callbacks(execute=True):
+        result = services.node_reconcile(node=node, loaded={"test-dense", lora_name(stuck), lora_name(recent)})
+
+    assert (result["forgotten"], result["unloads_resent"]) == (1, 1)
+    assert not Placement.objects.filter(revision=unloaded).exists()
+    unloads = [call.kwargs for call in sent.call_args_list if call.args == (tasks.placement_unload,)]
+    assert unloads == [{"queue": node.queue, "placement_id": still.id}]
 
 
 def test_metrics_show_placements_by_state(node, make_revision, client):
@@ -264,17 +303,18 @@ def test_each_pause_gets_its_own_wake_up_however_short(
     heartbeat's reconcile: a burst of 32 activations took 63 s instead of 17 at the default heartbeat)."""
     from serving.tasks import node_admit
 
-    first = just_prewarmed(node, make_revision(1), busy_ms=20)
+    # Pauses of 0.6 s: under a second, and long enough that a busy machine does not outlast them mid-test.
+    first = just_prewarmed(node, make_revision(1), busy_ms=200)
     second = place(node, make_revision(2), "queued", priority=Priority.ACTIVATION)
     third = place(node, make_revision(3), "queued", priority=Priority.ACTIVATION)
     with django_capture_on_commit_callbacks(execute=True):
-        assert services.admit(node_id=node.id) == []  # a 60 ms pause after the first
+        assert services.admit(node_id=node.id) == []  # a 0.6 s pause after the first
     rested_ago(node, first.revision.adapter.tenant_id, 1)
     with django_capture_on_commit_callbacks(execute=True):
         node_admit.run(node_id=node.id)  # the pause is over: the second starts
     assert Placement.objects.get(id=second.id).state == "loading"
-    Placement.objects.filter(id=second.id).update(state="warming", load_ms=10)
-    assert services.placement_warmed(placement=Placement.objects.get(id=second.id), warm_ms=10)
+    Placement.objects.filter(id=second.id).update(state="warming", load_ms=100)
+    assert services.placement_warmed(placement=Placement.objects.get(id=second.id), warm_ms=100)
     with django_capture_on_commit_callbacks(execute=True):
         assert services.admit(node_id=node.id) == []  # a pause after the second, within the same second
     wake_ups = [call for call in sent.call_args_list if call.args == (tasks.node_admit,)]
