@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from django.conf import settings
+from django.core.files.uploadhandler import FileUploadHandler
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
-from rest_framework import status
+from rest_framework import serializers, status
 from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.response import Response
 
@@ -22,17 +25,64 @@ from adapters.serializers import (
 )
 from adapters.upload_gate import MULTIPART_SLACK
 from mint_site.errors import MintError, NotFound, PayloadTooLarge
-from mint_site.uploads import allow_upload_files
+from mint_site.uploads import FileCountHandler, allow_upload_files
 from tenants.access import Capability
 from tenants.api_base import TenantApi
 
 
+class DigestUploadHandler(FileUploadHandler):
+    """Takes each uploaded file's SHA-256 while its bytes stream in, and sets it on the file as `sha256`.
+
+    Sits before the handlers that keep the file (memory or disk): it sees every chunk, passes it on,
+    and at the end asks those handlers for the file itself, so the digest lands on the very object
+    the view gets. Registration builds the source digest from these (adapters/artifacts/digest.py)
+    without reading the files again.
+    """
+
+    def new_file(self, *args, **kwargs) -> None:
+        super().new_file(*args, **kwargs)
+        self.digest = hashlib.sha256()
+
+    def receive_data_chunk(self, raw_data: bytes, start: int) -> bytes:
+        self.digest.update(raw_data)
+        return raw_data
+
+    def file_complete(self, file_size: int):
+        handlers = self.request.upload_handlers
+        for handler in handlers[handlers.index(self) + 1 :]:
+            uploaded = handler.file_complete(file_size)
+            if uploaded is not None:
+                uploaded.sha256 = self.digest.hexdigest()
+                return uploaded
+        return None
+
+
 class UploadParser(MultiPartParser):
-    """Multipart for the upload route: many-file adapters arrive as up to MINT_UPLOAD_MAX_FILES files."""
+    """Multipart for the upload route: many-file adapters arrive as up to MINT_UPLOAD_MAX_FILES files, each
+    digested as it streams in (DigestUploadHandler)."""
+
+    @staticmethod
+    def prepare_request(request) -> None:
+        """Ready a Django request for parsing as an upload; tenants/idempotency.py calls it when it parses first."""
+        allow_upload_files(request, settings.MINT_UPLOAD_MAX_FILES)
+        handlers = request.upload_handlers
+        if not any(isinstance(h, DigestUploadHandler) for h in handlers):
+            counting = [i for i, h in enumerate(handlers) if isinstance(h, FileCountHandler)]
+            handlers.insert(counting[0] + 1 if counting else 0, DigestUploadHandler(request))
 
     def parse(self, stream, media_type=None, parser_context=None):
-        allow_upload_files(parser_context["request"]._request, settings.MINT_UPLOAD_MAX_FILES)
+        self.prepare_request(parser_context["request"]._request)
         return super().parse(stream, media_type, parser_context)
+
+
+class RevisionRegisterOptions(RevisionRegisterSerializer):
+    """Registration's fields as the API takes them: the metadata, plus `allow_duplicate`."""
+
+    allow_duplicate = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Register even if the upload equals a revision the adapter already has (409 duplicate_revision).",
+    )
 
 
 class BaseModelListApi(TenantApi):
@@ -136,6 +186,9 @@ class RevisionListRegisterApi(AdapterApiMixin, TenantApi):
     safetensors per tensor), one multipart `archive` (.tar, .tar.gz or .zip of those), or JSON
     `{"source_uri": "t/<tenant_id>/incoming/…"}` naming an artifact already in the store.
     The answer is immediate (`registered`); validation and export follow in the background.
+    An upload that obviously is no adapter is refused at once (400, validation's code); one equal to
+    a revision the adapter has that did not fail is refused (409 `duplicate_revision`, `detail.duplicate_of`)
+    unless `allow_duplicate` is true. Neither spends a revision number.
     """
 
     queryset = AdapterRevision.objects.all()
@@ -163,9 +216,10 @@ class RevisionListRegisterApi(AdapterApiMixin, TenantApi):
                     "archive": {"type": "string", "format": "binary"},
                     "training_step": {"type": "integer"},
                     "parent": {"type": "integer"},
+                    "allow_duplicate": {"type": "boolean"},
                 },
             },
-            "application/json": RevisionRegisterSerializer,
+            "application/json": RevisionRegisterOptions,
         },
         responses={201: RevisionSerializer},
         examples=[
@@ -185,17 +239,24 @@ class RevisionListRegisterApi(AdapterApiMixin, TenantApi):
                 f"The upload ({declared} bytes) is over this tenant's limit of {adapter.tenant.max_upload_bytes} bytes."
             )
         with dispatch.backlog_priority(tenant_id=adapter.tenant_id):  # parsing and storing the body
-            files = request.FILES.getlist("files") + request.FILES.getlist("archive")
+            files, archives = request.FILES.getlist("files"), request.FILES.getlist("archive")
+            if len(archives) > 1:
+                raise MintError(
+                    f"Send one archive, not {len(archives)} ({', '.join(a.name for a in archives[:5])}).",
+                    code="ambiguous_artifact",
+                )
             fields = {k: v for k, v in request.data.items() if k not in ("files", "archive")}
-            meta = RevisionRegisterSerializer(data=fields)
+            meta = RevisionRegisterOptions(data=fields)
             meta.is_valid(raise_exception=True)
             revision = services.revision_register(
                 adapter=adapter,
                 by=request.access.actor,
                 files=files,
+                archive=archives[0] if archives else None,
                 source_uri=meta.validated_data.get("source_uri"),
                 training_step=meta.validated_data.get("training_step"),
                 parent_number=meta.validated_data.get("parent"),
+                allow_duplicate=meta.validated_data["allow_duplicate"],
             )
         return Response(RevisionSerializer(revision).data, status=status.HTTP_201_CREATED)
 
@@ -249,6 +310,18 @@ class RevisionApproveApi(_RevisionDecisionApi):
 
 
 class RevisionRejectApi(_RevisionDecisionApi):
-    """pending_approval → rejected."""
+    """pending_approval → rejected. The `comment` says why, and is required (400 `reason_required`)."""
 
     decide = services.revision_reject
+
+
+class RevisionRetryApi(_RevisionActionApi):
+    """failed → registered, for a failure of the platform (time, memory, a lost worker, the store), not of the
+    files: it is validated and exported again. 409 `not_retryable` (a content failure) or `retry_limit_reached`."""
+
+    capabilities = {"POST": Capability.REGISTER}
+
+    @extend_schema(request=None, responses={200: RevisionDetailSerializer})
+    def post(self, request, name: str, number: int):
+        revision = services.revision_retry(revision=self.get_revision(name, number), by=request.access.actor)
+        return Response(RevisionDetailSerializer(self.get_revision(name, revision.number)).data)

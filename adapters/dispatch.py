@@ -11,22 +11,34 @@ the broker never holds more than the workers can start. A dispatched revision ke
 place from validation through export; it frees it by reaching `exported` or `failed`,
 and every such change dispatches again (after commit). Beat also dispatches every few
 seconds, in case a hand-off was lost.
+
+Stuck work has an end. A revision in its stage (registered: validating; validated: exporting) for longer
+than MINT_STAGE_STALE_AFTER_S is shown as stalled (`stalled_since`). One handed to the workers that has not
+finished within `lost_after_s()` (that bound, and at least the tasks' hard time limit: whatever ran it has
+ended by then) was lost with its worker or on the way: each dispatch puts it back in the queue, counting the
+lost hand-off as a delivery, and past MINT_TASK_MAX_DELIVERIES fails it with `<stage>_lost`, which a Retry
+may clear (adapters.services.revision_retry).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Min
+from django.db.models import Count, F, Min
 from django.utils import timezone
 
-from adapters import tasks
+# adapters.services imports this module too: only its attributes are read here, at call time.
+from adapters import services, tasks
 from adapters.models import AdapterRevision
 from adapters.models import RevisionState as S
+from mint_site.errors import InvalidTransition
 from mint_site.sandbox import background_thread
+from tenants.access import Actor
+from tenants.services import audit_record
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +54,15 @@ def _lock() -> None:
 
 
 def control_dispatch() -> list[int]:
-    """Hand waiting revisions to the control workers while there is room; returns the ids handed over."""
+    """Hand waiting revisions to the control workers while there is room; returns the ids handed over.
+
+    Lost hand-offs go back in the queue first (or fail, past the delivery bound): `requeue_lost`.
+    """
     with transaction.atomic():
         _lock()
-        chosen = _choose(timezone.now())
+        now = timezone.now()
+        requeue_lost(now=now)
+        chosen = _choose(now)
         transaction.on_commit(lambda: [_send(revision_id, state) for revision_id, state in chosen])
     return [revision_id for revision_id, _ in chosen]
 
@@ -108,6 +125,92 @@ def _choose(now) -> list[tuple[int, str]]:
         else:
             waiting[tenant] = (waiting[tenant][0], later)
     return chosen
+
+
+def stalled_since(revision: AdapterRevision, *, now: datetime | None = None) -> datetime | None:
+    """When a revision still validating or exporting entered that stage, if longer than MINT_STAGE_STALE_AFTER_S
+    ago (it is stalled); None otherwise. Reads only the row (`updated_at` is when its state last changed)."""
+    if revision.state not in CONTROL_STATES:
+        return None
+    now = now or timezone.now()
+    stale = timedelta(seconds=settings.MINT_STAGE_STALE_AFTER_S)
+    return revision.updated_at if now - revision.updated_at > stale else None
+
+
+def stall_reason(revision: AdapterRevision, *, now: datetime | None = None) -> str | None:
+    """A sentence for a stalled revision (None if it is not): waiting for a worker, or handed over and not back."""
+    since = stalled_since(revision, now=now)
+    if since is None:
+        return None
+    stage = "validation" if revision.state == S.REGISTERED else "export"
+    if revision.dispatched_at is None:
+        return (
+            f"Its {stage} waits for a control worker: the workers are busy, and the queue takes tenants in turn "
+            f"(this tenant's earlier revisions, and its plan's max_concurrent_tasks, go first)."
+        )
+    return (
+        f"Its {stage} was handed to a worker at {revision.dispatched_at:%H:%M:%S} UTC and has not finished. If no "
+        f"worker runs it, it is handed over again {round(lost_after_s() / 60)} min after, and fails "
+        f"({stage}_lost, retryable) after {settings.MINT_TASK_MAX_DELIVERIES} lost deliveries."
+    )
+
+
+def lost_after_s() -> float:
+    """How long a revision handed to the workers may go unfinished before the hand-off counts as lost: the stale
+    bound, and never less than the tasks' hard time limit (a task still running is not handed over twice)."""
+    limits = [tasks.revision_validate.time_limit, tasks.revision_export.time_limit]
+    return float(max([settings.MINT_STAGE_STALE_AFTER_S, *(limit for limit in limits if limit)]))
+
+
+def requeue_lost(*, now: datetime | None = None, limit: int = 100) -> dict[str, int]:
+    """Put revisions whose hand-off was lost back in the queue, or fail them past the delivery bound.
+
+    Lost: handed to the workers (`dispatched_at`) and in the same stage since, both longer than `lost_after_s()`
+    ago. A worker killed mid-task, a broker that dropped the message, or a queue nobody consumes all look alike
+    here; each counts as one delivery that did not come back (a killed worker's start was counted already, so it
+    may count twice: the bound is then reached sooner, never later). Call under the dispatch lock.
+    """
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=lost_after_s())
+    lost = list(
+        AdapterRevision.objects.filter(
+            state__in=CONTROL_STATES, dispatched_at__lt=cutoff, updated_at__lt=cutoff, adapter__tenant__is_active=True
+        )
+        .select_related("adapter__tenant")
+        .order_by("dispatched_at", "id")[:limit]
+    )
+    requeued = failed = 0
+    bound = settings.MINT_TASK_MAX_DELIVERIES
+    for revision in lost:
+        stage = "validation" if revision.state == S.REGISTERED else "export"
+        if revision.deliveries >= bound:
+            reason = (
+                f"The {stage} of r{revision.number} was handed to the control workers {revision.deliveries} times "
+                f"and never finished (no worker took it, or the worker running it was lost). This is not a "
+                "problem in the files: Retry it once the workers run again; an operator can see their logs."
+            )
+            try:
+                services.revision_fail(revision=revision, code=f"{stage}_lost", reason=reason)
+            except InvalidTransition:
+                continue  # it moved meanwhile
+            failed += 1
+            continue
+        moved = AdapterRevision.objects.filter(
+            id=revision.id, state=revision.state, dispatched_at=revision.dispatched_at
+        ).update(dispatched_at=None, deliveries=F("deliveries") + 1)
+        if not moved:
+            continue
+        log.warning("%s: the %s hand-off of %s was lost; queued again", revision.adapter.tenant, stage, revision)
+        audit_record(
+            tenant=revision.adapter.tenant,
+            actor=Actor.system(),
+            action="revision.requeue",
+            target=services.transitions.audit_target(revision),
+            before={"state": revision.state, "dispatched_at": revision.dispatched_at.isoformat()},
+            after={"state": revision.state, "deliveries": revision.deliveries + 1, "limit": bound},
+        )
+        requeued += 1
+    return {"requeued": requeued, "failed": failed}
 
 
 def waiting(*, tenant_id: int) -> int:

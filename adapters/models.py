@@ -78,6 +78,14 @@ class AdapterRevision(models.Model):
     source_uri = models.CharField(max_length=500, help_text="Store path of the uploaded artifact.")
     export_uri = models.CharField(max_length=500, blank=True)
     sha256 = models.CharField(max_length=64, blank=True, help_text="Digest over the source files.")
+    # Duplicate uploads (adapters.services.registration): a revision whose source equals (same `sha256`) another
+    # revision of the adapter that has not failed is refused unless registered with allow_duplicate. A multipart
+    # upload is digested while it streams in and compared at once; a `source_uri` when validation digests it,
+    # and then it fails `duplicate_revision` with `duplicate_of` naming the earlier revision's number.
+    allow_duplicate = models.BooleanField(default=False, db_default=False)
+    duplicate_of = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Number of the revision this one duplicated (failed duplicate_revision)."
+    )
     size_bytes = models.PositiveBigIntegerField(default=0)
     rank = models.PositiveIntegerField(null=True, blank=True)
     alpha = models.FloatField(null=True, blank=True)
@@ -127,6 +135,8 @@ class AdapterRevision(models.Model):
                 condition=Q(state__in=["registered", "validated"]),
                 name="revision_control_queue",
             ),
+            # Duplicate uploads: the adapter's revisions with this source digest.
+            models.Index(fields=["adapter", "sha256"], condition=~Q(sha256=""), name="revision_adapter_sha256"),
             # Failed and rejected revisions whose files are still stored (adapters.collect).
             models.Index(
                 fields=["updated_at"],

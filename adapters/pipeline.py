@@ -16,7 +16,6 @@ The workers take revisions from the fair control queue (adapters/dispatch.py).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -31,6 +30,7 @@ from django.conf import settings
 
 from adapters import dispatch, services, store
 from adapters.artifacts.archive import ArchiveLimits, archive_kind, extract_archive
+from adapters.artifacts.digest import combined_digest
 from adapters.artifacts.errors import ArtifactError
 from adapters.artifacts.export import engine_layout, moe_layout_for, sha256_file, write_engine_layout
 from adapters.artifacts.spec import BaseModelSpec
@@ -133,10 +133,9 @@ def download_source(source: str, work: Path) -> Path:
 
 def source_digest(local_root: Path) -> str:
     """SHA-256 over the source's files (relative names and contents): what `AdapterRevision.sha256` records."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in local_root.rglob("*") if p.is_file()):
-        digest.update(f"{path.relative_to(local_root).as_posix()}\0{sha256_file(path)}\n".encode())
-    return digest.hexdigest()
+    return combined_digest(
+        (path.relative_to(local_root).as_posix(), sha256_file(path)) for path in local_root.rglob("*") if path.is_file()
+    )
 
 
 @contextmanager
@@ -227,6 +226,13 @@ def validate(revision_id: int, delivery: Delivery) -> None:
         except StoreUnavailable as exc:
             _retry_or_fail(delivery, revision, exc)
             return
+    # A source first digested here (a `source_uri`; uploads were compared at registration) may duplicate another.
+    if (
+        not revision.sha256
+        and not revision.allow_duplicate
+        and services.revision_fail_if_duplicate(revision=revision, sha256=checked.sha256) is not None
+    ):
+        return
     services.revision_mark_validated(
         revision=revision,
         rank=checked.rank,

@@ -5,7 +5,9 @@ import re
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from adapters import dispatch
 from adapters.models import Adapter, AdapterRevision, Approval, BaseModel
+from adapters.services.transitions import RETRYABLE_FAILURE_CODES
 
 ADAPTER_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 # An alias name: `production`, `candidate`, `canary-2`, ... (the gateway parses `<adapter>:<alias>` alike).
@@ -53,6 +55,11 @@ class RevisionSerializer(serializers.ModelSerializer):
     parent = serializers.SerializerMethodField()
     registered_by = serializers.SerializerMethodField()
     failure = serializers.SerializerMethodField()
+    stalled = serializers.SerializerMethodField(
+        help_text="Validating or exporting for longer than MINT_STAGE_STALE_AFTER_S: see stalled_reason."
+    )
+    stalled_since = serializers.SerializerMethodField(help_text="When a stalled revision entered its stage.")
+    stalled_reason = serializers.SerializerMethodField()
 
     class Meta:
         model = AdapterRevision
@@ -74,6 +81,9 @@ class RevisionSerializer(serializers.ModelSerializer):
             "decided_at",
             "updated_at",
             "failure",
+            "stalled",
+            "stalled_since",
+            "stalled_reason",
         ]
 
     def get_revision(self, revision: AdapterRevision) -> str:
@@ -90,7 +100,25 @@ class RevisionSerializer(serializers.ModelSerializer):
     def get_failure(self, revision: AdapterRevision) -> dict | None:
         if not revision.failure_code and not revision.failure_reason:
             return None
-        return {"code": revision.failure_code, "reason": revision.failure_reason}
+        failure = {
+            "code": revision.failure_code,
+            "reason": revision.failure_reason,
+            "retryable": revision.failure_code in RETRYABLE_FAILURE_CODES,  # POST …/retry/ may clear it
+        }
+        if revision.duplicate_of is not None:  # failed duplicate_revision: the revision it repeats
+            failure["duplicate_of"] = f"r{revision.duplicate_of}"
+        return failure
+
+    def get_stalled(self, revision: AdapterRevision) -> bool:
+        return dispatch.stalled_since(revision) is not None
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_stalled_since(self, revision: AdapterRevision) -> str | None:
+        since = dispatch.stalled_since(revision)
+        return serializers.DateTimeField().to_representation(since) if since is not None else None
+
+    def get_stalled_reason(self, revision: AdapterRevision) -> str | None:
+        return dispatch.stall_reason(revision)
 
 
 class ApprovalSerializer(serializers.ModelSerializer):

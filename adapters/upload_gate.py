@@ -27,6 +27,7 @@ from rest_framework.exceptions import APIException
 
 from adapters import selectors
 from mint_site.limits import Allowance, Refusal, Scope
+from tenants import idempotency
 from tenants.access import Access, Capability, key_access, member_access
 from tenants.auth import SESSION_TENANT_KEY, authenticate_token
 from tenants.selectors import memberships_of
@@ -57,6 +58,9 @@ def upload_allowance(scope: Scope) -> Allowance | Refusal:
     if not access.can(Capability.REGISTER):
         return Refusal(403, "forbidden", "This caller may not register revisions in this tenant.")
     tenant = access.tenant
+    held = _idempotency_refusal(headers, scope, access)
+    if held is not None:
+        return held
     # The upload counts against the caller's API write rate here, once, whatever becomes of its body: a
     # throttled caller sends none, and one refused for size still spent a write.
     wait = api_write_wait(tenant=tenant, key=access.actor.key, user=access.actor.user)
@@ -95,6 +99,33 @@ def upload_allowance(scope: Scope) -> Allowance | Refusal:
             f"The upload is over tenant {tenant.slug}'s limit of {tenant.max_upload_bytes} bytes (max_upload_bytes).",
         ),
     )
+
+
+def _idempotency_refusal(headers: dict[str, str], scope: Scope, access: Access) -> Refusal | None:
+    """An API upload's Idempotency-Key, checked before its body is sent: a malformed key is 400, and the retry of
+    an upload still being handled is 409 `idempotency_in_progress` without sending it all again
+    (tenants/idempotency.py answers everything else once the body is read)."""
+    key = headers.get("idempotency-key")
+    if key is None or not scope.get("path", "").startswith(idempotency.API_PREFIX):
+        return None
+    key = key.strip()
+    problem = idempotency.key_problem(key, scope["path"])
+    if problem is not None:
+        return Refusal(400, *problem)
+    actor = access.actor
+    who = idempotency.scope_for(
+        api_key_id=actor.key.id if actor.key is not None else None,
+        user_id=actor.user.pk if actor.user is not None else None,
+        tenant_id=access.tenant.id,
+    )
+    if idempotency.running_elsewhere(scope=who, key=key):
+        return Refusal(
+            409,
+            "idempotency_in_progress",
+            "A request with this Idempotency-Key is still being handled; retry shortly to get its answer.",
+            {"Retry-After": "1"},
+        )
+    return None
 
 
 def _caller(headers: dict[str, str], scope: Scope) -> Access | Refusal:

@@ -20,4 +20,5 @@ urlpatterns = [
     path(
         "adapters/<str:name>/revisions/<int:number>/reject/", apis.RevisionRejectApi.as_view(), name="revision-reject"
     ),
+    path("adapters/<str:name>/revisions/<int:number>/retry/", apis.RevisionRetryApi.as_view(), name="revision-retry"),
 ]

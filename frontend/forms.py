@@ -1,39 +1,142 @@
-"""Forms of the dashboard. Each one only parses input; the services decide and check."""
+"""Forms of the dashboard. Each one only parses input; the services decide and check.
+
+Every field has the label a person reads on the page, and errors name fields by that label
+(`form_errors`), never by the field's code name.
+"""
 
 from __future__ import annotations
 
 from django import forms
+from django.utils import timezone
 
+from adapters.serializers import ALIAS_NAME
 from tenants.models import Scope
+
+REVISION_STATE_CHOICES = [
+    ("", "any state"),
+    ("registered", "Registered (validating)"),
+    ("validated", "Validated (exporting)"),
+    ("exported", "Exported"),
+    ("pending_approval", "Pending approval"),
+    ("approved", "Approved"),
+    ("rejected", "Rejected"),
+    ("failed", "Failed"),
+]
+ADAPTER_STATE_CHOICES = [
+    ("", "any"),
+    ("serving", "Serving (something live)"),
+    ("flipping", "Activation pending"),
+    ("awaiting", "Awaiting a decision"),
+    ("inactive", "Nothing activated"),
+]
+
+
+def form_errors(form: forms.Form) -> str:
+    """The form's errors as one sentence per field, each named by its label ("Training step: Enter a whole number.")."""
+    lines = []
+    for name, errors in form.errors.items():
+        text = " ".join(str(e) for e in errors)
+        if name == forms.forms.NON_FIELD_ERRORS:
+            lines.append(text)
+        else:
+            label = form.fields[name].label or name.replace("_", " ").capitalize()
+            lines.append(f"{label}: {text}")
+    return " ".join(lines) or "The form is not valid."
 
 
 class DecisionForm(forms.Form):
-    comment = forms.CharField(required=False, max_length=2000, widget=forms.TextInput)
+    comment = forms.CharField(label="Comment", required=False, max_length=2000, widget=forms.TextInput)
+
+
+class RejectForm(forms.Form):
+    comment = forms.CharField(
+        label="Reason",
+        max_length=2000,
+        widget=forms.TextInput,
+        error_messages={"required": "Say why the revision is rejected; the registrant reads it."},
+    )
+
+    def clean_comment(self) -> str:
+        comment = self.cleaned_data["comment"].strip()
+        if not comment:
+            raise forms.ValidationError("Say why the revision is rejected; the registrant reads it.")
+        return comment
 
 
 class ActivateForm(forms.Form):
-    revision = forms.IntegerField(min_value=1)
-
-
-class RollbackForm(forms.Form):
-    revision = forms.IntegerField(min_value=1, required=False)
-
-
-class RegisterForm(forms.Form):
-    files = forms.FileField(required=False)  # several, read with request.FILES.getlist
-    archive = forms.FileField(required=False)
-    training_step = forms.IntegerField(min_value=0, required=False)
-
-
-class ApiKeyCreateForm(forms.Form):
-    name = forms.CharField(max_length=100)
-    scopes = forms.MultipleChoiceField(choices=Scope.choices, widget=forms.CheckboxSelectMultiple)
-    expires_at = forms.DateTimeField(
-        required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}), help_text="UTC; empty: never."
+    revision = forms.IntegerField(label="Revision", min_value=1)
+    alias = forms.RegexField(
+        ALIAS_NAME,
+        label="Alias",
+        max_length=32,
+        required=False,
+        error_messages={"invalid": "Lower-case letters, digits, - and _, starting with a letter (at most 32)."},
     )
 
 
+class RollbackForm(forms.Form):
+    revision = forms.IntegerField(label="Revision", min_value=1, required=False)
+    alias = forms.RegexField(
+        ALIAS_NAME,
+        label="Alias",
+        max_length=32,
+        required=False,
+        error_messages={"invalid": "Lower-case letters, digits, - and _, starting with a letter (at most 32)."},
+    )
+
+
+class CancelForm(forms.Form):
+    alias = forms.RegexField(
+        ALIAS_NAME,
+        label="Alias",
+        max_length=32,
+        error_messages={"invalid": "Lower-case letters, digits, - and _, starting with a letter (at most 32)."},
+    )
+
+
+class RegisterForm(forms.Form):
+    files = forms.FileField(label="Adapter files", required=False)  # several, read with request.FILES.getlist
+    archive = forms.FileField(label="Archive", required=False)
+    training_step = forms.IntegerField(label="Training step", min_value=0, required=False)
+    allow_duplicate = forms.BooleanField(label="Register even if identical", required=False)
+
+
+class ApiKeyCreateForm(forms.Form):
+    name = forms.CharField(label="Name", max_length=100)
+    scopes = forms.MultipleChoiceField(label="Scopes", choices=Scope.choices, widget=forms.CheckboxSelectMultiple)
+    expires_at = forms.DateTimeField(
+        label="Expires",
+        required=False,
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+        help_text="UTC; leave empty for a key that never expires.",
+    )
+
+    def clean_expires_at(self):
+        expires_at = self.cleaned_data.get("expires_at")
+        if expires_at is not None and expires_at <= timezone.now():
+            raise forms.ValidationError("Choose a moment in the future (UTC), or leave it empty.")
+        return expires_at
+
+
+class RevisionFilterForm(forms.Form):
+    state = forms.ChoiceField(label="State", choices=REVISION_STATE_CHOICES, required=False)
+
+
+class AdapterFilterForm(forms.Form):
+    q = forms.CharField(label="Name contains", max_length=100, required=False)
+    state = forms.ChoiceField(label="State", choices=ADAPTER_STATE_CHOICES, required=False)
+
+
 class AuditFilterForm(forms.Form):
-    action = forms.CharField(required=False, max_length=64)
-    target = forms.CharField(required=False, max_length=200)
-    actor = forms.CharField(required=False, max_length=200)
+    action = forms.CharField(label="Action", required=False, max_length=64)
+    target = forms.CharField(label="Target contains", required=False, max_length=200)
+    actor = forms.CharField(label="Actor contains", required=False, max_length=200)
+    since = forms.DateField(label="From (UTC)", required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    until = forms.DateField(label="To (UTC, inclusive)", required=False, widget=forms.DateInput(attrs={"type": "date"}))
+
+    def clean(self):
+        data = super().clean()
+        since, until = data.get("since"), data.get("until")
+        if since and until and since > until:
+            raise forms.ValidationError("The “From” date is after the “To” date.")
+        return data

@@ -5,11 +5,13 @@ Each page's queries are fixed in number, whatever the number of rows (the view t
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, date, datetime, time, timedelta
 
 from django.core.paginator import Page, Paginator
-from django.db.models import Count, Prefetch, Q, QuerySet
+from django.db.models import Case, Count, IntegerField, Prefetch, Q, QuerySet, Value, When
 from django.utils import timezone
 
 from adapters import selectors as adapter_selectors
@@ -20,6 +22,8 @@ from tenants import selectors as tenant_selectors
 from tenants.models import ApiKey, AuditEvent, Tenant
 
 PAGE_SIZE = 50
+REVISION_PAGE_SIZE = 20
+AUDIT_EXPORT_MAX_ROWS = 50_000  # one CSV export at most; the page says so, and a narrower date range gets the rest
 ACTIVE_WINDOW = timedelta(seconds=60)  # a ready adapter used this recently counts as active (in the GPU batch)
 IN_FLIGHT = (PlacementState.QUEUED, PlacementState.LOADING, PlacementState.WARMING)
 
@@ -76,18 +80,34 @@ class AdapterRow:
     desired: AdapterRevision | None
     readiness: Readiness
     pending: int
+    activation: serving_selectors.ActivationStatus | None = None  # why production has not flipped yet
+
+    @property
+    def state(self) -> str:
+        """One word for the adapter filter: flipping (an activation pending), serving, or inactive."""
+        if self.desired is not None and self.desired != self.live:
+            return "flipping"
+        return "serving" if self.live is not None else "inactive"
 
 
-def adapter_rows(*, tenant: Tenant) -> list[AdapterRow]:
-    """The tenant's adapters with their `production` alias, desired revision and its readiness (4 queries)."""
-    adapters = list(
-        serving_selectors.with_aliases(adapter_selectors.adapter_list(tenant=tenant))
-        .annotate(pending=Count("revisions", filter=Q(revisions__state="pending_approval")))
-        .order_by("name")
+def adapter_rows(*, tenant: Tenant, q: str = "", state: str = "") -> list[AdapterRow]:
+    """The tenant's adapters with their `production` alias, desired revision and its readiness (4 queries).
+
+    `q` keeps names containing it (any case); `state` keeps `serving`, `flipping`, `inactive` adapters, or those
+    with revisions `awaiting` a decision.
+    """
+    adapters = serving_selectors.with_aliases(adapter_selectors.adapter_list(tenant=tenant)).annotate(
+        pending=Count("revisions", filter=Q(revisions__state="pending_approval"))
     )
+    if q:
+        adapters = adapters.filter(name__icontains=q)
+    if state == "awaiting":
+        adapters = adapters.filter(pending__gt=0)
+    adapters = list(adapters.order_by("name"))
     wanted: list[int] = []
     aliases = {}
     for adapter in adapters:
+        adapter.tenant = tenant  # read by activation_status, without a query per adapter
         alias = next((a for a in adapter.aliases.all() if a.name == Alias.PRODUCTION), None)
         aliases[adapter.id] = alias
         if alias is not None:
@@ -106,8 +126,12 @@ def adapter_rows(*, tenant: Tenant) -> list[AdapterRow]:
                 desired=desired,
                 readiness=readiness.get(focus.id, Readiness()) if focus else Readiness(),
                 pending=adapter.pending,
+                # No query for an alias with nothing pending; a few for one that waits (there are few of those).
+                activation=serving_selectors.activation_status(alias) if alias is not None else None,
             )
         )
+    if state in ("serving", "flipping", "inactive"):
+        rows = [r for r in rows if r.state == state or (state == "serving" and r.state == "flipping" and r.live)]
     return rows
 
 
@@ -120,17 +144,58 @@ def adapter_get(*, tenant: Tenant, name: str) -> Adapter | None:
     return serving_selectors.with_aliases(adapters, previous=True).first()
 
 
-def revision_page(*, adapter: Adapter, number: str | int | None) -> Page:
-    """A page of an adapter's revisions, newest first, with approvals and placements (4 queries)."""
+_DIGITS = re.compile(r"(\d+)")
+
+
+def alias_order(name: str) -> tuple:
+    """Sort key for alias names: production first, then natural order (a2 before a10)."""
+    parts = tuple((0, int(p), "") if p.isdigit() else (1, 0, p.lower()) for p in _DIGITS.split(name) if p)
+    return (name != Alias.PRODUCTION, parts)
+
+
+def aliases_of(adapter: Adapter) -> list[Alias]:
+    """The adapter's prefetched aliases (`adapter_get`), production first, then in natural order, each with
+    `activation`: why it has not flipped to its desired revision yet (None when nothing is pending)."""
+    aliases = sorted(adapter.aliases.all(), key=lambda a: alias_order(a.name))
+    for alias in aliases:
+        alias.activation = serving_selectors.activation_status(alias)
+    return aliases
+
+
+def activation_warning(*, adapter: Adapter, revision: AdapterRevision) -> str | None:
+    """What to know before activating `revision` (no room on the nodes, quota full), or None."""
+    return serving_selectors.activation_room(adapter, revision)
+
+
+def revision_page(*, adapter: Adapter, number: str | int | None, state: str = "", only: int | None = None) -> Page:
+    """A page of an adapter's revisions with approvals and placements (4 queries).
+
+    Live and desired revisions (of any alias) come first, then the newest. `state` keeps one state;
+    `only` keeps one revision number (the revision's own page).
+    """
     approvals = Approval.objects.select_related("decided_by", "decided_by_key").order_by("decided_at")
     placements = Placement.objects.select_related("node").order_by("node__name")
+    live = [a.revision_id for a in adapter.aliases.all() if a.revision_id]
+    desired = [a.desired_revision_id for a in adapter.aliases.all() if a.desired_revision_id]
+    revisions = AdapterRevision.objects.filter(adapter=adapter)
+    if state:
+        revisions = revisions.filter(state=state)
+    if only is not None:
+        revisions = revisions.filter(number=only)
     revisions = (
-        AdapterRevision.objects.filter(adapter=adapter)
-        .select_related("created_by", "created_by_key", "parent")
+        revisions.select_related("created_by", "created_by_key", "parent")
         .prefetch_related(Prefetch("approvals", queryset=approvals), Prefetch("placements", queryset=placements))
-        .order_by("-number")
+        .annotate(
+            rank_first=Case(
+                When(id__in=live or [0], then=Value(0)),
+                When(id__in=desired or [0], then=Value(1)),
+                default=Value(2),
+                output_field=IntegerField(),
+            )
+        )
+        .order_by("rank_first", "-number")
     )
-    return page(revisions, number, size=20)
+    return page(revisions, number, size=REVISION_PAGE_SIZE)
 
 
 def revision_get(*, adapter: Adapter, number: int) -> AdapterRevision | None:
@@ -211,16 +276,38 @@ def node_rows(*, tenant: Tenant | None, platform: bool = False) -> list[NodeRow]
 # ---------------------------------------------------------------- audit and keys
 
 
-def audit_page(
-    *, tenant: Tenant, action: str = "", target: str = "", actor: str = "", number: str | int | None = None
-) -> Page:
-    """A page of the tenant's audit log, newest first (2 queries: count and rows)."""
+def audit_events(
+    *,
+    tenant: Tenant,
+    action: str = "",
+    target: str = "",
+    actor: str = "",
+    since: date | None = None,
+    until: date | None = None,
+) -> QuerySet[AuditEvent]:
+    """The tenant's audit events matching the filters, newest first; `since`/`until` are UTC days, both included."""
     events: QuerySet[AuditEvent] = tenant_selectors.audit_event_list(tenant=tenant, action=action or None)
     if target:
         events = events.filter(target__icontains=target)
     if actor:
         events = events.filter(actor__icontains=actor)
-    return page(events.order_by("-id"), number)
+    if since:
+        events = events.filter(at__gte=datetime.combine(since, time.min, tzinfo=UTC))
+    if until and until < date.max:  # the last representable day bounds nothing (and has no day after it)
+        events = events.filter(at__lt=datetime.combine(until + timedelta(days=1), time.min, tzinfo=UTC))
+    return events.order_by("-id")
+
+
+def audit_page(*, tenant: Tenant, number: str | int | None = None, **filters) -> Page:
+    """A page of the tenant's audit log, newest first (2 queries: count and rows)."""
+    return page(audit_events(tenant=tenant, **filters), number)
+
+
+def audit_export_rows(*, tenant: Tenant, **filters) -> Iterator[AuditEvent]:
+    """The tenant's matching audit events for a CSV export, newest first, at most AUDIT_EXPORT_MAX_ROWS,
+    read from the database in chunks (the export streams them)."""
+    events = audit_events(tenant=tenant, **filters)[:AUDIT_EXPORT_MAX_ROWS]
+    return events.iterator(chunk_size=2000)
 
 
 def audit_actions(*, tenant: Tenant) -> list[str]:

@@ -13,12 +13,15 @@ urlpatterns = [
     path("tenant/", auth.tenant_switch, name="tenant-switch"),
     path("nodes/", pages.nodes, name="nodes"),
     path("audit/", pages.audit, name="audit"),
+    path("audit/export.csv", pages.audit_export, name="audit-export"),
     path("keys/", keys.api_keys, name="keys"),
     path("keys/<str:prefix>/revoke/", keys.api_key_revoke, name="key-revoke"),
     path("adapters/<str:name>/", pages.adapter_detail, name="adapter"),
     path("adapters/<str:name>/register/", actions.revision_register, name="register"),
     path("adapters/<str:name>/activate/", actions.adapter_activate, name="activate"),
     path("adapters/<str:name>/rollback/", actions.adapter_rollback, name="rollback"),
+    path("adapters/<str:name>/cancel/", actions.activation_cancel, name="cancel"),
+    path("adapters/<str:name>/revisions/<int:number>/", pages.adapter_detail, name="revision"),
     path(
         "adapters/<str:name>/revisions/<int:number>/approve/",
         actions.revision_decide,
@@ -31,6 +34,7 @@ urlpatterns = [
         {"decision": "reject"},
         name="reject",
     ),
+    path("adapters/<str:name>/revisions/<int:number>/retry/", actions.revision_retry, name="retry"),
     path(
         "adapters/<str:name>/revisions/<int:number>/request-approval/",
         actions.revision_request_approval,

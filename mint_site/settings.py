@@ -62,8 +62,11 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # After sessions and authentication: `Idempotency-Key` on the REST API's POSTs (MINT_IDEMPOTENCY_* below).
+    "tenants.idempotency.IdempotencyMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "frontend.middleware.NoStoreMiddleware",  # dashboard pages never come back stale from a cache (Back/Forward)
     # Last, as django-axes asks: turns a login refused for too many failures into the 429 lockout page.
     "axes.middleware.AxesMiddleware",
 ]
@@ -280,6 +283,10 @@ MINT_TASK_MAX_DELIVERIES = env_int("MINT_TASK_MAX_DELIVERIES", 3, minimum=1)
 # Validations and exports handed to the control workers at once, fairly across tenants (adapters/dispatch.py);
 # each tenant at most its plan's max_concurrent_tasks. Set it to the control workers' total concurrency.
 MINT_CONTROL_CONCURRENCY = env_int("MINT_CONTROL_CONCURRENCY", 2, minimum=1)
+# A revision validating or exporting for longer than this is shown as stalled (the API's `stalled_since`); one
+# handed to a worker and not back after this (and at least the tasks' hard time limit) is handed over again,
+# and fails `<stage>_lost` (retryable) past MINT_TASK_MAX_DELIVERIES lost hand-offs (adapters/dispatch.py).
+MINT_STAGE_STALE_AFTER_S = env_int("MINT_STAGE_STALE_AFTER_S", 600, minimum=1)
 # Uploads of failed and rejected revisions are removed this long after they ended (the rows and audit stay).
 MINT_UPLOAD_RETENTION_DAYS = env_float("MINT_UPLOAD_RETENTION_DAYS", 7.0, minimum=0)
 
@@ -299,6 +306,15 @@ FILE_UPLOAD_HANDLERS = [
     "django.core.files.uploadhandler.MemoryFileUploadHandler",
     "mint_site.uploads.ClosedFileUploadHandler",
 ]
+
+# Idempotency-Key on the REST API's POSTs (tenants/idempotency.py): a key and the first answer are kept this long
+# per caller (an API key, or a person in a tenant), then purged hourly; keys are at most this many characters
+# (and never more than 255); answers larger than this are not kept (a retry gets 409 idempotency_response_not_kept);
+# a claim whose request never finished (its process died) is taken over by a retry after MINT_IDEMPOTENCY_LOCK_S.
+MINT_IDEMPOTENCY_TTL_S = env_int("MINT_IDEMPOTENCY_TTL_S", 24 * 3600, minimum=60)
+MINT_IDEMPOTENCY_KEY_MAX_LENGTH = min(env_int("MINT_IDEMPOTENCY_KEY_MAX_LENGTH", 255, minimum=16), 255)
+MINT_IDEMPOTENCY_MAX_RESPONSE_BYTES = env_int("MINT_IDEMPOTENCY_MAX_RESPONSE_BYTES", 64 * 1024, minimum=1024)
+MINT_IDEMPOTENCY_LOCK_S = env_int("MINT_IDEMPOTENCY_LOCK_S", 900, minimum=1)
 
 # Failed authentication (bad or unknown API keys, on the REST API and the gateway) per client address:
 # past this many in a minute, the address gets 429 with Retry-After before any key is looked up.
@@ -351,6 +367,7 @@ CELERY_BEAT_SCHEDULE = {
     # Dispatching follows every change of the control queue; this only catches a hand-off that was lost.
     "control-dispatch": {"task": "adapters.tasks.control_dispatch", "schedule": 10.0},
     "uploads-collect": {"task": "adapters.tasks.uploads_collect", "schedule": 3600.0},
+    "idempotency-purge": {"task": "tenants.tasks.idempotency_purge", "schedule": 3600.0},
 }
 
 # API keys: how often last_used_at may be written for one key.

@@ -1,8 +1,8 @@
 """REST API of the serving plane.
 
 For tenants: adapters with their aliases (the catalog's views from adapters.apis, shown with what
-each alias serves), activation and rollback. For staff: serving nodes (platform data, not on the
-tenant base class).
+each alias serves and why a pending activation waits), activation, its cancellation and rollback.
+For staff: serving nodes (platform data, not on the tenant base class).
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ from serving import selectors, services
 from serving.models import PlacementState, ServingNode
 from serving.serializers import (
     ActivateSerializer,
+    ActivationResultSerializer,
     AdapterDetailSerializer,
     AdapterSerializer,
     AliasSerializer,
+    CancelSerializer,
     RollbackSerializer,
     ServingNodeCreateSerializer,
     ServingNodeSerializer,
@@ -69,7 +71,7 @@ class AdapterActivateApi(catalog.AdapterApiMixin, TenantApi):
 
     @extend_schema(
         request=ActivateSerializer,
-        responses={200: AliasSerializer},
+        responses={200: ActivationResultSerializer},
         examples=[OpenApiExample("activate", value={"revision": "r4"}, request_only=True)],
     )
     def post(self, request, name: str):
@@ -80,7 +82,7 @@ class AdapterActivateApi(catalog.AdapterApiMixin, TenantApi):
         alias = services.revision_activate(
             adapter=adapter, revision=revision, by=request.access.actor, alias=payload.validated_data["alias"]
         )
-        return Response(AliasSerializer(alias).data)
+        return Response(ActivationResultSerializer(alias).data)
 
     @staticmethod
     def _revision(adapter: Adapter, number: int) -> AdapterRevision:
@@ -109,6 +111,25 @@ class AdapterRollbackApi(AdapterActivateApi):
         revision = self._revision(adapter, number) if number else None
         alias = services.revision_rollback(
             adapter=adapter, by=request.access.actor, revision=revision, alias=payload.validated_data["alias"]
+        )
+        return Response(AliasSerializer(alias).data)
+
+
+class AdapterCancelApi(AdapterActivateApi):
+    """Withdraw an alias's pending activation or rollback: it keeps serving its live revision. 409
+    `nothing_to_cancel` when nothing is pending."""
+
+    @extend_schema(
+        request=CancelSerializer,
+        responses={200: AliasSerializer},
+        examples=[OpenApiExample("production", value={"alias": "production"}, request_only=True)],
+    )
+    def post(self, request, name: str):
+        adapter = self.get_adapter(name)
+        payload = CancelSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        alias = services.activation_cancel(
+            adapter=adapter, alias_name=payload.validated_data["alias"], by=request.access.actor
         )
         return Response(AliasSerializer(alias).data)
 

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from adapters.models import AdapterRevision
 from adapters.serializers import ALIAS_NAME, RevisionNumberField
 from adapters.serializers import AdapterDetailSerializer as CatalogAdapterDetailSerializer
 from adapters.serializers import AdapterSerializer as CatalogAdapterSerializer
+from serving import selectors
 from serving.models import Alias, Placement, ServingNode
 
 
@@ -32,11 +34,32 @@ class PlacementSerializer(serializers.ModelSerializer):
         ]
 
 
+class PendingActivationSerializer(serializers.Serializer):
+    """serving.selectors.ActivationStatus, as the API shows it (for the schema)."""
+
+    alias = serializers.CharField()
+    revision_label = serializers.CharField()
+    phase = serializers.ChoiceField(
+        choices=["requested", "no_node", "waiting", "queued", "loading", "warming", "failed"]
+    )
+    reason = serializers.CharField()
+    position = serializers.IntegerField(allow_null=True)
+    since = serializers.DateTimeField(allow_null=True)
+    node = serializers.CharField(allow_null=True)
+    quota = serializers.DictField(child=serializers.IntegerField(), allow_null=True)
+    can_cancel = serializers.BooleanField()
+    rollback = serializers.BooleanField()
+
+
 class AliasSerializer(serializers.ModelSerializer):
     revision = serializers.SerializerMethodField()
     desired_revision = serializers.SerializerMethodField()
     desired_placements = serializers.SerializerMethodField(
         help_text="Where the desired revision is being placed, while it is not live: state and why it waits."
+    )
+    pending = serializers.SerializerMethodField(
+        help_text="Why the desired revision is not live yet (phase, a sentence to act on, queue position, since "
+        "when, node, pinned-revision quota), or null when nothing is pending."
     )
 
     class Meta:
@@ -46,6 +69,7 @@ class AliasSerializer(serializers.ModelSerializer):
             "revision",
             "desired_revision",
             "desired_placements",
+            "pending",
             "rollback_pending",
             "updated_by",
             "updated_at",
@@ -61,6 +85,28 @@ class AliasSerializer(serializers.ModelSerializer):
         if alias.desired_revision is None or alias.desired_revision_id == alias.revision_id:
             return []
         return PlacementSerializer(alias.desired_revision.placements.all(), many=True).data
+
+    @extend_schema_field(PendingActivationSerializer(allow_null=True))
+    def get_pending(self, alias: Alias) -> dict | None:
+        status = selectors.activation_status(alias)
+        if status is None:
+            return None
+        data = status.as_json()
+        data["since"] = serializers.DateTimeField().to_representation(status.since) if status.since else None
+        return data
+
+
+class ActivationResultSerializer(AliasSerializer):
+    """The alias after an activation. `already_live`: the revision asked for is the one the alias serves, so
+    nothing will flip (and, if it was not pending another revision, nothing was written)."""
+
+    already_live = serializers.SerializerMethodField()
+
+    class Meta(AliasSerializer.Meta):
+        fields = [*AliasSerializer.Meta.fields, "already_live"]
+
+    def get_already_live(self, alias: Alias) -> bool:
+        return alias.revision_id is not None and alias.revision_id == alias.desired_revision_id
 
 
 class AdapterSerializer(CatalogAdapterSerializer):
@@ -81,6 +127,10 @@ class AdapterDetailSerializer(CatalogAdapterDetailSerializer):
 
 class ActivateSerializer(serializers.Serializer):
     revision = RevisionNumberField()
+    alias = serializers.RegexField(ALIAS_NAME, required=False, default=Alias.PRODUCTION)
+
+
+class CancelSerializer(serializers.Serializer):
     alias = serializers.RegexField(ALIAS_NAME, required=False, default=Alias.PRODUCTION)
 
 

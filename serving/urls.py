@@ -6,6 +6,7 @@ urlpatterns = [
     path("adapters/", apis.AdapterListCreateApi.as_view(), name="adapters"),
     path("adapters/<str:name>/", apis.AdapterDetailApi.as_view(), name="adapter-detail"),
     path("adapters/<str:name>/activate/", apis.AdapterActivateApi.as_view(), name="adapter-activate"),
+    path("adapters/<str:name>/cancel/", apis.AdapterCancelApi.as_view(), name="adapter-cancel"),
     path("adapters/<str:name>/rollback/", apis.AdapterRollbackApi.as_view(), name="adapter-rollback"),
     path("nodes/", apis.ServingNodeListCreateApi.as_view(), name="nodes"),
 ]

@@ -24,16 +24,23 @@ from adapters.artifacts.archive_tar import extract_tar
 from adapters.artifacts.archive_zip import extract_zip
 from adapters.artifacts.errors import ArtifactError
 
-__all__ = ["ArchiveLimits", "archive_kind", "extract_archive"]
+__all__ = ["HEAD_BYTES", "ArchiveLimits", "archive_kind", "extract_archive", "kind_of_head"]
+
+HEAD_BYTES = 64 * 1024  # what archive_kind reads of a file
 
 
 def archive_kind(path: Path) -> str | None:
     """ "tar" (plain or gzip-compressed), "zip", or None, judged by the first bytes, never by the name."""
     try:
         with open(path, "rb") as f:
-            head = f.read(64 * 1024)
+            head = f.read(HEAD_BYTES)
     except OSError:
         return None
+    return kind_of_head(head)
+
+
+def kind_of_head(head: bytes) -> str | None:
+    """`archive_kind` of a file whose first HEAD_BYTES bytes (or all of it, if shorter) are `head`."""
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06", b"PK\x07\x08"):
         return "zip"
     if head[:2] == b"\x1f\x8b":

@@ -8,6 +8,7 @@ import zipfile
 from typing import BinaryIO
 
 from adapters.artifacts.archive_job import READ_ERRORS, Extraction
+from adapters.artifacts.errors import ArtifactError
 
 # A zip's end-of-central-directory record, the zip64 locator and the zip64 record, and one
 # central directory entry's fixed part, as zipfile reads them.
@@ -129,3 +130,45 @@ def extract_zip(job: Extraction) -> None:
                 job.make_dirs(parts, info.filename)
                 continue
             job.write_member(parts, info.filename, lambda i=info: archive.open(i))
+
+
+def zip_member_names(f: BinaryIO, file_size: int, *, max_files: int, max_directory_bytes: int) -> list[str]:
+    """The member names a zip's central directory lists, read without decompressing anything.
+
+    For the check at registration (adapters/artifacts/precheck.py): the directory is located as
+    zipfile locates it and bounded as extraction bounds it (`archive_too_many_files`,
+    `archive_header_too_large`); a file without a readable directory is `bad_archive`.
+    """
+    located = _zip_directory_location(f, file_size)
+    if located is None:
+        raise ArtifactError("bad_archive", "The zip archive has no central directory; it is damaged or truncated.")
+    entries, directory_start, directory_size = located
+    if entries > max_files:
+        raise ArtifactError(
+            "archive_too_many_files", f"The zip archive lists {entries} entries, above the limit of {max_files}."
+        )
+    if directory_size > max_directory_bytes:
+        raise ArtifactError(
+            "archive_header_too_large",
+            f"The zip archive's central directory is {directory_size} bytes, above the limit of {max_directory_bytes}.",
+        )
+    if directory_start < 0:
+        raise ArtifactError("bad_archive", "The zip archive's central directory lies outside the file.")
+    f.seek(directory_start)
+    directory = f.read(directory_size)
+    names: list[str] = []
+    position = 0
+    while position + _ZIP_ENTRY_SIZE <= len(directory):
+        if directory[position : position + 4] != b"PK\x01\x02":
+            raise ArtifactError("bad_archive", "The zip archive's central directory is damaged.")
+        flags = struct.unpack_from("<H", directory, position + 8)[0]
+        name_length, extra_length, comment_length = struct.unpack_from("<3H", directory, position + 28)
+        start = position + _ZIP_ENTRY_SIZE
+        raw = directory[start : start + name_length]
+        names.append(raw.decode("utf-8" if flags & 0x800 else "cp437", "replace"))
+        if len(names) > max_files:
+            raise ArtifactError(
+                "archive_too_many_files", f"The zip archive lists more than {max_files} entries, the limit."
+            )
+        position = start + name_length + extra_length + comment_length
+    return names

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import re2
 
-from adapters.artifacts.bounded_json import JsonBoundExceeded, read_json_file
+from adapters.artifacts.bounded_json import JsonBoundExceeded, loads_bounded, read_json_file
 from adapters.artifacts.errors import ArtifactError
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -74,12 +74,23 @@ class LoraConfig:
 def parse_adapter_config(path: Path) -> LoraConfig:
     """Read a PEFT adapter_config.json; `bad_adapter_config` unless it describes a LoRA adapter."""
     path = Path(path)
+    return _lora_config(lambda: read_json_file(path, max_bytes=MAX_CONFIG_BYTES, max_depth=MAX_CONFIG_DEPTH), path.name)
 
+
+def parse_adapter_config_data(data: bytes, name: str = "adapter_config.json") -> LoraConfig:
+    """`parse_adapter_config` of a config's bytes (registration checks an uploaded one before storing it).
+
+    `data` may be the first MAX_CONFIG_BYTES + 1 bytes of a longer file: that is refused for its size.
+    """
+    return _lora_config(lambda: loads_bounded(data, max_bytes=MAX_CONFIG_BYTES, max_depth=MAX_CONFIG_DEPTH), name)
+
+
+def _lora_config(read: Callable[[], object], name: str) -> LoraConfig:
     def bad(reason: str) -> ArtifactError:
-        return ArtifactError("bad_adapter_config", f"{path.name}: {reason}")
+        return ArtifactError("bad_adapter_config", f"{name}: {reason}")
 
     try:
-        raw = read_json_file(path, max_bytes=MAX_CONFIG_BYTES, max_depth=MAX_CONFIG_DEPTH)
+        raw = read()
     except JsonBoundExceeded as exc:
         if exc.what == "size":
             raise bad(

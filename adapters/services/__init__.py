@@ -1,13 +1,22 @@
 """Writes for adapters and revisions, one module per subject; callers use `adapters.services.<name>`.
 
 - `registration`: creating adapters, registering revisions (uploads, storage quotas, the fair queue).
-- `transitions`: validation and export bookkeeping (called by tasks), delivery counts, approval.
+- `transitions`: validation and export bookkeeping (called by tasks), delivery counts, approval, retry.
 
 Activation, rollback and aliases are serving state: serving.services.
 """
 
-from adapters.services.registration import adapter_create, check_storage_quota, revision_register
+from adapters.services.registration import (
+    DuplicateRevision,
+    IncompleteUpload,
+    adapter_create,
+    check_storage_quota,
+    revision_fail_if_duplicate,
+    revision_register,
+    uploads_digest,
+)
 from adapters.services.transitions import (
+    RETRYABLE_FAILURE_CODES,
     export_is_complete,
     revision_approve,
     revision_delivery_returned,
@@ -19,9 +28,14 @@ from adapters.services.transitions import (
     revision_reject,
     revision_request_approval,
     revision_restore_export,
+    revision_retries,
+    revision_retry,
 )
 
 __all__ = [
+    "RETRYABLE_FAILURE_CODES",
+    "DuplicateRevision",
+    "IncompleteUpload",
     "adapter_create",
     "check_storage_quota",
     "export_is_complete",
@@ -30,10 +44,14 @@ __all__ = [
     "revision_delivery_start",
     "revision_ensure_export",
     "revision_fail",
+    "revision_fail_if_duplicate",
     "revision_mark_exported",
     "revision_mark_validated",
     "revision_register",
     "revision_reject",
     "revision_request_approval",
     "revision_restore_export",
+    "revision_retries",
+    "revision_retry",
+    "uploads_digest",
 ]

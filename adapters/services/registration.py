@@ -16,9 +16,13 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 
 from adapters import dispatch, selectors, store
+from adapters.artifacts.archive import ArchiveLimits
+from adapters.artifacts.digest import combined_digest, sha256_stream
+from adapters.artifacts.errors import ArtifactError
+from adapters.artifacts.precheck import Upload, precheck_upload
 from adapters.models import Adapter, AdapterRevision, BaseModel
 from adapters.models import RevisionState as S
-from adapters.services.transitions import audit_target
+from adapters.services.transitions import audit_target, revision_fail
 from mint_site.errors import Conflict, MintError, PayloadTooLarge, QuotaExceeded
 from tenants.access import Actor
 from tenants.models import Tenant
@@ -64,12 +68,93 @@ def adapter_create(*, tenant: Tenant, name: str, base_model: BaseModel, descript
 # ---------------------------------------------------------------- registration
 
 
-def _store_uploads(adapter: Adapter, files: Sequence[UploadedFile], *, limit: int) -> tuple[str, int]:
-    """Stream uploaded files into a fresh upload prefix. Removes it again on any failure."""
+class DuplicateRevision(Conflict):
+    """409 `duplicate_revision`: the upload equals a revision the adapter already has (the same source digest).
+
+    `original` is that revision; `detail` names it (`{"duplicate_of": "r3", …}`). The dashboard shows `message`.
+    """
+
+    code = "duplicate_revision"
+
+    def __init__(self, *, original: AdapterRevision, adapter: Adapter, sha256: str):
+        super().__init__(
+            f"This upload is identical to {original.label} of {adapter.name} ({original.state}): the same files with "
+            f"the same contents (sha256 {sha256[:12]}…). Nothing was registered; send allow_duplicate=true to "
+            "register it again anyway.",
+            detail={"duplicate_of": original.label, "state": original.state, "sha256": sha256},
+        )
+        self.original = original
+
+
+class IncompleteUpload(MintError):
+    """400: the upload cannot be an adapter, seen from its names, its config or a zip's directory (nothing stored).
+
+    `code` is validation's own for the problem (`missing_adapter_config`, `no_tensors`, `bad_adapter_config`,
+    `pickle_forbidden`, `bad_archive`, `rank_too_high`, …); `detail` lists the uploaded file names.
+    """
+
+
+def _upload_names(files: Sequence[UploadedFile]) -> list[str]:
     names = [_clean_upload_name(f.name) for f in files]
     duplicates = sorted(name for name, seen in Counter(names).items() if seen > 1)
     if duplicates:
         raise MintError(f"Files uploaded twice: {', '.join(duplicates)}.", code="duplicate_file")
+    return names
+
+
+def _archive_limits() -> ArchiveLimits:
+    return ArchiveLimits(
+        max_files=settings.MINT_ARCHIVE_MAX_FILES,
+        max_zip_directory_bytes=settings.MINT_ARCHIVE_MAX_ZIP_DIRECTORY_BYTES,
+    )
+
+
+def _precheck(adapter: Adapter, names: list[str], files: Sequence[UploadedFile], *, sent_as_archive: bool) -> None:
+    """Refuse an upload that obviously is no adapter (IncompleteUpload, 400) before anything is stored."""
+    uploads = [Upload(name=n, stream=f, size=f.size or 0) for n, f in zip(names, files, strict=True)]
+    try:
+        precheck_upload(
+            uploads,
+            sent_as_archive=sent_as_archive,
+            limits=_archive_limits(),
+            max_lora_rank=adapter.base_model.max_lora_rank,
+        )
+    except ArtifactError as exc:
+        raise IncompleteUpload(exc.message, code=exc.code, detail={"files": names[:20]}) from None
+
+
+def uploads_digest(names: Sequence[str], files: Sequence[UploadedFile]) -> str:
+    """The source digest (adapters/artifacts/digest.py) of files about to be stored flat under `names`.
+
+    Each file's SHA-256 is the one taken while the body streamed in (`sha256`, set by
+    adapters.apis.DigestUploadHandler); a file without one (the dashboard's, a test's) is read once here.
+    """
+    per_file = []
+    for name, upload in zip(names, files, strict=True):
+        digest = getattr(upload, "sha256", None)
+        if digest is None and hasattr(upload, "temporary_file_path"):
+            with open(upload.temporary_file_path(), "rb") as handle:  # no descriptor left open per file
+                digest = sha256_stream(handle)
+        elif digest is None:
+            upload.seek(0)
+            digest = sha256_stream(upload)
+            upload.seek(0)
+        per_file.append((name, digest))
+    return combined_digest(per_file)
+
+
+def _live_duplicate(adapter_id: int, sha256: str, *, exclude_id: int | None = None) -> AdapterRevision | None:
+    """The adapter's first revision with this source digest that has not failed (failed ones may be re-sent)."""
+    found = AdapterRevision.objects.filter(adapter_id=adapter_id, sha256=sha256).exclude(state=S.FAILED)
+    if exclude_id is not None:
+        found = found.exclude(id=exclude_id)
+    return found.order_by("number").first()
+
+
+def _store_uploads(
+    adapter: Adapter, files: Sequence[UploadedFile], names: Sequence[str], *, limit: int
+) -> tuple[str, int]:
+    """Stream uploaded files into a fresh upload prefix. Removes it again on any failure."""
     prefix = store.new_upload_prefix(adapter)
     total = 0
     try:
@@ -146,16 +231,34 @@ def revision_register(
     adapter: Adapter,
     by: Actor,
     files: Sequence[UploadedFile] = (),
+    archive: UploadedFile | None = None,
     source_uri: str | None = None,
     training_step: int | None = None,
     parent_number: int | None = None,
+    allow_duplicate: bool = False,
 ) -> AdapterRevision:
     """Record a new revision (`registered`, next number) and queue its validation.
+
+    Send `files` (the adapter's files; a single archive among them is unpacked too), one `archive`, or a
+    `source_uri`. Before anything is stored, an upload that obviously is no adapter is refused
+    (`IncompleteUpload`, 400) and one equal to a revision the adapter has that did not fail is refused
+    (`DuplicateRevision`, 409) unless `allow_duplicate`; a `source_uri` is compared when validation
+    digests it. Refusals spend no revision number.
 
     Files are streamed into the store first, outside any transaction; the revision row
     and its number are created after, under a short lock on the adapter row. If anything
     fails after the files were stored, they are removed: no orphan files, no partial rows.
     """
+    if files and archive is not None:
+        raise MintError(
+            f"Send either files ({', '.join(f.name for f in files[:5])}{', …' if len(files) > 5 else ''}) or one "
+            f"archive ({archive.name}), not both: the archive would be ignored.",
+            code="ambiguous_artifact",
+            detail={"files": [f.name for f in files[:20]], "archive": archive.name},
+        )
+    sent_as_archive = archive is not None
+    if archive is not None:
+        files = [archive]
     if bool(files) == bool(source_uri):
         raise MintError(
             "Send either files (multipart `files` or one `archive`) or a `source_uri`, not both.",
@@ -169,9 +272,15 @@ def revision_register(
             detail={"parent": [f"no revision r{parent_number}"]},
         )
     owned_prefix = None
+    digest = ""
     if files:
+        names = _upload_names(files)
+        _precheck(adapter, names, files, sent_as_archive=sent_as_archive)
+        digest = uploads_digest(names, files)
+        if not allow_duplicate and (original := _live_duplicate(adapter.id, digest)) is not None:
+            raise DuplicateRevision(original=original, adapter=adapter, sha256=digest)  # before a byte is stored
         check_storage_quota(tenant, adding_bytes=sum(f.size or 0 for f in files))  # before a byte is stored
-        owned_prefix, size = _store_uploads(adapter, files, limit=tenant.max_upload_bytes)
+        owned_prefix, size = _store_uploads(adapter, files, names, limit=tenant.max_upload_bytes)
         source = owned_prefix
     else:
         source, size = _source_from_uri(tenant, source_uri)
@@ -187,6 +296,9 @@ def revision_register(
                 stored_bytes=F("stored_bytes") + size, stored_revisions=F("stored_revisions") + 1
             )
             locked = Adapter.objects.select_for_update().get(id=adapter.id)
+            # Again under the adapter's lock: of two equal uploads racing, the second finds the first.
+            if digest and not allow_duplicate and (original := _live_duplicate(adapter.id, digest)) is not None:
+                raise DuplicateRevision(original=original, adapter=adapter, sha256=digest)
             locked.revision_counter += 1
             locked.save(update_fields=["revision_counter"])
             parent = (
@@ -199,6 +311,8 @@ def revision_register(
                 adapter=adapter,
                 number=locked.revision_counter,
                 source_uri=source,
+                sha256=digest,
+                allow_duplicate=allow_duplicate,
                 size_bytes=size,
                 training_step=training_step,
                 parent=parent,
@@ -211,7 +325,12 @@ def revision_register(
                 actor=by,
                 action="revision.register",
                 target=audit_target(revision),
-                after={"state": S.REGISTERED, "size_bytes": size, "source": source},
+                after={
+                    "state": S.REGISTERED,
+                    "size_bytes": size,
+                    "source": source,
+                    **({"allow_duplicate": True} if allow_duplicate else {}),  # a deliberate repeat, on record
+                },
             )
             dispatch.dispatch_on_commit()  # validation waits its turn in the fair control queue
     except BaseException:
@@ -219,3 +338,30 @@ def revision_register(
             store.delete_prefix(owned_prefix)
         raise
     return revision
+
+
+@transaction.atomic
+def revision_fail_if_duplicate(*, revision: AdapterRevision, sha256: str) -> AdapterRevision | None:
+    """For a source digested only by validation (a `source_uri`): the duplicate check registration could not make.
+
+    If another revision of the adapter that has not failed has the same digest, `revision` fails with
+    `duplicate_revision` and `duplicate_of` set to that revision's number, which is returned. Otherwise the
+    digest is recorded on `revision` at once (so a later equal source finds it) and None is returned.
+    Takes the adapter's row lock, as registration does: of two equal sources, exactly one passes.
+    """
+    list(Adapter.objects.select_for_update().filter(id=revision.adapter_id).values_list("id", flat=True))
+    original = _live_duplicate(revision.adapter_id, sha256, exclude_id=revision.id)
+    if original is None:
+        AdapterRevision.objects.filter(id=revision.id, state=S.REGISTERED).update(sha256=sha256)
+        return None
+    AdapterRevision.objects.filter(id=revision.id).update(duplicate_of=original.number)
+    revision.duplicate_of = original.number
+    revision_fail(
+        revision=revision,
+        code="duplicate_revision",
+        reason=(
+            f"The source is identical to {original.label} ({original.state}): the same files with the same contents "
+            f"(sha256 {sha256[:12]}…). Register it with allow_duplicate=true to keep both."
+        ),
+    )
+    return original

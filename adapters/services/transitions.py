@@ -1,5 +1,5 @@
 """The lifecycle transitions of a revision after registration: validation and export (called by tasks),
-delivery counting, export restore, approval with four-eyes.
+delivery counting, export restore, approval with four-eyes, and the retry of an infrastructure failure.
 
 Every transition is a conditional update on the current state (one row or
 `InvalidTransition`) plus an audit event in the same transaction. Work on files
@@ -20,10 +20,10 @@ from django.utils import timezone
 from adapters import dispatch, store, tasks
 from adapters.models import AdapterRevision, Approval
 from adapters.models import RevisionState as S
-from mint_site.errors import Forbidden, InvalidTransition
+from mint_site.errors import Conflict, Forbidden, InvalidTransition, MintError
 from mint_site.events import epoch_us, live_event
 from tenants.access import Actor
-from tenants.models import Tenant
+from tenants.models import AuditEvent, Tenant
 from tenants.services import audit_record
 
 log = logging.getLogger(__name__)
@@ -258,7 +258,9 @@ def _registered_by(revision: AdapterRevision, actor: Actor) -> bool:
     return registrant is not None and person is not None and person.pk == registrant
 
 
-def _decide(*, revision: AdapterRevision, by: Actor, decision: str, comment: str) -> AdapterRevision:
+def _decide(
+    *, revision: AdapterRevision, by: Actor, decision: str, comment: str, reason_required: bool = False
+) -> AdapterRevision:
     if revision.adapter.tenant.four_eyes and by.key is not None and by.key.created_by_id is None:
         # Four-eyes counts people. Two ownerless keys are not two people (one operator may hold both), so a
         # key that stands for nobody cannot be the second pair of eyes.
@@ -271,6 +273,13 @@ def _decide(*, revision: AdapterRevision, by: Actor, decision: str, comment: str
         raise Forbidden(
             f"Four-eyes: r{revision.number} was registered by {by.person or by.label}; someone else must decide.",
             code="four_eyes",
+        )
+    if reason_required and not comment.strip() and _state_of(revision) == S.PENDING_APPROVAL:
+        # Checked after who may decide and whether it can be decided now: the reason is what is left to fix.
+        raise MintError(
+            f"comment: say why r{revision.number} is rejected; the registrant reads it to fix the next revision.",
+            code="reason_required",
+            detail={"comment": ["A reason is required to reject."]},
         )
     to = S.APPROVED if decision == Approval.Decision.APPROVED else S.REJECTED
     _transition(
@@ -297,4 +306,90 @@ def revision_approve(*, revision: AdapterRevision, by: Actor, comment: str = "")
 
 @transaction.atomic
 def revision_reject(*, revision: AdapterRevision, by: Actor, comment: str = "") -> AdapterRevision:
-    return _decide(revision=revision, by=by, decision=Approval.Decision.REJECTED, comment=comment)
+    """Reject a pending revision, saying why: an empty or blank `comment` is refused (400 `reason_required`)."""
+    return _decide(revision=revision, by=by, decision=Approval.Decision.REJECTED, comment=comment, reason_required=True)
+
+
+def _state_of(revision: AdapterRevision) -> str | None:
+    return AdapterRevision.objects.filter(id=revision.id).values_list("state", flat=True).first()
+
+
+# ---------------------------------------------------------------- retry after an infrastructure failure
+
+# Failures of the platform, not of the upload: the stage ran out of time or memory (`<stage>_timeout`,
+# `<stage>_resources`, which is also how a revision ends whose every delivery lost its worker), its hand-off to
+# the workers was lost (`<stage>_lost`, adapters.dispatch), or the artifact store stayed unreachable. A Retry
+# may succeed once an operator fixed the cause. Every other code names a problem in the files: final.
+STAGES = ("validation", "export")
+RETRYABLE_FAILURE_CODES = frozenset(
+    {f"{stage}_{kind}" for stage in STAGES for kind in ("timeout", "resources", "lost")} | {"store_unavailable"}
+)
+RETRY_ACTION = "revision.retry"
+
+
+def revision_retries(revision: AdapterRevision) -> int:
+    """How often the revision was retried: its `revision.retry` audit events (since it was registered)."""
+    return AuditEvent.objects.filter(
+        tenant_id=revision.adapter.tenant_id,
+        action=RETRY_ACTION,
+        target=audit_target(revision),
+        at__gte=revision.created_at,
+    ).count()
+
+
+@transaction.atomic
+def revision_retry(*, revision: AdapterRevision, by: Actor) -> AdapterRevision:
+    """failed → registered, for a revision that failed for an infrastructure reason (RETRYABLE_FAILURE_CODES).
+
+    It joins the fair control queue again like a new registration (validation, then export, from its stored
+    upload). Bounded: at most MINT_TASK_MAX_DELIVERIES retries per revision (409 `retry_limit_reached`), each
+    run with its own delivery bound, so a poison upload cannot be retried forever. A content failure is final
+    (409 `not_retryable`, naming the code), and so is a revision whose upload was already collected.
+    """
+    current = AdapterRevision.objects.select_for_update().filter(id=revision.id).first()
+    if current is None or current.state != S.FAILED:
+        state = current.state if current is not None else None
+        raise InvalidTransition(
+            f"r{revision.number} of {revision.adapter.name} is {state}; retry needs failed.",
+            detail={"state": state, "allowed_from": [S.FAILED], "to": S.REGISTERED},
+        )
+    code = current.failure_code
+    if code not in RETRYABLE_FAILURE_CODES:
+        raise Conflict(
+            f"r{revision.number} failed with {code or 'no code'}: a problem in its files, which a retry would "
+            f"meet again ({current.failure_reason or 'no reason recorded'}). Register a corrected revision instead.",
+            code="not_retryable",
+            detail={"failure_code": code, "retryable": sorted(RETRYABLE_FAILURE_CODES)},
+        )
+    if current.purged_at is not None:
+        raise Conflict(
+            f"r{revision.number}'s upload was removed on {current.purged_at:%Y-%m-%d} (MINT_UPLOAD_RETENTION_DAYS); "
+            "register it again instead.",
+            code="not_retryable",
+            detail={"failure_code": code, "purged_at": current.purged_at.isoformat()},
+        )
+    retries = revision_retries(current)
+    bound = settings.MINT_TASK_MAX_DELIVERIES
+    if retries >= bound:
+        raise Conflict(
+            f"r{revision.number} was retried {retries} times already, the most allowed (MINT_TASK_MAX_DELIVERIES="
+            f"{bound}); register it again, or ask an operator about {code}.",
+            code="retry_limit_reached",
+            detail={"retries": retries, "limit": bound, "failure_code": code},
+        )
+    revision.failure_code, revision.failure_reason = current.failure_code, current.failure_reason
+    revision.state = current.state
+    _transition(
+        revision,
+        to=S.REGISTERED,
+        sources=[S.FAILED],
+        by=by,
+        action="retry",
+        extra_after={"failure_code": code, "retry": retries + 1, "limit": bound},
+        failure_code="",
+        failure_reason="",
+        dispatched_at=None,
+        deliveries=0,
+    )
+    dispatch.dispatch_on_commit()  # it waits in the control queue like a new registration
+    return revision

@@ -1,7 +1,10 @@
 """The dashboard's writes: approve, reject, request approval, register, activate, roll back.
 
 Each calls the same service as the REST API (adapters/apis.py) with the person as the actor;
-the service's refusal (InvalidTransition, four-eyes, quota) is shown as a message on the page.
+the service's refusal (InvalidTransition, four-eyes, quota) is shown as a message next to the
+control that was used (`act`). A revision's action returns to that revision's own page, where
+its result shows whatever list filter the form was sent from; an alias's returns to the page the
+form was on (`next`), which shows every alias.
 """
 
 from __future__ import annotations
@@ -13,10 +16,19 @@ from django.views.decorators.http import require_POST
 from adapters import dispatch, services
 from adapters.models import Adapter, AdapterRevision
 from frontend import selectors
-from frontend.forms import ActivateForm, DecisionForm, RegisterForm, RollbackForm
-from frontend.views.base import act, page
-from mint_site.errors import MintError
+from frontend.forms import (
+    ActivateForm,
+    CancelForm,
+    DecisionForm,
+    RegisterForm,
+    RejectForm,
+    RollbackForm,
+    form_errors,
+)
+from frontend.views.base import act, page, safe_next
+from mint_site.errors import Conflict, MintError
 from serving import services as serving_services
+from serving.models import Alias
 from tenants.access import Capability
 
 
@@ -38,12 +50,15 @@ def _back(adapter: Adapter) -> str:
     return reverse("frontend:adapter", kwargs={"name": adapter.name})
 
 
+def _revision_url(adapter: Adapter, number: int) -> str:
+    return reverse("frontend:revision", kwargs={"name": adapter.name, "number": number})
+
+
 def _cleaned(form) -> dict:
-    """The form's cleaned data, or a MintError naming each invalid field (shown as a message on the page)."""
+    """The form's cleaned data, or a MintError naming each invalid field by its label (shown next to the form)."""
     if form.is_valid():
         return form.cleaned_data
-    lines = [f"{field}: {' '.join(errors)}" for field, errors in form.errors.items()]
-    raise MintError("; ".join(lines) or "Invalid form.")
+    raise MintError(form_errors(form), code="invalid_form")
 
 
 @require_POST
@@ -51,14 +66,15 @@ def _cleaned(form) -> dict:
 def revision_decide(request: HttpRequest, name: str, number: int, decision: str) -> HttpResponse:
     adapter = _adapter(request, name)
     revision = _revision(adapter, number)
-    decide = services.revision_approve if decision == "approve" else services.revision_reject
+    approve = decision == "approve"
 
     def run() -> str:
-        data = _cleaned(DecisionForm(request.POST))
+        data = _cleaned(DecisionForm(request.POST) if approve else RejectForm(request.POST))
+        decide = services.revision_approve if approve else services.revision_reject
         decide(revision=revision, by=request.viewer.access.actor, comment=data["comment"])
-        return f"r{number} of {adapter.name} {'approved' if decision == 'approve' else 'rejected'}."
+        return f"r{number} of {adapter.name} {'approved' if approve else 'rejected'}."
 
-    return act(request, _back(adapter), run)
+    return act(request, _revision_url(adapter, number), run, anchor=f"r{number}")
 
 
 @require_POST
@@ -71,7 +87,7 @@ def revision_request_approval(request: HttpRequest, name: str, number: int) -> H
         services.revision_request_approval(revision=revision, by=request.viewer.access.actor)
         return f"Approval requested for r{number}."
 
-    return act(request, _back(adapter), run)
+    return act(request, _revision_url(adapter, number), run, anchor=f"r{number}")
 
 
 @require_POST
@@ -86,44 +102,109 @@ def revision_register(request: HttpRequest, name: str) -> HttpResponse:
             files = request.FILES.getlist("files") + request.FILES.getlist("archive")
             if not files:
                 raise MintError("Choose the adapter's files (or one archive) to upload.")
-            revision = services.revision_register(
-                adapter=adapter,
-                by=request.viewer.access.actor,
-                files=files,
-                training_step=data.get("training_step"),
-            )
+            try:
+                revision = services.revision_register(
+                    adapter=adapter,
+                    by=request.viewer.access.actor,
+                    files=files,
+                    training_step=data.get("training_step"),
+                    allow_duplicate=data.get("allow_duplicate", False),
+                )
+            except services.DuplicateRevision as exc:
+                original = exc.original
+                raise Conflict(
+                    f"Not registered: these files are identical to r{original.number} of {adapter.name} "
+                    f"({original.get_state_display().lower()}). To register them again anyway, tick "
+                    "“Register even if identical”.",
+                    code=exc.code,
+                ) from exc
         return f"r{revision.number} registered; validation is under way."
 
-    return act(request, _back(adapter), run)
+    return act(request, _back(adapter), run, anchor="register")
+
+
+@require_POST
+@page(post=Capability.REGISTER)
+def revision_retry(request: HttpRequest, name: str, number: int) -> HttpResponse:
+    """Send a revision that failed for an infrastructure reason through validation and export again."""
+    adapter = _adapter(request, name)
+    revision = _revision(adapter, number)
+
+    def run() -> str:
+        services.revision_retry(revision=revision, by=request.viewer.access.actor)
+        return f"r{number} is being validated again."
+
+    return act(request, _revision_url(adapter, number), run, anchor=f"r{number}")
+
+
+@require_POST
+@page(post=Capability.DECIDE)
+def activation_cancel(request: HttpRequest, name: str) -> HttpResponse:
+    """Withdraw an alias's pending activation: it keeps serving its live revision."""
+    adapter = _adapter(request, name)
+    form = CancelForm(request.POST)
+    alias_name = (form.cleaned_data.get("alias") if form.is_valid() else "") or Alias.PRODUCTION
+
+    def run() -> str:
+        _cleaned(form)
+        before = _alias_named(adapter, alias_name)
+        alias = serving_services.activation_cancel(
+            adapter=adapter, alias_name=alias_name, by=request.viewer.access.actor
+        )
+        withdrawn = f"r{before.desired_revision.number}" if before and before.desired_revision else "its activation"
+        live = f"r{alias.revision.number}" if alias.revision else "nothing"
+        return f"Cancelled: {alias_name} stays on {live}; {withdrawn} is no longer requested."
+
+    return act(request, safe_next(request, _back(adapter)), run, anchor=f"alias-{alias_name}")
+
+
+def _alias_named(adapter: Adapter, name: str) -> Alias | None:
+    return next((a for a in adapter.aliases.all() if a.name == name), None)
 
 
 @require_POST
 @page(post=Capability.DECIDE)
 def adapter_activate(request: HttpRequest, name: str) -> HttpResponse:
     adapter = _adapter(request, name)
+    form = ActivateForm(request.POST)
+    number = form.cleaned_data["revision"] if form.is_valid() else None
 
     def run() -> str:
-        data = _cleaned(ActivateForm(request.POST))
+        data = _cleaned(form)
+        alias_name = data.get("alias") or Alias.PRODUCTION
         revision = _revision_or_error(adapter, data["revision"])
-        serving_services.revision_activate(adapter=adapter, revision=revision, by=request.viewer.access.actor)
-        return f"r{revision.number} activated: production flips to it once it is ready on a node."
+        before = _alias_named(adapter, alias_name)
+        serving_services.revision_activate(
+            adapter=adapter, revision=revision, by=request.viewer.access.actor, alias=alias_name
+        )
+        if before is not None and before.revision_id == revision.id:
+            withdrawn = before.desired_revision if before.desired_revision_id != revision.id else None
+            return f"r{revision.number} is live on {alias_name} already; nothing to flip." + (
+                f" The pending switch to r{withdrawn.number} is withdrawn." if withdrawn else ""
+            )
+        return f"r{revision.number} activated on {alias_name}: it flips once r{revision.number} is ready on a node."
 
-    return act(request, _back(adapter), run)
+    back = _revision_url(adapter, number) if number else _back(adapter)
+    return act(request, back, run, anchor=f"r{number}" if number else "aliases")
 
 
 @require_POST
 @page(post=Capability.DECIDE)
 def adapter_rollback(request: HttpRequest, name: str) -> HttpResponse:
     adapter = _adapter(request, name)
+    form = RollbackForm(request.POST)
+    alias_name = (form.cleaned_data.get("alias") if form.is_valid() else "") or Alias.PRODUCTION
 
     def run() -> str:
-        data = _cleaned(RollbackForm(request.POST))
+        data = _cleaned(form)
         number = data.get("revision")
         revision = _revision_or_error(adapter, number) if number else None
-        alias = serving_services.revision_rollback(adapter=adapter, by=request.viewer.access.actor, revision=revision)
-        return f"Rolling back production to r{alias.desired_revision.number}."
+        alias = serving_services.revision_rollback(
+            adapter=adapter, by=request.viewer.access.actor, revision=revision, alias=alias_name
+        )
+        return f"Rolling back {alias_name} to r{alias.desired_revision.number}."
 
-    return act(request, _back(adapter), run)
+    return act(request, safe_next(request, _back(adapter)), run, anchor=f"alias-{alias_name}")
 
 
 def _revision_or_error(adapter: Adapter, number: int) -> AdapterRevision:

@@ -21,10 +21,27 @@ from django.views.decorators.http import require_POST
 from frontend.views.base import not_found, page
 from tenants.auth import SESSION_TENANT_KEY
 
+# A refused sign-in travels to the page that says so in the session: post/redirect/get, so Back never asks to
+# send the password again. Only the username is kept.
+LOGIN_FAILED_KEY = "mint_login_failed"
+
 
 class LoginView(auth_views.LoginView):
     template_name = "frontend/login.html"
     redirect_authenticated_user = True
+
+    def form_invalid(self, form) -> HttpResponse:
+        if getattr(self.request, "axes_locked_out", False):
+            return super().form_invalid(form)  # django-axes answers with its lockout page; no session is started
+        self.request.session[LOGIN_FAILED_KEY] = {"username": str(form.data.get("username", ""))[:150]}
+        return redirect(self.request.get_full_path())
+
+    def get_context_data(self, **kwargs) -> dict:
+        context = super().get_context_data(**kwargs)
+        failed = self.request.session.pop(LOGIN_FAILED_KEY, None) if self.request.method == "GET" else None
+        context["failed"] = failed is not None
+        context["username"] = failed["username"] if failed else ""
+        return context
 
 
 class LogoutView(auth_views.LogoutView):

@@ -17,6 +17,7 @@ from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 
 from mint_site.errors import MintError
 from tenants import selectors as tenant_selectors
@@ -117,11 +118,32 @@ def check_tenant_field(request: HttpRequest) -> None:
         )
 
 
-def act(request: HttpRequest, back: str, action: Callable[[], str]) -> HttpResponse:
-    """Run a service call for a form; its message (or the service's error) is shown on the page at `back`.
+# A message's place on the page: `messages.add_message(..., extra_tags=anchor_tag("r2"))` shows it in the slot
+# `{% result_slot "r2" %}` renders (id `result-r2`), next to the control that was used.
+ANCHOR_PREFIX = "at:"
 
-    A form sent by the page's script (`X-Requested-With: fetch`) gets the message as JSON instead of a
-    redirect, so the page, and its live socket, stay as they are.
+
+def anchor_tag(anchor: str) -> str:
+    return f"{ANCHOR_PREFIX}{anchor}"
+
+
+def safe_next(request: HttpRequest, default: str) -> str:
+    """The page the form was on (its `next` field), if it is a path of this site; else `default`."""
+    posted = request.POST.get("next", "")
+    if posted.startswith("/") and url_has_allowed_host_and_scheme(
+        posted, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return posted.split("#", 1)[0]
+    return default
+
+
+def act(request: HttpRequest, back: str, action: Callable[[], str], *, anchor: str = "") -> HttpResponse:
+    """Run a service call for a form; its message (or the service's error) is shown next to the control used.
+
+    Post/redirect/get, also on errors: the message travels in the session to the page at `back`, whose slot
+    `result-<anchor>` shows it, and the redirect's fragment brings that slot into view (the page's script
+    focuses it). A form sent by the page's script (`X-Requested-With: fetch`) gets the message as JSON
+    instead, with the same anchor, so the page, and its live socket, stay as they are.
     """
     script = request.headers.get("X-Requested-With") == "fetch"
     try:
@@ -129,11 +151,12 @@ def act(request: HttpRequest, back: str, action: Callable[[], str]) -> HttpRespo
         done = action()
     except MintError as exc:
         if script:
-            return JsonResponse({"ok": False, "code": exc.code, "message": exc.message}, status=exc.status_code)
-        messages.error(request, exc.message)
+            body = {"ok": False, "code": exc.code, "message": exc.message, "anchor": anchor}
+            return JsonResponse(body, status=exc.status_code)
+        messages.error(request, exc.message, extra_tags=anchor_tag(anchor) if anchor else "")
     else:
         if script:
-            return JsonResponse({"ok": True, "message": done})
+            return JsonResponse({"ok": True, "message": done, "anchor": anchor})
         if done:
-            messages.success(request, done)
-    return redirect(back)
+            messages.success(request, done, extra_tags=anchor_tag(anchor) if anchor else "")
+    return redirect(f"{back}#result-{anchor}" if anchor else back)

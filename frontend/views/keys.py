@@ -9,8 +9,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from frontend import selectors
-from frontend.forms import ApiKeyCreateForm
-from frontend.views.base import act, check_tenant_field, page
+from frontend.forms import ApiKeyCreateForm, form_errors
+from frontend.views.base import act, anchor_tag, check_tenant_field, page, safe_next
 from mint_site.errors import MintError
 from tenants import services
 from tenants.access import Capability
@@ -19,11 +19,17 @@ from tenants.access import Capability
 NEW_TOKEN_KEY = "mint_new_token"
 
 
+# A form with errors travels the same way to the page that shows them (post/redirect/get, also on errors).
+KEY_FORM_KEY = "mint_key_form"
+
+
 @page(Capability.MANAGE_KEYS, post=Capability.MANAGE_KEYS)
 def api_keys(request: HttpRequest) -> HttpResponse:
+    """The tenant's keys, and the form that creates one. Every POST ends in a redirect to this page, on
+    success (the token, shown once) and on errors (the form, with what was typed, comes back from the session)."""
     viewer = request.viewer
-    form = ApiKeyCreateForm(request.POST or None)
     if request.method == "POST":
+        form = ApiKeyCreateForm(request.POST)
         try:
             check_tenant_field(request)
             if form.is_valid():
@@ -36,17 +42,30 @@ def api_keys(request: HttpRequest) -> HttpResponse:
                     by=viewer.access.actor,
                 )
                 request.session[NEW_TOKEN_KEY] = {"token": token, "name": key.name, "prefix": key.prefix}
-                return redirect("frontend:keys")
+                return redirect(reverse("frontend:keys") + "#new-token-h")
+            request.session[KEY_FORM_KEY] = {
+                "data": {
+                    "name": request.POST.get("name", ""),
+                    "scopes": request.POST.getlist("scopes"),
+                    "expires_at": request.POST.get("expires_at", ""),
+                },
+            }
+            messages.error(request, form_errors(form), extra_tags=anchor_tag("create-key"))
         except MintError as exc:
-            messages.error(request, exc.message)
-    context = {
-        "form": form,
-        "keys": selectors.api_key_page(tenant=viewer.tenant, number=request.GET.get("page")),
-        "new_token": request.session.pop(NEW_TOKEN_KEY, None),
-    }
-    response = render(request, "frontend/keys.html", context, status=400 if form.errors else 200)
-    response["Cache-Control"] = "no-store"  # the token must not stay in a cache
-    return response
+            messages.error(request, exc.message, extra_tags=anchor_tag("create-key"))
+        return redirect(reverse("frontend:keys") + "#result-create-key")
+    keys = selectors.api_key_page(tenant=viewer.tenant, number=request.GET.get("page"))
+    fragment = request.GET.get("fragment")
+    if fragment:  # the list alone, re-read by the page's script (a key revoked meanwhile shows so)
+        if fragment != "keys":
+            raise Http404("No such section.")
+        return render(request, "frontend/partials/keys.html", {"keys": keys})
+    kept = request.session.pop(KEY_FORM_KEY, None)
+    form = ApiKeyCreateForm(kept["data"]) if kept else ApiKeyCreateForm()
+    if kept:
+        form.is_valid()  # shows the errors again, next to their fields
+    context = {"form": form, "keys": keys, "new_token": request.session.pop(NEW_TOKEN_KEY, None)}
+    return render(request, "frontend/keys.html", context)
 
 
 @require_POST
@@ -60,4 +79,4 @@ def api_key_revoke(request: HttpRequest, prefix: str) -> HttpResponse:
         services.api_key_revoke(key=key, by=request.viewer.access.actor)
         return f"Key {key.name} (mint_{key.prefix}_…) revoked."
 
-    return act(request, reverse("frontend:keys"), run)
+    return act(request, safe_next(request, reverse("frontend:keys")), run, anchor=f"key-{key.prefix}")

@@ -1,21 +1,35 @@
-"""Read-only pages: overview, adapter detail, nodes, audit log. `?fragment=<name>` renders one live section only."""
+"""Read-only pages: overview, adapter detail, a revision's page, nodes, audit log (and its CSV export).
+
+`?fragment=<name>` renders one live section only.
+"""
 
 from __future__ import annotations
 
+import csv
+import json
+from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlencode
 
-from django.http import Http404, HttpRequest, HttpResponse
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 
+from adapters import services as adapter_services
 from frontend import selectors
-from frontend.forms import AuditFilterForm
+from frontend.forms import AdapterFilterForm, AuditFilterForm, RevisionFilterForm, form_errors
 from frontend.views.base import page
 from serving.models import Alias
 from tenants.access import Capability
 
 FRAGMENTS = {
     "overview": {"adapters": "frontend/partials/adapters.html", "nodes": "frontend/partials/overview_nodes.html"},
-    "adapter": {"alias": "frontend/partials/alias.html", "revisions": "frontend/partials/revisions.html"},
+    "adapter": {
+        "alias": "frontend/partials/alias.html",
+        "revisions": "frontend/partials/revisions.html",
+        "room": "frontend/partials/room.html",  # a revision's page only: the warning before activating it
+    },
     "nodes": {"nodes": "frontend/partials/nodes.html"},
 }
 
@@ -30,38 +44,89 @@ def _render(request: HttpRequest, name: str, template: str, context: dict) -> Ht
     return render(request, template, context)
 
 
+def _filters(form) -> dict:
+    data = form.cleaned_data if form.is_valid() else {}
+    return {k: v for k, v in data.items() if v}
+
+
 @page(staff_ok=True)
 def overview(request: HttpRequest) -> HttpResponse:
-    """The tenant's adapters with their live alias, desired revision and readiness, and the nodes serving them."""
+    """The tenant's adapters with their live alias, desired revision and readiness, and the nodes serving them.
+
+    `?q=` keeps adapters whose name contains it, `?state=` those in one state (see `AdapterFilterForm`).
+    """
     viewer = request.viewer
     if viewer.tenant is None:
         return redirect("frontend:nodes")  # platform staff without a tenant
+    form = AdapterFilterForm(request.GET)
+    filters = _filters(form)
     context = {
-        "rows": selectors.adapter_rows(tenant=viewer.tenant),
+        "form": form,
+        "filtered": bool(filters),
+        "rows": selectors.adapter_rows(tenant=viewer.tenant, **filters),
         "nodes": selectors.node_rows(tenant=viewer.tenant),
         "live_page": "overview",
     }
     return _render(request, "overview", "frontend/overview.html", context)
 
 
+def _mark_revisions(revisions, aliases: list[Alias]) -> None:
+    """Note on each revision shown which aliases serve it, want it, and may be pointed at it."""
+    has_production = any(a.name == Alias.PRODUCTION for a in aliases)
+    for rev in revisions:
+        rev.live_on = [a.name for a in aliases if a.revision_id == rev.id]
+        rev.desired_for = [a for a in aliases if a.desired_revision_id == rev.id and a.revision_id != rev.id]
+        rev.activate_to = [a.name for a in aliases if a.desired_revision_id != rev.id]
+        if not has_production:
+            rev.activate_to.insert(0, Alias.PRODUCTION)
+
+
+def _path_without_fragment(request: HttpRequest) -> str:
+    """This page's path and query, less `?fragment=` (a live section's re-fetch renders forms for the page)."""
+    query = request.GET.copy()
+    query.pop("fragment", None)
+    return request.path + (f"?{query.urlencode()}" if query else "")
+
+
 @page()
-def adapter_detail(request: HttpRequest, name: str) -> HttpResponse:
-    """Revisions with state, registrant, policy record, errors and placements; the controls the role allows."""
+def adapter_detail(request: HttpRequest, name: str, number: int | None = None) -> HttpResponse:
+    """Aliases with their controls, and the revisions (state, registrant, policy record, errors, placements).
+
+    The list puts live and desired revisions first, then the newest; `?state=` keeps one state. With `number`,
+    the page of that one revision (what every link to a revision opens, whatever list page it is on).
+    """
     viewer = request.viewer
     adapter = selectors.adapter_get(tenant=viewer.tenant, name=name)
     if adapter is None:
         raise Http404("No such adapter.")
-    alias = next((a for a in adapter.aliases.all() if a.name == Alias.PRODUCTION), None)
-    others = [a for a in adapter.aliases.all() if a.name != Alias.PRODUCTION]
-    revisions = selectors.revision_page(adapter=adapter, number=request.GET.get("page"))
+    aliases = selectors.aliases_of(adapter)
+    form = RevisionFilterForm(request.GET)
+    state = _filters(form).get("state", "") if number is None else ""
+    revisions = selectors.revision_page(adapter=adapter, number=request.GET.get("page"), state=state, only=number)
+    if number is not None and not revisions.object_list:
+        raise Http404("No such revision.")
+    _mark_revisions(revisions, aliases)
+    room = None
+    if number is not None and viewer.can(Capability.DECIDE):
+        # One revision: what to know before activating it (several queries, so never for a whole list; the
+        # list's activation confirmation fetches it from here when opened, `?fragment=room`).
+        rev = revisions.object_list[0]
+        if rev.state == "approved" and rev.activate_to:
+            room = rev.room = selectors.activation_warning(adapter=adapter, revision=rev)
     context = {
+        "room": room,
+        "retryable": adapter_services.RETRYABLE_FAILURE_CODES,
         "adapter": adapter,
-        "alias": alias,
-        "other_aliases": others,
+        "aliases": aliases,
+        "production": next((a for a in aliases if a.name == Alias.PRODUCTION), None),
         "revisions": revisions,
+        "single": number,
+        "state_form": form,
+        "state": state,
         "can_decide": viewer.can(Capability.DECIDE),
         "can_register": viewer.can(Capability.REGISTER),
         "live_page": "adapter",
+        "here": _path_without_fragment(request),
     }
     return _render(request, "adapter", "frontend/adapter.html", context)
 
@@ -84,16 +149,74 @@ def nodes(request: HttpRequest) -> HttpResponse:
 
 @page()
 def audit(request: HttpRequest) -> HttpResponse:
-    """The tenant's audit log, newest first, filterable by action, target and actor."""
+    """The tenant's audit log, newest first, filterable by action, target, actor and a range of UTC days."""
     form = AuditFilterForm(request.GET)
-    filters = form.cleaned_data if form.is_valid() else {}
-    filters = {k: v for k, v in filters.items() if v}
+    filters = _filters(form)
     events = selectors.audit_page(tenant=request.viewer.tenant, number=request.GET.get("page"), **filters)
-    query = urlencode(filters)
+    query = urlencode({k: str(v) for k, v in filters.items()})
     context = {
         "form": form,
+        "form_error": form_errors(form) if form.errors else "",
         "events": events,
         "actions": selectors.audit_actions(tenant=request.viewer.tenant),
         "filter_query": query,
+        "export_limit": selectors.AUDIT_EXPORT_MAX_ROWS,
     }
     return render(request, "frontend/audit.html", context)
+
+
+class _Echo:
+    """A file-like object whose write returns the line: the csv writer then yields rows one at a time."""
+
+    def write(self, value: str) -> str:
+        return value
+
+
+def _cell(value) -> str:
+    """A CSV cell a spreadsheet will not run as a formula (a tenant's names may start with = + - @)."""
+    text = "" if value is None else value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+EXPORT_BATCH_LINES = 500
+
+
+async def _async_batches(lines: Iterator[str]) -> AsyncIterator[str]:
+    """`lines` joined EXPORT_BATCH_LINES at a time, each batch read in the request's (thread-sensitive) sync thread."""
+
+    def batch() -> str:
+        return "".join(line for _, line in zip(range(EXPORT_BATCH_LINES), lines, strict=False))
+
+    while chunk := await sync_to_async(batch)():
+        yield chunk
+
+
+@page()
+def audit_export(request: HttpRequest) -> HttpResponse:
+    """The audit log with the page's filters as CSV, streamed, newest first, at most AUDIT_EXPORT_MAX_ROWS rows."""
+    form = AuditFilterForm(request.GET)
+    if form.errors:
+        raise Http404(form_errors(form))
+    tenant = request.viewer.tenant
+    rows = selectors.audit_export_rows(tenant=tenant, **_filters(form))
+    writer = csv.writer(_Echo())
+
+    def lines() -> Iterator[str]:
+        yield writer.writerow(["at_utc", "actor", "action", "target", "before", "after"])
+        for event in rows:
+            yield writer.writerow(
+                [
+                    event.at.isoformat(),
+                    *(_cell(v) for v in (event.actor, event.action, event.target)),
+                    _cell(event.before),
+                    _cell(event.after),
+                ]
+            )
+
+    stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
+    # Under ASGI a synchronous iterator would be read whole into memory before a byte is sent; hand it over as an
+    # asynchronous one there, reading the rows in batches in the request's database thread.
+    content = _async_batches(lines()) if isinstance(request, ASGIRequest) else lines()
+    response = StreamingHttpResponse(content, content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="audit-{tenant.slug}-{stamp}.csv"'
+    return response

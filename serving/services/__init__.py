@@ -1,6 +1,6 @@
 """Writes of the serving plane, one module per subject; callers use `serving.services.<name>`.
 
-- `aliases`: activation, rollback, the flip once a revision is ready, convergence.
+- `aliases`: activation, its cancellation, rollback, the flip once a revision is ready, convergence.
 - `placement`: placement requests, admission and pacing, prewarm bookkeeping, eviction, reconcile.
 - `capacity`: the rules those follow: pinned-revision quotas, aliases per adapter, fair shares.
 - `nodes`: registering nodes and recording their state.
@@ -9,6 +9,7 @@ Dependencies inside run one way: aliases → placement → capacity → (models,
 """
 
 from serving.services.aliases import (
+    activation_cancel,
     alias_converge,
     alias_flip,
     converge_aliases,
@@ -35,6 +36,7 @@ from serving.services.placement import (
 )
 
 __all__ = [
+    "activation_cancel",
     "admit",
     "admit_after_pause",
     "alias_converge",

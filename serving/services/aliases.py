@@ -18,9 +18,9 @@ from django.utils import timezone
 from adapters import services as adapter_services
 from adapters.models import Adapter, AdapterRevision, RevisionState
 from mint_site.errors import Conflict, InvalidTransition, NotFound
-from mint_site.events import live_event
-from serving import tasks
-from serving.models import Alias, Placement, Priority
+from mint_site.events import epoch_us, live_event
+from serving import selectors, tasks
+from serving.models import Alias, Placement, PlacementState, Priority
 from serving.services import capacity
 from serving.services import placement as placements
 from tenants.access import Actor
@@ -59,7 +59,8 @@ def _label(revision: AdapterRevision | None) -> str | None:
 
 
 def _set_desired(target: Alias, revision: AdapterRevision, *, rollback: bool, by: Actor) -> None:
-    """Point a locked alias's desired revision at `revision`, and audit it as an activation or a rollback.
+    """Point a locked alias's desired revision at `revision`, and audit it as an activation or a rollback (with
+    an `alias.desired` live event, so open dashboards show what is pending).
 
     Asking for what the alias already wants changes nothing (and records nothing). Wanting a revision other
     than the live one ends the previous revision's pin: an alias holds at most one revision besides its target.
@@ -83,6 +84,17 @@ def _set_desired(target: Alias, revision: AdapterRevision, *, rollback: bool, by
         target=f"alias:{target.adapter.name}:{target.name}",
         before=before,
         after={"revision": _label(target.revision), "desired": _label(revision)},
+    )
+    live_event(
+        tenant_id=target.adapter.tenant_id,
+        type="alias.desired",
+        id=target.id,
+        state="pending" if revision.id != target.revision_id else "live",
+        adapter=target.adapter.name,
+        alias=target.name,
+        revision=_label(target.revision),
+        desired=_label(revision),
+        rollback=rollback,
     )
 
 
@@ -175,6 +187,83 @@ def alias_flip(
         revision=_label(revision),
     )
     return target
+
+
+@transaction.atomic
+def activation_cancel(*, adapter: Adapter, alias_name: str, by: Actor) -> Alias:
+    """Withdraw an alias's pending activation (or rollback): its desired revision goes back to the live one.
+
+    The withdrawn revision's placement requests that nothing else pins (no other alias names it) are dropped
+    when they hold no work yet (`waiting`, `queued`: the row is deleted; a freed slot goes to what waits for one
+    on the heartbeat's next `placements_retry`, within MINT_HEARTBEAT_S). A load
+    already running (`loading`, `warming`) is left to finish: the node agent is mid-copy or mid-load, and
+    interrupting it would leave files under a LoRA name vLLM may hold; once ready, nothing pins it, so it is
+    the first to be evicted when a slot is needed (and serves `<adapter>@r<n>` meanwhile). Ready and failed
+    placements stay as they are. 409 `nothing_to_cancel` when nothing is pending. Locks the tenant, then the
+    alias, as activation does.
+    """
+    adapter.tenant = capacity.lock_tenant(adapter.tenant_id)
+    target = _locked_alias(adapter, alias_name, create=False)
+    if target.desired_revision_id == target.revision_id:
+        raise Conflict(
+            f"{adapter.name}:{alias_name} has no pending activation: it wants what it serves "
+            f"({_label(target.revision) or 'nothing'}).",
+            code="nothing_to_cancel",
+        )
+    withdrawn = target.desired_revision
+    before = {"revision": _label(target.revision), "desired": _label(withdrawn), "rollback": target.rollback_pending}
+    target.desired_revision = target.revision
+    target.rollback_pending = False
+    target.updated_by = by.label
+    target.updated_at = timezone.now()
+    target.save(update_fields=["desired_revision", "rollback_pending", "updated_by", "updated_at"])
+    dropped = _withdraw_placements(withdrawn)
+    audit_record(
+        tenant=adapter.tenant,
+        actor=by,
+        action="alias.cancel",
+        target=f"alias:{adapter.name}:{target.name}",
+        before=before,
+        after={"revision": _label(target.revision), "desired": _label(target.revision), "withdrawn": dropped},
+    )
+    live_event(
+        tenant_id=adapter.tenant_id,
+        type="alias.desired",
+        id=target.id,
+        state="cancelled",
+        adapter=adapter.name,
+        alias=target.name,
+        revision=_label(target.revision),
+        withdrawn=_label(withdrawn),
+    )
+    return target
+
+
+def _withdraw_placements(revision: AdapterRevision) -> list[str]:
+    """Delete the revision's waiting and queued placements if no alias pins it any more; the nodes they were on."""
+    if revision.id in selectors.pinned_revisions(base_model_id=revision.adapter.base_model_id):
+        return []
+    rows = list(
+        Placement.objects.select_for_update(of=("self",))
+        .filter(revision=revision, state__in=(PlacementState.WAITING, PlacementState.QUEUED))
+        .select_related("node")
+    )
+    if not rows:
+        return []
+    Placement.objects.filter(id__in=[p.id for p in rows]).delete()
+    now = timezone.now()
+    for placement in rows:
+        live_event(
+            tenant_id=revision.adapter.tenant_id,
+            type="placement.state",
+            id=placement.id,
+            state="withdrawn",
+            updated_us=epoch_us(now),
+            adapter=revision.adapter.name,
+            revision=_label(revision),
+            node=placement.node.name,
+        )
+    return sorted({p.node.name for p in rows})
 
 
 # ---------------------------------------------------------------- convergence (called by tasks)

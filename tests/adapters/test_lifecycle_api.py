@@ -217,7 +217,7 @@ def test_revision_list_filters_by_state_and_paginates(
 ):
     client = tenant_a.client_as("developer")
     for _ in range(3):
-        register(client, good_adapter_dir, django_capture_on_commit_callbacks)
+        register(client, good_adapter_dir, django_capture_on_commit_callbacks, allow_duplicate="true")
     AdapterRevision.objects.filter(number=2).update(state="failed")
     listed = client.get(f"{URL}/revisions/?limit=2").json()
     assert [r["revision"] for r in listed["results"]] == ["r3", "r2"]
@@ -240,7 +240,7 @@ def test_revision_list_pins_its_query_count(
 ):
     client = tenant_a.client_as("key:pipeline")
     for _ in range(4):
-        register(client, good_adapter_dir, django_capture_on_commit_callbacks)
+        register(client, good_adapter_dir, django_capture_on_commit_callbacks, allow_duplicate="true")
     # key lookup + adapter + one page of revisions with their joins
     with django_assert_max_num_queries(3):
         assert len(client.get(f"{URL}/revisions/").json()["results"]) == 4
@@ -251,7 +251,7 @@ def test_the_whole_governed_life(
 ):
     developer, approver = tenant_a.client_as("developer"), tenant_a.client_as("approver")
     for _ in range(2):
-        register(developer, good_adapter_dir, django_capture_on_commit_callbacks)
+        register(developer, good_adapter_dir, django_capture_on_commit_callbacks, allow_duplicate="true")
     for number in (1, 2):
         assert developer.post(f"{URL}/revisions/{number}/request-approval/").json()["state"] == "pending_approval"
         approved = approver.post(f"{URL}/revisions/{number}/approve/", {"comment": "lgtm"}, format="json")
@@ -325,7 +325,7 @@ def test_rollback_reexports_a_removed_export_bit_identically(
 
     developer, approver = tenant_a.client_as("developer"), tenant_a.client_as("approver")
     for number in (1, 2):
-        register(developer, good_adapter_dir, django_capture_on_commit_callbacks)
+        register(developer, good_adapter_dir, django_capture_on_commit_callbacks, allow_duplicate="true")
         developer.post(f"{URL}/revisions/{number}/request-approval/")
         approver.post(f"{URL}/revisions/{number}/approve/", {}, format="json")
         approver.post(f"{URL}/activate/", {"revision": number}, format="json")

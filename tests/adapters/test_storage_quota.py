@@ -20,7 +20,10 @@ URL = "/api/v1/adapters/support-bot/revisions/"
 
 
 def register(tenant, directory):
-    return tenant.client_as("developer").post(URL, {"files": uploads_of(directory)}, format="multipart")
+    # Equal uploads on purpose: these tests count bytes and revisions (tests/adapters/test_duplicate_uploads.py).
+    return tenant.client_as("developer").post(
+        URL, {"files": uploads_of(directory), "allow_duplicate": "true"}, format="multipart"
+    )
 
 
 def use_of(tenant) -> selectors.StorageUse:
@@ -80,7 +83,8 @@ def test_quotas_are_per_tenant(tenant_a, tenant_b, adapter_a, adapter_b, good_ad
 
 
 def _failed_upload(tenant, directory, django_capture_on_commit_callbacks) -> AdapterRevision:
-    (directory / "adapter_config.json").write_text("{not json")
+    weights = directory / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # seen by validation, not at registration
     with django_capture_on_commit_callbacks(execute=True):
         assert register(tenant, directory).status_code == 201
     revision = AdapterRevision.objects.order_by("-id").first()

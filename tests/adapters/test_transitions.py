@@ -45,7 +45,7 @@ def test_legal_transition_succeeds(tenant_a, adapter_a, action):
     AdapterRevision.objects.create(
         adapter=adapter_a, number=1, state=legal, source_uri="x", created_by=tenant_a.users["developer"]
     )
-    body = {"revision": 1} if action == "activate" else {}
+    body = {"revision": 1} if action == "activate" else {"comment": "Not this one."} if action == "reject" else {}
     response = tenant_a.client_as(who).post(f"{URL}/{path}", body, format="json")
     assert response.status_code == 200, response.content
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from django.db import connections
 from django.utils import timezone
 
 from adapters.models import AdapterRevision
-from serving.models import Alias, Placement
+from serving.models import Alias, Placement, PrewarmTurn
 from serving.services import placement as serving_placement
 from tests.e2e.world import register_peft_revisions, wait
 from tests.factories import PASSWORD
@@ -144,8 +145,10 @@ def test_approver_approves_activates_watches_prewarm_and_rolls_back(
     r2_card = page.locator("[data-revision='r2']")
     r2_card.get_by_text("Approve…").click()
     r2_card.get_by_role("button", name="Confirm approval of r2").click()
-    page.wait_for_selector("#flash .msg-success", timeout=10_000)
-    assert "r2 of support-bot approved." in page.locator("#flash").inner_text()
+    # The result shows next to the control that was used (its live region), and focus moves there.
+    page.wait_for_selector("#result-r2 .msg-success", timeout=10_000)
+    assert "r2 of support-bot approved." in page.locator("#result-r2").inner_text()
+    assert page.evaluate("document.activeElement.id") == "result-r2"
     page.wait_for_function(
         "document.querySelector(\"[data-revision='r2'] [data-revision-state]\").textContent.trim() === 'Approved'",
         timeout=5_000,
@@ -157,8 +160,11 @@ def test_approver_approves_activates_watches_prewarm_and_rolls_back(
     page.evaluate(WATCH, "r2")
     # r1's prewarm has just ended, as far as pacing knows: r2 stays queued for QUEUED_HOLD_S, so the
     # page shows "queued" however the activation's own re-fetch and its events race to the browser.
+    # (Pacing reads the tenant's PrewarmTurn on the node, which r1's prewarm wrote: its pause restarts now.)
     r1_ended = timezone.now()
-    Placement.objects.filter(revision=r1).update(ready_at=r1_ended)
+    PrewarmTurn.objects.filter(node=world.node, tenant=tenant_a.tenant).update(
+        resting_until=r1_ended + timedelta(seconds=QUEUED_HOLD_S)
+    )
     r2_card = page.locator("[data-revision='r2']")
     r2_card.get_by_text("Activate…").click()
     r2_card.get_by_role("button", name="Confirm activation of r2").click()
@@ -205,8 +211,8 @@ def test_approver_approves_activates_watches_prewarm_and_rolls_back(
     screenshot(page, tmp_path, "ready")
 
     # Roll back: r1 is still loaded, so production flips back at once; the page shows it live.
-    page.get_by_text("Roll back to r1…").click()
-    page.get_by_role("button", name="Confirm rollback to r1").click()
+    page.get_by_text("Roll back production to r1…").click()
+    page.get_by_role("button", name="Confirm rollback of production to r1").click()
     wait(lambda: Alias.objects.get(adapter=adapter).revision_id == r1.id, timeout=15, what="rollback", logs=world.logs)
     page.wait_for_selector("[data-revision='r1'] .live-tag", timeout=5_000)
     assert page.locator("[data-alias-live]").inner_text().strip() == "r1"

@@ -61,7 +61,7 @@ def assert_locked_out(response, *, retry_after: int) -> None:
 def test_five_wrong_passwords_lock_out_even_the_right_one(alice, settings):
     assert settings.AXES_FAILURE_LIMIT == 5
     assert settings.AXES_COOLOFF_TIME.total_seconds() == 900
-    assert fail(4, "throttle-alice") == [200] * 4
+    assert fail(4, "throttle-alice") == [302] * 4  # each refusal redirects to the page that says so
     assert fail(1, "throttle-alice") == [429]
     assert_locked_out(sign_in("throttle-alice", PASSWORD), retry_after=900)
 
@@ -91,9 +91,9 @@ def test_sign_in_works_again_after_the_cool_off(alice, settings):
 
 
 def test_a_good_password_clears_earlier_failures(alice):
-    assert fail(4, "throttle-alice") == [200] * 4
+    assert fail(4, "throttle-alice") == [302] * 4  # each refusal redirects to the page that says so
     assert sign_in("throttle-alice", PASSWORD).status_code == 302
-    assert fail(4, "throttle-alice") == [200] * 4  # counted from zero again
+    assert fail(4, "throttle-alice") == [302] * 4  # counted from zero again
 
 
 def test_admin_login_is_throttled_too():
@@ -120,7 +120,7 @@ def test_lockout_page_is_served_on_the_asgi_path_too(alice):
         async_to_sync(client.post)("/login/", {"username": "throttle-alice", "password": "wrong"}).status_code
         for _ in range(5)
     ]
-    assert statuses == [200] * 4 + [429]
+    assert statuses == [302] * 4 + [429]
     assert_locked_out(
         async_to_sync(client.post)("/login/", {"username": "throttle-alice", "password": PASSWORD}), retry_after=900
     )

@@ -183,7 +183,7 @@ def test_rollback_to_the_previous_revision(catalog_a, as_role):
     newer = AdapterRevision.objects.create(adapter=catalog_a.adapter, number=4, state="approved", source_uri="x")
     Alias.objects.filter(adapter=catalog_a.adapter).update(revision=newer, desired_revision=newer)
     content = as_role("approver").get("/adapters/support-bot/").content.decode()
-    assert 'data-action="rollback"' in content and "Roll back to r2" in content
+    assert 'data-action="rollback"' in content and "Roll back production to r2" in content
     response = as_role("approver").post("/adapters/support-bot/rollback/", {}, follow=True)
     assert "Rolling back production to r2." in response.content.decode()
     alias = Alias.objects.get(adapter=catalog_a.adapter)
@@ -241,8 +241,12 @@ def test_sign_in_and_out(catalog_a, tenant_a):
 
 
 def test_wrong_password_is_refused(catalog_a):
-    response = Client().post("/login/", {"username": "acme-viewer", "password": "nope"})
-    assert response.status_code == 200 and b"did not match" in response.content
+    client = Client()
+    response = client.post("/login/?next=/audit/", {"username": "acme-viewer", "password": "nope"})
+    assert response.status_code == 302 and response["Location"] == "/login/?next=/audit/"  # post/redirect/get
+    page = client.get(response["Location"]).content.decode()
+    assert "did not match" in page and 'value="acme-viewer"' in page and "nope" not in page
+    assert "did not match" not in client.get("/login/").content.decode()  # said once
 
 
 def test_person_in_two_tenants_switches(catalog_a, catalog_b, tenant_a, tenant_b):
@@ -307,7 +311,7 @@ def test_script_sent_action_gets_json_and_no_redirect(catalog_a, as_role):
     client = as_role("approver")
     response = client.post("/adapters/support-bot/revisions/1/approve/", {}, HTTP_X_REQUESTED_WITH="fetch")
     assert response.status_code == 200
-    assert response.json() == {"ok": True, "message": "r1 of support-bot approved."}
+    assert response.json() == {"ok": True, "message": "r1 of support-bot approved.", "anchor": "r1"}
     again = client.post("/adapters/support-bot/revisions/1/approve/", {}, HTTP_X_REQUESTED_WITH="fetch")
     assert again.status_code == 409 and again.json()["code"] == "invalid_transition"
 
@@ -336,7 +340,7 @@ def test_developer_uploads_a_revision(catalog_a, as_role, artifact_root, good_ad
     finally:
         for f in files:
             f.close()
-    assert response.json() == {"ok": True, "message": "r4 registered; validation is under way."}
+    assert response.json() == {"ok": True, "message": "r4 registered; validation is under way.", "anchor": "register"}
     revision = AdapterRevision.objects.get(adapter=catalog_a.adapter, number=4)
     assert revision.training_step == 7 and revision.created_by.username == "acme-developer"
     content = as_role("viewer").get("/adapters/support-bot/").content.decode()

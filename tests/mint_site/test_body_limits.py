@@ -21,6 +21,7 @@ from django.test.client import BOUNDARY, MULTIPART_CONTENT, encode_multipart
 
 from adapters.models import AdapterRevision
 from tenants.auth import SESSION_TENANT_KEY
+from tests.adapters.corpus import lora_config
 from tests.conftest import error_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -235,8 +236,9 @@ def test_ordinary_forms_take_a_handful_of_files(client, settings):
 
 def test_the_upload_route_takes_more_files_than_ordinary_forms(tenant_a, adapter_a, artifact_root, settings):
     settings.MINT_FORM_MAX_FILES = 100
-    files = [SimpleUploadedFile(f"shard-{i}.txt", b"x") for i in range(150)]
-    files.append(SimpleUploadedFile("adapter_config.json", b"{}"))
+    # Names and a config that pass registration's check (adapters/artifacts/precheck.py); validation refuses later.
+    files = [SimpleUploadedFile(f"shard-{i}.safetensors", b"x") for i in range(150)]
+    files.append(SimpleUploadedFile("adapter_config.json", json.dumps(lora_config()).encode()))
     response = tenant_a.client_as("key:pipeline").post(UPLOAD, {"files": files}, format="multipart")
     assert response.status_code == 201, response.content
 

@@ -8,6 +8,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from adapters.models import Adapter, AdapterRevision, BaseModel
+from serving.models import Alias
 from tenants import services
 from tenants.access import Actor
 from tenants.models import Scope
@@ -39,8 +40,10 @@ ALLOWED = {
     ("GET", "/api/v1/adapters/bot/revisions/1/"): (READERS, "exported", None),
     ("POST", "/api/v1/adapters/bot/revisions/1/request-approval/"): (REGISTRARS, "exported", {}),
     ("POST", "/api/v1/adapters/bot/revisions/1/approve/"): (DECIDERS, "pending_approval", {}),
-    ("POST", "/api/v1/adapters/bot/revisions/1/reject/"): (DECIDERS, "pending_approval", {}),
+    ("POST", "/api/v1/adapters/bot/revisions/1/reject/"): (DECIDERS, "pending_approval", {"comment": "No."}),
+    ("POST", "/api/v1/adapters/bot/revisions/1/retry/"): (REGISTRARS, "failed", {}),
     ("POST", "/api/v1/adapters/bot/activate/"): (DECIDERS, "approved", {"revision": "r1"}),
+    ("POST", "/api/v1/adapters/bot/cancel/"): (DECIDERS, "approved", {"alias": "production"}),
 }
 SUCCESS = {"GET": 200, "POST": 200, "DELETE": 204}
 CREATES = {"/api/v1/keys/", "/api/v1/adapters/", "/api/v1/adapters/bot/revisions/"}
@@ -53,9 +56,15 @@ def _call(world, artifact_root, client, method: str, path: str):
     base = BaseModel.objects.create(name="roles-base", architecture="dense", config={}, max_lora_rank=16)
     adapter = Adapter.objects.create(tenant=world.tenant, name="bot", base_model=base)
     if state:
-        AdapterRevision.objects.create(adapter=adapter, number=1, state=state, source_uri="x")
+        # A failed r1 failed for a reason worth retrying (a time limit); a cancel finds r1 pending on production.
+        failure = "validation_timeout" if state == "failed" else ""
+        r1 = AdapterRevision.objects.create(
+            adapter=adapter, number=1, state=state, source_uri="x", failure_code=failure
+        )
         adapter.revision_counter = 1
         adapter.save()
+        if path.endswith("/cancel/"):
+            Alias.objects.create(adapter=adapter, name="production", desired_revision=r1)
     incoming = artifact_root / f"t/{world.tenant.id}/incoming/run"
     incoming.mkdir(parents=True)
     (incoming / "adapter_config.json").write_text("{}")

@@ -9,7 +9,12 @@
  *    data-adapter, if any, names the event's adapter) is re-fetched from the server
  *    (`?fragment=<name>`) and replaced, so the whole row is right, not just its badge.
  * Re-fetches of one section never overlap, and an answer that an event overtook is fetched again.
+ * Sections that no event covers (an activation made through the API sends none) also carry data-refresh.
  * The socket reconnects with capped, jittered exponential backoff; #live shows whether the page is live.
+ *
+ * The result of an action shows next to the control that was used, in its slot `#result-<anchor>` (a live
+ * region, kept across re-fetches), and focus moves there. A page shown again by Back or Forward from the
+ * back/forward cache is reloaded: what it showed may be over.
  */
 (function () {
   "use strict";
@@ -67,14 +72,19 @@
   }
 
   function replace(section, html) {
-    // Keep open <details> (a confirmation being filled in) and focus where they were.
+    // Keep open <details> (a confirmation being filled in), results of actions, and focus where they were.
     var open = Array.prototype.map.call(section.querySelectorAll("details[open]"), keyOf);
-    var focused = document.activeElement && section.contains(document.activeElement) ? document.activeElement.id : null;
+    var results = {};
+    Array.prototype.forEach.call(section.querySelectorAll("[data-result][data-client]"), function (slot) {
+      results[slot.id] = slot.innerHTML;
+    });
+    var focused = document.activeElement && section.contains(document.activeElement) ? focusKey(document.activeElement) : null;
     var typed = {};
     Array.prototype.forEach.call(section.querySelectorAll("input[id]:not([type=hidden])"), function (input) {
       if (input.value) typed[input.id] = input.value;
     });
     section.innerHTML = html;
+    label(section); // before the open confirmations are found again by their key
     Object.keys(typed).forEach(function (id) {
       var input = document.getElementById(id);
       if (input && section.contains(input)) input.value = typed[id];
@@ -83,12 +93,51 @@
       var d = key && section.querySelector('[data-key-of="' + key + '"]');
       if (d) d.open = true;
     });
+    Object.keys(results).forEach(function (id) {
+      var slot = document.getElementById(id);
+      if (slot && section.contains(slot) && !slot.textContent) {
+        slot.innerHTML = results[id];
+        slot.setAttribute("data-client", "");
+      }
+    });
     if (focused) {
-      var f = document.getElementById(focused);
-      if (f) f.focus();
+      var f = findFocus(section, focused);
+      if (f) f.focus({ preventScroll: true });
     }
-    label(section);
     tick();
+    overflowing(section);
+  }
+
+  // Where focus was, in words that survive a re-render: its id, else what it is and what it leads to.
+  function focusKey(el) {
+    if (el.id) return { id: el.id };
+    if (el.matches("a[href]")) return { selector: 'a[href="' + el.getAttribute("href") + '"]', text: el.textContent };
+    var form = el.closest("form");
+    var details = el.closest("details");
+    if (el.matches("summary") && details) return { details: keyOf(details) };
+    if (form) return { form: form.getAttribute("action"), name: el.getAttribute("name"), text: el.textContent };
+    return null;
+  }
+
+  function findFocus(section, key) {
+    if (key.id) return document.getElementById(key.id);
+    var candidates = [];
+    if (key.selector) candidates = section.querySelectorAll(key.selector);
+    else if (key.details) {
+      var d = section.querySelector('[data-key-of="' + key.details + '"]');
+      return d && d.querySelector("summary");
+    } else if (key.form) {
+      candidates = Array.prototype.filter.call(section.querySelectorAll("form"), function (f) {
+        return f.getAttribute("action") === key.form;
+      }).reduce(function (all, f) {
+        return all.concat(Array.prototype.slice.call(f.querySelectorAll("button, input, select")));
+      }, []);
+      candidates = candidates.filter(function (c) {
+        return c.getAttribute("name") === key.name;
+      });
+    }
+    for (var i = 0; i < candidates.length; i++) if (candidates[i].textContent === key.text) return candidates[i];
+    return candidates[0] || null;
   }
 
   function keyOf(details) {
@@ -99,13 +148,20 @@
     // A stable key for each <details> so that an open confirmation survives a refresh.
     Array.prototype.forEach.call(root.querySelectorAll("details"), function (d) {
       var form = d.querySelector("form");
-      if (form) d.setAttribute("data-key-of", form.getAttribute("action"));
+      if (!form) return;
+      // Several forms share an action (activate, roll back): the alias and revision they name tell them apart.
+      var extra = ["alias", "revision"].map(function (name) {
+        var input = form.querySelector('input[type=hidden][name="' + name + '"]');
+        return input ? input.value : "";
+      });
+      d.setAttribute("data-key-of", [form.getAttribute("action")].concat(extra).join("|"));
     });
   }
 
   function matches(section, event) {
     var on = (section.dataset.liveOn || "").split(/\s+/);
-    if (on.indexOf(event.type) < 0) return false;
+    var family = event.type.split(".")[0] + ".*";
+    if (on.indexOf(event.type) < 0 && on.indexOf(family) < 0) return false;
     var adapter = section.dataset.adapter;
     return !adapter || !event.adapter || adapter === event.adapter;
   }
@@ -149,6 +205,8 @@
     var article = document.querySelector('[data-revision="' + event.revision + '"]');
     var table = article && article.querySelector("[data-placements]");
     if (!table) return;
+    var box = article.querySelector("[data-placements-box]");
+    if (box) box.hidden = false;
     var row = template.content.firstElementChild.cloneNode(true);
     row.setAttribute("data-placement-id", String(event.id));
     row.dataset.updatedUs = String(event.updated_us);
@@ -262,7 +320,7 @@
             result = { ok: false, message: xhr.status === 403 ? "Not allowed." : "Upload failed (" + xhr.status + ")." };
           }
           note.textContent = "";
-          flash(result.ok, result.message);
+          show(result.anchor, form, result.ok, result.message);
           if (result.ok) form.reset();
           Array.prototype.forEach.call(document.querySelectorAll("[data-fragment]"), refresh);
         };
@@ -275,17 +333,27 @@
     });
   }
 
-  function flash(ok, text) {
-    var box = document.getElementById("flash");
-    if (!box) return;
-    box.innerHTML = "";
-    var list = document.createElement("ul");
-    list.className = "messages";
-    var item = document.createElement("li");
-    item.className = ok ? "msg-success" : "msg-error";
+  // The slot for an action's result: the one its answer names, else the nearest one to the form, else #flash.
+  function slotFor(anchor, form) {
+    var slot = anchor ? document.getElementById("result-" + anchor) : null;
+    if (!slot && form) {
+      var holder = form.closest("article, li, section, details");
+      slot = holder && holder.querySelector("[data-result]");
+    }
+    return slot || document.getElementById("flash");
+  }
+
+  function show(anchor, form, ok, text) {
+    var slot = slotFor(anchor, form);
+    if (!slot) return;
+    var item = document.createElement("p");
+    item.className = "msg " + (ok ? "msg-success" : "msg-error");
     item.textContent = text;
-    list.appendChild(item);
-    box.appendChild(list);
+    slot.innerHTML = "";
+    slot.appendChild(item);
+    slot.setAttribute("data-client", "");
+    if (!slot.hasAttribute("tabindex")) slot.setAttribute("tabindex", "-1");
+    slot.focus({ preventScroll: false });
   }
 
   function enhancedForms() {
@@ -308,13 +376,13 @@
           return { ok: false, message: response.status === 403 ? "Not allowed." : "Failed (" + response.status + ")." };
         })
         .then(function (result) {
-          flash(result.ok, result.message || (result.ok ? "Done." : "Failed."));
+          show(result.anchor, form, result.ok, result.message || (result.ok ? "Done." : "Failed."));
           var details = form.closest("details");
           if (details && result.ok) details.open = false;
           Array.prototype.forEach.call(document.querySelectorAll("[data-fragment]"), refresh);
         })
         .catch(function () {
-          flash(false, "The server could not be reached; nothing may have changed.");
+          show("", form, false, "The server could not be reached; nothing may have changed.");
         })
         .then(function () {
           if (button) button.disabled = false;
@@ -322,8 +390,71 @@
     });
   }
 
+  // An activation's confirmation, when opened, asks the server what to know first (no room on the nodes...).
+  function roomWarnings() {
+    document.addEventListener(
+      "toggle",
+      function (e) {
+        var details = e.target;
+        if (!details.open || !details.querySelector) return;
+        var box = details.querySelector("[data-room]");
+        if (!box || box.dataset.loaded) return;
+        box.dataset.loaded = "1";
+        fetch(box.dataset.room, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
+          .then(function (response) {
+            return response.ok ? response.text() : "";
+          })
+          .then(function (html) {
+            if (html.trim()) box.innerHTML = html;
+          })
+          .catch(function () {});
+      },
+      true
+    );
+  }
+
+  // Mark scroll boxes whose table is wider than they are: the stylesheet shows a hint.
+  function overflowing(root) {
+    Array.prototype.forEach.call((root || document).querySelectorAll(".scroll"), function (box) {
+      if (box.scrollWidth > box.clientWidth + 1) box.setAttribute("data-overflowing", "");
+      else box.removeAttribute("data-overflowing");
+    });
+  }
+
+  // After a form posted without script, the server's redirect names the result's slot: focus it.
+  function focusResult() {
+    var message = document.querySelector("[data-result] [data-server-message]");
+    var slot = message ? message.closest("[data-result]") : null;
+    if (!slot) {
+      var top = document.querySelector("#flash li");
+      slot = top ? document.getElementById("flash") : null;
+      if (slot) slot.setAttribute("tabindex", "-1");
+    }
+    if (!slot && window.location.hash.length > 1) {
+      // A redirect to what an action made (a new key's token): focus it if it takes focus.
+      var target = document.getElementById(decodeURIComponent(window.location.hash.slice(1)));
+      if (target && target.hasAttribute("tabindex")) slot = target;
+    }
+    if (slot) {
+      var details = slot.closest("details");
+      if (details) details.open = true;
+      slot.focus();
+    }
+  }
+
+  // A page restored from the back/forward cache shows what was true when it was left: read it again.
+  window.addEventListener("pageshow", function (e) {
+    if (e.persisted) window.location.reload();
+  });
+
   document.addEventListener("DOMContentLoaded", function () {
     enhancedForms();
+    roomWarnings();
+    focusResult();
+    overflowing(document);
+    window.addEventListener("resize", function () {
+      overflowing(document);
+    });
     indicator = document.getElementById("live");
     label(document);
     tick();

@@ -1,0 +1,53 @@
+"""Hostile review of issue 16's serving additions: pending-activation reasons on the REST API."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from adapters.models import Adapter, AdapterRevision
+from serving.models import Alias
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def sent():
+    with (
+        mock.patch("serving.services.placement._send"),
+        mock.patch("serving.services.aliases.tasks.alias_converge"),
+    ):
+        yield
+
+
+def _pending_adapters(tenant, base, start: int, count: int) -> None:
+    for i in range(start, start + count):
+        adapter = Adapter.objects.create(tenant=tenant, name=f"bot-{i}", base_model=base)
+        live, wanted = (
+            AdapterRevision.objects.create(adapter=adapter, number=n, state="approved", source_uri="x") for n in (1, 2)
+        )
+        Alias.objects.create(adapter=adapter, name="production", revision=live, desired_revision=wanted)
+
+
+def _queries(client, url: str) -> int:
+    with CaptureQueriesContext(connection) as ctx:
+        assert client.get(url).status_code == 200
+    return len(ctx.captured_queries)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Not fixed: serving.selectors.activation_status runs per pending alias (3-7 queries each), so a listing's "
+    "query count grows with the tenant's pending activations (up to 50 adapters x max_aliases_per_adapter a page).",
+)
+@pytest.mark.parametrize("url", ["/api/v1/adapters/"])
+def test_listing_pending_activations_costs_a_fixed_number_of_queries(tenant_a, dense_base, node, url):
+    client = tenant_a.client_as("viewer")
+    _pending_adapters(tenant_a.tenant, dense_base, 0, 2)
+    few = _queries(client, url)
+    _pending_adapters(tenant_a.tenant, dense_base, 2, 10)
+    many = _queries(client, url)
+    assert many <= few + 2, (few, many)
