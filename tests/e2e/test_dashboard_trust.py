@@ -5,7 +5,8 @@ and their live events reach the page through the real channel layer. Checks: Bac
 current state; the overview follows an activation without a reload and keeps its headings across
 refreshes; no page scrolls sideways at phone width (390 px); axe-core's rules for labels, contrast and
 ARIA pass on every page (tests/e2e/vendor/axe.min.js, injected into the page, never served); the focus
-ring stands out (≥ 3:1) against what surrounds it.
+ring stands out (≥ 3:1) against what surrounds it; a stalled activation says why and can be cancelled; a
+duplicate upload is refused naming the revision it repeats.
 """
 
 from __future__ import annotations
@@ -392,3 +393,24 @@ def test_a_stalled_activation_says_why_and_can_be_cancelled(catalog, start_web, 
     r4.get_by_text("Activate…").click()
     expect(r4.locator("[data-room] .warning")).to_contain_text("Before you activate:")
     assert "is up" in r4.locator("[data-room]").inner_text()
+
+
+def test_a_duplicate_upload_is_refused_naming_the_revision(catalog, start_web, chromium, good_adapter_dir, tmp_path):
+    """Pressing Upload again with the same files makes no second revision: the page names the first."""
+    web = start_web({"MINT_ARTIFACT_ROOT": str(tmp_path / "artifacts")})
+    page = open_page(chromium, web, "acme-owner", DESKTOP)
+    page.goto(f"{web}/adapters/support-bot/")
+    files = sorted(str(p) for p in good_adapter_dir.iterdir())
+    result = page.locator("#result-register")
+
+    def upload() -> None:
+        if page.locator("#register[open]").count() == 0:
+            page.locator("#register summary").click()
+        page.set_input_files("#reg-files", files)
+        page.get_by_role("button", name="Upload and register").click()
+
+    upload()
+    expect(result.locator(".msg-success")).to_contain_text("r6 registered", timeout=15_000)
+    upload()
+    expect(result.locator(".msg-error")).to_contain_text("identical to r6 of support-bot", timeout=15_000)
+    assert AdapterRevision.objects.filter(adapter=catalog.adapter).count() == 6
