@@ -23,6 +23,8 @@ from tenants.models import ApiKey, AuditEvent, Tenant
 
 PAGE_SIZE = 50
 REVISION_PAGE_SIZE = 20
+# The overview explains at most this many pending activations (a few queries each); the others link to their page.
+OVERVIEW_EXPLAINED = 10
 AUDIT_EXPORT_MAX_ROWS = 50_000  # one CSV export at most; the page says so, and a narrower date range gets the rest
 ACTIVE_WINDOW = timedelta(seconds=60)  # a ready adapter used this recently counts as active (in the GPU batch)
 IN_FLIGHT = (PlacementState.QUEUED, PlacementState.LOADING, PlacementState.WARMING)
@@ -114,11 +116,18 @@ def adapter_rows(*, tenant: Tenant, q: str = "", state: str = "") -> list[Adapte
             wanted += [i for i in (alias.revision_id, alias.desired_revision_id) if i]
     readiness = _readiness(wanted)
     rows = []
+    explained = 0  # pending activations explained on this page so far (each costs a few queries)
     for adapter in adapters:
         alias = aliases[adapter.id]
         live = alias.revision if alias else None
         desired = alias.desired_revision if alias else None
         focus = desired or live
+        # No query for an alias with nothing pending; a few for one that waits, for the first
+        # OVERVIEW_EXPLAINED of them (the rest show "pending flip"; their adapter's page says why).
+        activation = None
+        if alias is not None and alias.desired_revision_id != alias.revision_id and explained < OVERVIEW_EXPLAINED:
+            activation = serving_selectors.activation_status(alias)
+            explained += 1
         rows.append(
             AdapterRow(
                 adapter=adapter,
@@ -126,8 +135,7 @@ def adapter_rows(*, tenant: Tenant, q: str = "", state: str = "") -> list[Adapte
                 desired=desired,
                 readiness=readiness.get(focus.id, Readiness()) if focus else Readiness(),
                 pending=adapter.pending,
-                # No query for an alias with nothing pending; a few for one that waits (there are few of those).
-                activation=serving_selectors.activation_status(alias) if alias is not None else None,
+                activation=activation,
             )
         )
     if state in ("serving", "flipping", "inactive"):

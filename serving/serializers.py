@@ -109,10 +109,19 @@ class ActivationResultSerializer(AliasSerializer):
         return alias.revision_id is not None and alias.revision_id == alias.desired_revision_id
 
 
+class AliasSummarySerializer(AliasSerializer):
+    """An alias in a list of adapters: without `pending`, whose reasons cost a few queries per alias (the
+    adapter's own page, `GET /api/v1/adapters/<name>/`, has them), so that a list costs the same however many
+    activations of the tenant are pending."""
+
+    class Meta(AliasSerializer.Meta):
+        fields = [f for f in AliasSerializer.Meta.fields if f != "pending"]
+
+
 class AdapterSerializer(CatalogAdapterSerializer):
     """An adapter with its aliases: what the API shows for one (prefetch them: selectors.with_aliases)."""
 
-    aliases = AliasSerializer(many=True, read_only=True)
+    aliases = AliasSummarySerializer(many=True, read_only=True)
 
     class Meta(CatalogAdapterSerializer.Meta):
         fields = [*CatalogAdapterSerializer.Meta.fields, "aliases"]

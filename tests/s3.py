@@ -7,6 +7,7 @@ credentials. Every byte goes over HTTP through django-storages and boto3, as aga
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 import uuid
@@ -48,6 +49,14 @@ class S3Store:
         """Every object key under `prefix`, read from the server itself (not through the store)."""
         pages = self.server.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
         return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
+
+    def digests(self, prefix: str) -> dict[str, str]:
+        """The SHA-256 of every object under `prefix`, by key, read from the server itself."""
+        client = self.server.client()
+        return {
+            key: hashlib.sha256(client.get_object(Bucket=self.bucket, Key=key)["Body"].read()).hexdigest()
+            for key in self.keys(prefix)
+        }
 
     def put(self, key: str, path: Path) -> None:
         self.server.client().upload_file(str(path), self.bucket, key)

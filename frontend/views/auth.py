@@ -12,7 +12,9 @@ from typing import Any
 
 from axes.backends import AxesStandaloneBackend
 from axes.helpers import get_cool_off
+from django.conf import settings
 from django.contrib.auth import views as auth_views
+from django.core import signing
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -21,9 +23,11 @@ from django.views.decorators.http import require_POST
 from frontend.views.base import not_found, page
 from tenants.auth import SESSION_TENANT_KEY
 
-# A refused sign-in travels to the page that says so in the session: post/redirect/get, so Back never asks to
-# send the password again. Only the username is kept.
+# A refused sign-in travels to the page that says so in a short-lived signed cookie: post/redirect/get, so Back
+# never asks to send the password again. Only the username is kept. Not in the session: that would write a
+# session row for every refused stranger (AXES counts per username and address, so varying the name is free).
 LOGIN_FAILED_KEY = "mint_login_failed"
+LOGIN_FAILED_MAX_AGE_S = 120
 
 
 class LoginView(auth_views.LoginView):
@@ -33,14 +37,34 @@ class LoginView(auth_views.LoginView):
     def form_invalid(self, form) -> HttpResponse:
         if getattr(self.request, "axes_locked_out", False):
             return super().form_invalid(form)  # django-axes answers with its lockout page; no session is started
-        self.request.session[LOGIN_FAILED_KEY] = {"username": str(form.data.get("username", ""))[:150]}
-        return redirect(self.request.get_full_path())
+        response = redirect(self.request.get_full_path())
+        response.set_cookie(
+            LOGIN_FAILED_KEY,
+            signing.dumps({"username": str(form.data.get("username", ""))[:150]}, salt=LOGIN_FAILED_KEY),
+            max_age=LOGIN_FAILED_MAX_AGE_S,
+            path=self.request.path,
+            secure=settings.SESSION_COOKIE_SECURE,
+            httponly=True,
+            samesite="Lax",
+        )
+        return response
+
+    def get(self, request, *args, **kwargs) -> HttpResponse:
+        response = super().get(request, *args, **kwargs)
+        if LOGIN_FAILED_KEY in request.COOKIES:  # said once
+            response.delete_cookie(LOGIN_FAILED_KEY, path=request.path, samesite="Lax")
+        return response
 
     def get_context_data(self, **kwargs) -> dict:
         context = super().get_context_data(**kwargs)
-        failed = self.request.session.pop(LOGIN_FAILED_KEY, None) if self.request.method == "GET" else None
-        context["failed"] = failed is not None
-        context["username"] = failed["username"] if failed else ""
+        failed = None
+        if self.request.method == "GET" and (kept := self.request.COOKIES.get(LOGIN_FAILED_KEY)):
+            try:
+                failed = signing.loads(kept, salt=LOGIN_FAILED_KEY, max_age=LOGIN_FAILED_MAX_AGE_S)
+            except signing.BadSignature:
+                failed = None
+        context["failed"] = isinstance(failed, dict)
+        context["username"] = str(failed.get("username", "")) if isinstance(failed, dict) else ""
         return context
 
 

@@ -69,11 +69,9 @@ def test_an_upload_is_validated_and_exported_on_s3(
     keys = s3_store.keys(f"{revision.export_uri}/")
     names = {key.rsplit("/", 1)[1] for key in keys}
     assert {"adapter_config.json", "adapter_model.safetensors", "policy_record.json"} <= names
-    recorded = {f["name"]: f["sha256"] for f in revision.policy_record["files"]}
-    client = s3_store.server.client()
-    for name, digest in recorded.items():
-        body = client.get_object(Bucket=s3_store.bucket, Key=f"{revision.export_uri}/{name}")["Body"].read()
-        assert sha256(body) == digest, name
+    recorded = {f"{revision.export_uri}/{f['name']}": f["sha256"] for f in revision.policy_record["files"]}
+    stored = s3_store.digests(f"{revision.export_uri}/")
+    assert {key: stored.get(key) for key in recorded} == recorded
     # The upload itself is in the bucket too (the revision's source), and nothing of it on local disk.
     assert s3_store.keys(revision.source_uri.rstrip("/") + "/")
 
@@ -105,21 +103,14 @@ def test_a_removed_export_is_restored_identical_on_s3(
         capture=django_capture_on_commit_callbacks,
     )
     client = s3_store.server.client()
-    before = {
-        key: sha256(client.get_object(Bucket=s3_store.bucket, Key=key)["Body"].read())
-        for key in s3_store.keys(f"{revision.export_uri}/")
-    }
+    before = s3_store.digests(f"{revision.export_uri}/")
     for key in before:
         client.delete_object(Bucket=s3_store.bucket, Key=key)
     assert s3_store.keys(f"{revision.export_uri}/") == []
 
     tasks.revision_export(revision_id=revision.id)
 
-    after = {
-        key: sha256(client.get_object(Bucket=s3_store.bucket, Key=key)["Body"].read())
-        for key in s3_store.keys(f"{revision.export_uri}/")
-    }
-    assert after == before
+    assert s3_store.digests(f"{revision.export_uri}/") == before
     revision.refresh_from_db()
     assert revision.state == "exported"
 

@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 from devtools.launcher import web_argv, worker_argv
 from devtools.supervisor import BASE_DIR, Supervisor, free_port, http_ok, wait_for
@@ -229,3 +229,36 @@ def log_of(supervisor: Supervisor, name: str) -> str:
 
 
 __all__ = ["BASE_DIR", "log_of"]
+
+
+# Debian's Chromium: the browser tests never download one.
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture
+def launch_browser(monkeypatch):
+    """Starts Chromium when called, after the set-up (whose ORM calls must not run in a thread with a running
+    event loop: Playwright's sync API keeps one in the thread that starts it)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium")
+    from playwright.sync_api import sync_playwright
+
+    started = []
+
+    def launch():
+        # Playwright's sync API runs an event loop in this thread; the ORM reads after this are plain blocking ones.
+        monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        manager = sync_playwright()
+        playwright = manager.start()
+        started.append(manager)
+        return playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-background-networking"],
+        )
+
+    yield launch
+    # Django's connections are context-local while Playwright's loop runs: close the ones opened meanwhile,
+    # or the test database cannot be dropped at the end of the session.
+    connections.close_all()
+    for manager in started:
+        manager.__exit__(None, None, None)

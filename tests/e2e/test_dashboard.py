@@ -14,7 +14,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import connections
 from django.utils import timezone
 
 from adapters.models import AdapterRevision
@@ -25,7 +24,6 @@ from tests.factories import PASSWORD
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
-CHROMIUM = "/usr/bin/chromium"
 PHASE_DELAY_MS = 1500  # each prewarm phase is held this long, so every state is on screen for a while
 QUEUED_HOLD_S = 3
 LIVE_LATENCY_S = 1.0  # a change must show on the page within this long after its commit
@@ -61,35 +59,6 @@ def sign_in(page, web: str, username: str) -> None:
     page.get_by_label("Password").fill(PASSWORD)
     page.get_by_role("button", name="Sign in").click()
     page.wait_for_url(f"{web}/")
-
-
-@pytest.fixture
-def launch_browser(monkeypatch):
-    """Starts Chromium when called, after the set-up (whose ORM calls must not run in a thread with a running
-    event loop: Playwright's sync API keeps one in the thread that starts it)."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium")
-    from playwright.sync_api import sync_playwright
-
-    started = []
-
-    def launch():
-        # Playwright's sync API runs an event loop in this thread; the ORM reads after this are plain blocking ones.
-        monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        manager = sync_playwright()
-        playwright = manager.start()
-        started.append(manager)
-        return playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-background-networking"],
-        )
-
-    yield launch
-    # Django's connections are context-local while Playwright's loop runs: close the ones opened meanwhile,
-    # or the test database cannot be dropped at the end of the session.
-    connections.close_all()
-    for manager in started:
-        manager.__exit__(None, None, None)
 
 
 def test_approver_approves_activates_watches_prewarm_and_rolls_back(

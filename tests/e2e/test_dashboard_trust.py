@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from django.db import connections
 from django.utils import timezone
 from playwright.sync_api import expect
 
@@ -23,7 +22,7 @@ from serving import services as serving_services
 from serving.models import Alias, Placement, PlacementState
 from tenants.access import Actor
 from tenants.services import api_key_create, audit_record
-from tests.e2e.test_dashboard import CHROMIUM, screenshot, sign_in
+from tests.e2e.test_dashboard import screenshot, sign_in
 from tests.factories import PASSWORD, ServingNodeFactory
 from tests.frontend.conftest import fill
 
@@ -119,28 +118,9 @@ def catalog(tenant_a, adapter_a, dense_base, settings):
 
 
 @pytest.fixture
-def chromium(monkeypatch):
-    """Starts Debian's Chromium when called (after the set-up's ORM calls; see test_dashboard.launch_browser)."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium")
-    from playwright.sync_api import sync_playwright
-
-    started = []
-
-    def launch():
-        monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        manager = sync_playwright()
-        playwright = manager.start()
-        started.append(manager)
-        return playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-background-networking"],
-        )
-
-    yield launch
-    connections.close_all()
-    for manager in started:
-        manager.__exit__(None, None, None)
+def chromium(launch_browser):
+    """Starts Debian's Chromium when called (after the set-up's ORM calls: see conftest.launch_browser)."""
+    return launch_browser
 
 
 def pages_of(web: str) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from unittest import mock
 
 import pytest
 from django.db import connection
@@ -31,6 +32,23 @@ def make_revision(adapter_a):
         return AdapterRevision.objects.create(adapter=adapter_a, number=number, state=state, source_uri="x")
 
     return make
+
+
+@pytest.fixture
+def sent():
+    """Tasks for node agents and convergence, recorded instead of sent (modules use it with `usefixtures`)."""
+    with (
+        mock.patch("serving.services.placement._send") as send,
+        mock.patch("serving.services.aliases.tasks.alias_converge"),
+    ):
+        yield send
+
+
+def approved_revision(adapter, number: int) -> AdapterRevision:
+    """An approved revision of `adapter` with an export to load."""
+    return AdapterRevision.objects.create(
+        adapter=adapter, number=number, state="approved", source_uri="x", export_uri=f"exports/{number}"
+    )
 
 
 def claim_concurrently(node: ServingNode, *, claimers: int) -> list[int]:

@@ -4,7 +4,6 @@ when, the quota; and `activation_room` warns before an activation that would wai
 from __future__ import annotations
 
 from datetime import timedelta
-from unittest import mock
 
 import pytest
 from django.db import connection
@@ -17,32 +16,16 @@ from serving import selectors, services
 from serving.models import Alias, NodeState, Placement, PrewarmTurn, Priority
 from tenants.access import Actor
 from tests.factories import ServingNodeFactory
-from tests.serving.conftest import place
+from tests.serving.conftest import approved_revision, place
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def sent():
-    """Tasks for node agents and convergence, recorded instead of sent."""
-    with (
-        mock.patch("serving.services.placement._send") as send,
-        mock.patch("serving.services.aliases.tasks.alias_converge"),
-    ):
-        yield send
-
-
-def revision_of(adapter, number: int) -> AdapterRevision:
-    return AdapterRevision.objects.create(
-        adapter=adapter, number=number, state="approved", source_uri="x", export_uri=f"exports/{number}"
-    )
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent")]
 
 
 def pending(adapter, live: int | None, desired: int, name: str = "production") -> Alias:
     """An alias serving r<live> (or nothing) that wants r<desired>."""
-    live_revision = revision_of(adapter, live) if live else None
+    live_revision = approved_revision(adapter, live) if live else None
     return Alias.objects.create(
-        adapter=adapter, name=name, revision=live_revision, desired_revision=revision_of(adapter, desired)
+        adapter=adapter, name=name, revision=live_revision, desired_revision=approved_revision(adapter, desired)
     )
 
 
@@ -51,7 +34,7 @@ def status_of(alias: Alias, **kwargs):
 
 
 def test_nothing_pending_has_no_status(adapter_a, node):
-    live = revision_of(adapter_a, 1)
+    live = approved_revision(adapter_a, 1)
     alias = Alias.objects.create(adapter=adapter_a, name="production", revision=live, desired_revision=live)
     assert selectors.activation_status(alias) is None
 
@@ -79,10 +62,10 @@ def test_a_full_base_model_says_every_slot_is_pinned_and_the_quota(tenant_a, ada
     tenant_a.tenant.max_ready_revisions = 4
     tenant_a.tenant.save()
     for number in (1, 2, 3):  # three live aliases fill node-1's three slots
-        revision = revision_of(adapter_a, number)
+        revision = approved_revision(adapter_a, number)
         Alias.objects.create(adapter=adapter_a, name=f"a{number}", revision=revision, desired_revision=revision)
         place(node, revision, "ready")
-    alias = Alias.objects.create(adapter=adapter_a, name="next", desired_revision=revision_of(adapter_a, 4))
+    alias = Alias.objects.create(adapter=adapter_a, name="next", desired_revision=approved_revision(adapter_a, 4))
     waiting = services.placement_request(revision=alias.desired_revision, priority=Priority.ACTIVATION)
     assert waiting.state == "waiting"
 
@@ -97,14 +80,14 @@ def test_a_full_base_model_says_every_slot_is_pinned_and_the_quota(tenant_a, ada
 
 def test_queued_gives_its_place_in_admission_and_who_is_ahead(adapter_a, adapter_b, node):
     now = timezone.now()
-    b_revisions = [revision_of(adapter_b, n) for n in (1, 2, 3)]
+    b_revisions = [approved_revision(adapter_b, n) for n in (1, 2, 3)]
     place(node, b_revisions[0], "loading", started_at=now)
     # B's last prewarm on the node started longer ago than A's: B's turn comes first, then they alternate.
     PrewarmTurn.objects.create(node=node, tenant=adapter_b.tenant, started_at=now - timedelta(minutes=10))
     PrewarmTurn.objects.create(node=node, tenant=adapter_a.tenant, started_at=now - timedelta(minutes=1))
     place(node, b_revisions[1], "queued", queued_at=now - timedelta(seconds=50))
     place(node, b_revisions[2], "queued", queued_at=now - timedelta(seconds=40))
-    place(node, revision_of(adapter_a, 7), "queued", queued_at=now - timedelta(seconds=60))
+    place(node, approved_revision(adapter_a, 7), "queued", queued_at=now - timedelta(seconds=60))
     alias = pending(adapter_a, 1, 2)
     mine = place(node, alias.desired_revision, "queued", queued_at=now - timedelta(seconds=30))
 
@@ -119,7 +102,7 @@ def test_queued_gives_its_place_in_admission_and_who_is_ahead(adapter_a, adapter
 
 def test_a_rollback_goes_before_every_activation_in_the_queue(adapter_a, adapter_b, node):
     for number in (1, 2):
-        place(node, revision_of(adapter_b, number), "queued")
+        place(node, approved_revision(adapter_b, number), "queued")
     alias = pending(adapter_a, 1, 2)
     place(node, alias.desired_revision, "queued", priority=Priority.ROLLBACK)
     status = status_of(alias)
@@ -161,7 +144,7 @@ def test_its_queries_do_not_grow_with_the_queue(adapter_a, adapter_b, node, djan
     few = queries()
     extra = ServingNodeFactory(name="node-2", base_model=node.base_model, cpu_slots=100)
     for number in range(10, 40):
-        place(extra if number % 2 else node, revision_of(adapter_b, number), "queued")
+        place(extra if number % 2 else node, approved_revision(adapter_b, number), "queued")
     assert queries() == few
     with django_assert_max_num_queries(8):
         selectors.activation_status(Alias.objects.get(id=alias.id))
@@ -205,22 +188,22 @@ def test_another_tenants_adapter_detail_is_404(tenant_a, adapter_b, node):
 
 
 def test_room_is_none_where_a_slot_is_free(adapter_a, node):
-    assert selectors.activation_room(adapter_a, revision_of(adapter_a, 1)) is None
+    assert selectors.activation_room(adapter_a, approved_revision(adapter_a, 1)) is None
 
 
 def test_room_warns_when_no_node_is_up(adapter_a, node):
     node.state = NodeState.DOWN
     node.save()
-    warning = selectors.activation_room(adapter_a, revision_of(adapter_a, 1))
+    warning = selectors.activation_room(adapter_a, approved_revision(adapter_a, 1))
     assert "No node of test-dense" in warning and "is up" in warning
 
 
 def test_room_says_a_full_quota_is_a_refusal(tenant_a, adapter_a, node):
     tenant_a.tenant.max_ready_revisions = 1
     tenant_a.tenant.save()
-    live = revision_of(adapter_a, 1)
+    live = approved_revision(adapter_a, 1)
     Alias.objects.create(adapter=adapter_a, name="candidate", revision=live, desired_revision=live)
-    warning = selectors.activation_room(adapter_a, revision_of(adapter_a, 2))
+    warning = selectors.activation_room(adapter_a, approved_revision(adapter_a, 2))
     assert warning.startswith("Activating r2 would be refused")
     assert "pins 1 of its 1 revisions" in warning and "max_ready_revisions" in warning
 
@@ -230,13 +213,13 @@ def test_room_warns_when_every_slot_is_taken_and_the_tenant_holds_its_share(tena
     tenant_a.tenant.save()
     # Three slots, two tenants with pinned revisions: a fair share of 1.5; A holds 2.
     for number in (1, 2):
-        revision = revision_of(adapter_a, number)
+        revision = approved_revision(adapter_a, number)
         Alias.objects.create(adapter=adapter_a, name=f"a{number}", revision=revision, desired_revision=revision)
         place(node, revision, "ready")
-    theirs = revision_of(adapter_b, 1)
+    theirs = approved_revision(adapter_b, 1)
     Alias.objects.create(adapter=adapter_b, name="production", revision=theirs, desired_revision=theirs)
     place(node, theirs, "ready")
-    warning = selectors.activation_room(adapter_a, revision_of(adapter_a, 3))
+    warning = selectors.activation_room(adapter_a, approved_revision(adapter_a, 3))
     assert "Every slot of test-dense is taken (3 of 3)" in warning
     assert "acme holds 2, its fair share being 1.5" in warning
     assert "globex" not in warning
@@ -250,6 +233,6 @@ def test_room_warns_when_every_slot_is_taken_and_the_tenant_holds_its_share(tena
 def test_room_is_none_for_the_live_revision(adapter_a, node):
     node.state = NodeState.DOWN
     node.save()
-    live = revision_of(adapter_a, 1)
+    live = approved_revision(adapter_a, 1)
     Alias.objects.create(adapter=adapter_a, name="production", revision=live, desired_revision=live)
     assert selectors.activation_room(adapter_a, live) is None

@@ -7,7 +7,6 @@ from unittest import mock
 
 import pytest
 
-from adapters.models import AdapterRevision
 from mint_site.errors import Conflict
 from serving import selectors, services
 from serving.models import Alias, Placement
@@ -15,26 +14,11 @@ from tenants.access import Actor
 from tenants.models import AuditEvent
 from tests.conftest import error_of
 from tests.factories import ServingNodeFactory
-from tests.serving.conftest import place
+from tests.serving.conftest import approved_revision, place
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent")]
 
 URL = "/api/v1/adapters/support-bot"
-
-
-@pytest.fixture(autouse=True)
-def sent():
-    with (
-        mock.patch("serving.services.placement._send") as send,
-        mock.patch("serving.services.aliases.tasks.alias_converge"),
-    ):
-        yield send
-
-
-def revision_of(adapter, number: int) -> AdapterRevision:
-    return AdapterRevision.objects.create(
-        adapter=adapter, number=number, state="approved", source_uri="x", export_uri=f"exports/{number}"
-    )
 
 
 @pytest.fixture
@@ -43,8 +27,8 @@ def swapping(adapter_a) -> Alias:
     return Alias.objects.create(
         adapter=adapter_a,
         name="production",
-        revision=revision_of(adapter_a, 1),
-        desired_revision=revision_of(adapter_a, 2),
+        revision=approved_revision(adapter_a, 1),
+        desired_revision=approved_revision(adapter_a, 2),
     )
 
 
@@ -93,7 +77,7 @@ def test_cancel_is_announced_to_open_dashboards(adapter_a, swapping, node):
 
 
 def test_nothing_pending_is_409_nothing_to_cancel_and_writes_nothing(adapter_a, node):
-    live = revision_of(adapter_a, 1)
+    live = approved_revision(adapter_a, 1)
     Alias.objects.create(adapter=adapter_a, name="production", revision=live, desired_revision=live)
     with pytest.raises(Conflict) as refused:
         services.activation_cancel(adapter=adapter_a, alias_name="production", by=Actor.system())
@@ -102,7 +86,7 @@ def test_nothing_pending_is_409_nothing_to_cancel_and_writes_nothing(adapter_a, 
 
 
 def test_cancelling_a_first_activation_leaves_the_alias_empty(adapter_a, node):
-    Alias.objects.create(adapter=adapter_a, name="production", desired_revision=revision_of(adapter_a, 1))
+    Alias.objects.create(adapter=adapter_a, name="production", desired_revision=approved_revision(adapter_a, 1))
     alias = services.activation_cancel(adapter=adapter_a, alias_name="production", by=Actor.system())
     assert alias.revision_id is None and alias.desired_revision_id is None
 
@@ -147,7 +131,7 @@ def test_another_tenant_cannot_cancel_nor_learn_of_the_activation(tenant_b, swap
 
 
 def test_activating_the_live_revision_says_already_live_and_writes_nothing(tenant_a, adapter_a, node):
-    live = revision_of(adapter_a, 1)
+    live = approved_revision(adapter_a, 1)
     alias = Alias.objects.create(adapter=adapter_a, name="production", revision=live, desired_revision=live)
     before = alias.updated_at
     response = tenant_a.client_as("approver").post(f"{URL}/activate/", {"revision": "r1"}, format="json")
@@ -160,8 +144,8 @@ def test_activating_the_live_revision_says_already_live_and_writes_nothing(tenan
 
 
 def test_activating_another_revision_is_not_already_live_and_says_what_it_waits_for(tenant_a, adapter_a, node):
-    live = revision_of(adapter_a, 1)
-    revision_of(adapter_a, 2)
+    live = approved_revision(adapter_a, 1)
+    approved_revision(adapter_a, 2)
     Alias.objects.create(adapter=adapter_a, name="production", revision=live, desired_revision=live)
     response = tenant_a.client_as("approver").post(f"{URL}/activate/", {"revision": "r2"}, format="json")
     body = response.json()

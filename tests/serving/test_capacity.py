@@ -4,7 +4,6 @@ and their retry, cold requests' bounds, and fair admission across tenants (Postg
 from __future__ import annotations
 
 from datetime import timedelta
-from unittest import mock
 
 import pytest
 from django.db import connection
@@ -18,17 +17,7 @@ from tenants.access import Actor
 from tenants.models import AuditEvent, Tenant
 from tests.serving.conftest import claim_concurrently, place
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def sent():
-    """Tasks for node agents and the control queue, recorded instead of sent."""
-    with (
-        mock.patch("serving.services.placement._send") as send,
-        mock.patch("serving.services.aliases.tasks.alias_converge"),
-    ):
-        yield send
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent")]
 
 
 @pytest.fixture

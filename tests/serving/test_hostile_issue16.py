@@ -38,16 +38,13 @@ def _queries(client, url: str) -> int:
     return len(ctx.captured_queries)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Not fixed: serving.selectors.activation_status runs per pending alias (3-7 queries each), so a listing's "
-    "query count grows with the tenant's pending activations (up to 50 adapters x max_aliases_per_adapter a page).",
-)
-@pytest.mark.parametrize("url", ["/api/v1/adapters/"])
+@pytest.mark.parametrize("url", ["/api/v1/adapters/", "/"])
 def test_listing_pending_activations_costs_a_fixed_number_of_queries(tenant_a, dense_base, node, url):
+    """The API's list leaves the reasons to each adapter's own page; the dashboard's overview explains a bounded
+    number of them (serving.selectors.activation_status costs a few queries per pending alias)."""
     client = tenant_a.client_as("viewer")
-    _pending_adapters(tenant_a.tenant, dense_base, 0, 2)
+    _pending_adapters(tenant_a.tenant, dense_base, 0, 12)  # more than the overview explains
     few = _queries(client, url)
-    _pending_adapters(tenant_a.tenant, dense_base, 2, 10)
+    _pending_adapters(tenant_a.tenant, dense_base, 12, 30)
     many = _queries(client, url)
     assert many <= few + 2, (few, many)

@@ -177,6 +177,23 @@ def test_an_address_past_the_failure_limit_gets_429_before_any_lookup(
     assert bearer(token, address="10.1.2.3").get("/api/v1/").status_code == 200
 
 
+def test_an_idempotency_key_does_not_get_a_limited_address_a_key_lookup(
+    tenant_a, three_failures, django_assert_num_queries
+):
+    """The Idempotency-Key middleware resolves the caller before the view: past the limit it looks nothing up
+    either (and claims nothing), and the view answers 429."""
+    _, token = tenant_a.key("pipeline")
+    for guess in ("mint_nope_secret", "not-a-token", "mint_x_wrong"):
+        bearer(guess).get("/api/v1/")
+
+    client = bearer(token)
+    with django_assert_num_queries(0):
+        response = client.post("/api/v1/adapters/", {"name": "x"}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+
+    assert response.status_code == 429
+    assert error_of(response)["code"] == "too_many_auth_failures"
+
+
 def test_answers_about_genuine_keys_are_not_failures(tenant_a, three_failures):
     revoked, revoked_token = tenant_a.key("pipeline")
     services.api_key_revoke(key=revoked, by=Actor.system())
