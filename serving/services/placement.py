@@ -36,7 +36,7 @@ from serving.models import (
     ServingNode,
     lora_name,
 )
-from serving.services import capacity
+from serving.services import capacity, rendezvous
 from tenants.access import Actor
 from tenants.services import audit_record
 
@@ -160,9 +160,11 @@ def _place(revision: AdapterRevision, priority: int, *, row: Placement | None) -
         .annotate(n=Count("id"))
         .values_list("node_id", "n")
     )
-    by_room = sorted(locked, key=lambda n: (holding.get(n.id, 0) - n.cpu_slots, n.name))
-    if holding.get(by_room[0].id, 0) < by_room[0].cpu_slots:
-        return _queue(row, revision, node=by_room[0], priority=priority)
+    # The revision's home: the first node in its rendezvous order with a free slot (serving/services/rendezvous.py),
+    # so that nodes joining or leaving move only about their share of revisions.
+    order = rendezvous.preference(lora_name(revision), locked)
+    if (home := next((n for n in order if holding.get(n.id, 0) < n.cpu_slots), None)) is not None:
+        return _queue(row, revision, node=home, priority=priority)
     pins = selectors.pinned_revisions(base_model_id=adapter.base_model_id)
     tenant_id = adapter.tenant_id
 
@@ -186,7 +188,7 @@ def _place(revision: AdapterRevision, priority: int, *, row: Placement | None) -
                 slug = victim.revision.adapter.tenant.slug
                 return take(victim, f"evicted for a tenant under its fair share: {shares.describe(over, slug)}")
     reason = f"waiting for a free slot: {shares.describe(tenant_id, adapter.tenant.slug)}"
-    return _wait(row, revision, node=by_room[0], priority=priority, reason=reason)
+    return _wait(row, revision, node=order[0], priority=priority, reason=reason)
 
 
 def _queue(row: Placement | None, revision: AdapterRevision, *, node: ServingNode, priority: int) -> Placement:

@@ -28,11 +28,10 @@ from tests.serving.conftest import place
 from tests.serving.gateway_world import call, complete
 from tests.serving.test_capacity import a_fills_the_node, activate, pin, plan
 
-# test_capacity's fixtures, used here by name: its revisions, and its tasks recorded instead of sent (autouse).
+# test_capacity's fixture, used here by name: its revisions.
 revisions_of = test_capacity.revisions_of
-sent = test_capacity.sent
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent")]
 
 
 def tenant_pins(tenant_id: int) -> set[int]:
