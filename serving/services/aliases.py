@@ -291,7 +291,7 @@ def alias_converge(*, alias: Alias) -> None:
         converge_aliases(revision=desired)
         return
     priority = Priority.ROLLBACK if alias.rollback_pending else Priority.ACTIVATION
-    placements.placement_request(revision=desired, priority=priority)
+    placements.placement_request(revision=desired, priority=priority, replicas=settings.MINT_ALIAS_READY_REPLICAS)
 
 
 def placement_ready(*, placement: Placement, warm_ms: float) -> bool:

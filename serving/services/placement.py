@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import Case, Count, DateTimeField, F, Value, When, Window
+from django.db.models import Case, Count, DateTimeField, F, Q, Value, When, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
@@ -95,14 +95,16 @@ def _placement_event(
     )
 
 
-def placement_request(*, revision: AdapterRevision, priority: int) -> Placement | None:
-    """Ask for `revision` to be loaded on a node of its base model. Never waits for the load itself.
+def placement_request(*, revision: AdapterRevision, priority: int, replicas: int = 1) -> Placement | None:
+    """Ask for `revision` to be loaded on `replicas` distinct nodes of its base model. Never waits for a load.
 
-    Returns the placement, existing or new (an existing one keeps the higher priority): `queued` for
+    Returns a placement of it, existing or new (existing ones keep the higher priority): `queued` for
     admission when a slot is free or may be taken under the capacity rules (serving/services/capacity.py);
     for a pinned revision (an alias names it) that finds no room, `waiting` with its reason, placed by
     `placements_retry` when capacity frees. None for a cold request that finds no room (the caller's 503
-    asks it to come back) and when no node of the base model can load the revision.
+    asks it to come back) and when no node of the base model can load the revision. Each replica goes to the
+    first node of the revision's rendezvous order with room that holds none of it yet; a placement on a node
+    that is down holds nothing (failover places the revision again elsewhere).
     """
     with transaction.atomic():
         rows = list(
@@ -113,16 +115,23 @@ def placement_request(*, revision: AdapterRevision, priority: int) -> Placement 
             .order_by("id")
         )
         holding = [p for p in rows if p.state not in (P.FAILED, P.WAITING) and p.node.state == NodeState.UP]
-        if not holding:
-            reusable = next((p for p in rows if p.state in (P.FAILED, P.WAITING)), None)
-            return _place(revision, priority, row=reusable)
-        existing = holding[0]
-        if existing.priority < priority:
-            existing.priority, existing.updated_at = priority, timezone.now()
-            existing.save(update_fields=["priority", "updated_at"])
-        if existing.state == P.QUEUED:
-            transaction.on_commit(lambda: admit(node_id=existing.node_id))
-        return existing
+        for existing in holding:
+            if existing.priority < priority:
+                existing.priority, existing.updated_at = priority, timezone.now()
+                existing.save(update_fields=["priority", "updated_at"])
+            if existing.state == P.QUEUED:
+                transaction.on_commit(lambda node_id=existing.node_id: admit(node_id=node_id))
+        # Failed and waiting rows are reused (waiting ones first); a row on a node that went down stays where it
+        # is, for the heartbeat's reconcile to settle if the node comes back.
+        spare = sorted(
+            (p for p in rows if p.state in (P.FAILED, P.WAITING)), key=lambda p: (p.state != P.WAITING, p.id)
+        )
+        placed = None
+        for _ in range(replicas - len(holding)):
+            placed = _place(revision, priority, row=spare.pop(0) if spare else None)
+            if placed is None or placed.state != P.QUEUED:
+                break  # no room (it waits, or a cold request is refused): the next replica would not find any
+        return holding[0] if holding else placed
 
 
 def _place(revision: AdapterRevision, priority: int, *, row: Placement | None) -> Placement | None:
@@ -284,15 +293,21 @@ def placements_retry(*, base_model_id: int | None = None, limit: int = 200) -> d
             placed += 1
         else:
             stuck.add((adapter.tenant_id, adapter.base_model_id))
+    # Pinned revisions with fewer placement rows on up nodes than replicas: evicted for another tenant, never
+    # placed because every node was down, or on a node that went down. Rows in any state count (waiting for
+    # room, being evicted, or failed: a failed prewarm is not retried by itself, or a bad one would loop).
+    replicas = settings.MINT_ALIAS_READY_REPLICAS
+    on_up_nodes = Q(placements__node__state=NodeState.UP)
     unplaced = (
         AdapterRevision.objects.filter(id__in=list(pins), state=RevisionState.APPROVED)
         .exclude(export_uri="")
-        .exclude(placements__isnull=False)
+        .annotate(placed=Count("placements", filter=on_up_nodes))
+        .filter(placed__lt=replicas)
         .select_related("adapter__base_model", "adapter__tenant")[:limit]
     )
     requested = 0
     for revision in unplaced:
-        placement_request(revision=revision, priority=Priority.ACTIVATION)
+        placement_request(revision=revision, priority=Priority.ACTIVATION, replicas=replicas)
         requested += 1
     return {"dropped": dropped, "placed": placed, "requested": requested}
 

@@ -1,0 +1,74 @@
+"""Replicas and failover on the placement level: a revision on MINT_ALIAS_READY_REPLICAS distinct nodes before
+its alias flips, and a pinned revision on a node that went down placed again on another."""
+
+from __future__ import annotations
+
+import pytest
+
+from serving import services
+from serving.models import NodeState, Placement, PlacementState, ServingNode
+from tenants.access import Actor
+from tests.factories import ServingNodeFactory
+from tests.serving.conftest import approved_revision, make_live, place
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent")]
+
+
+@pytest.fixture
+def two_nodes(node) -> list[ServingNode]:
+    return [node, ServingNodeFactory(name="node-2", base_model=node.base_model, cpu_slots=3)]
+
+
+def ready(placement: Placement) -> None:
+    """Its prewarm done: loaded, then warmed (which flips the aliases waiting for it)."""
+    Placement.objects.filter(id=placement.id).update(state=PlacementState.WARMING, load_ms=1)
+    assert services.placement_ready(placement=Placement.objects.get(id=placement.id), warm_ms=1)
+
+
+def test_an_activation_places_each_replica_on_its_own_node_and_flips_once_all_are_ready(two_nodes, adapter_a, settings):
+    settings.MINT_ALIAS_READY_REPLICAS = 2
+    live, wanted = approved_revision(adapter_a, 1), approved_revision(adapter_a, 2)
+    make_live(live)
+
+    services.revision_activate(adapter=adapter_a, revision=wanted, by=Actor.system())
+    services.alias_converge(alias=adapter_a.aliases.get(name="production"))
+
+    replicas = list(Placement.objects.filter(revision=wanted))
+    assert sorted(p.node.name for p in replicas) == ["node-1", "node-2"]
+    ready(replicas[0])
+    assert adapter_a.aliases.get(name="production").revision_id == live.id  # one of two: no flip yet
+    ready(replicas[1])
+    assert adapter_a.aliases.get(name="production").revision_id == wanted.id
+
+
+def test_asking_again_adds_no_replica_beyond_the_count(two_nodes, adapter_a):
+    revision = approved_revision(adapter_a, 1)
+    make_live(revision)
+    for _ in range(3):
+        services.placement_request(revision=revision, priority=2, replicas=2)
+    assert Placement.objects.filter(revision=revision).count() == 2
+
+
+def test_a_pinned_revision_on_a_node_that_went_down_is_placed_on_another(two_nodes, adapter_a):
+    first, second = two_nodes
+    revision = approved_revision(adapter_a, 1)
+    make_live(revision)
+    lost = place(first, revision, "ready")
+
+    ServingNode.objects.filter(id=first.id).update(state=NodeState.DOWN)
+    result = services.placements_retry()
+
+    assert result["requested"] == 1
+    again = Placement.objects.exclude(id=lost.id).get(revision=revision)
+    assert again.node_id == second.id and again.state in ("queued", "loading")
+
+
+def test_a_failed_placement_is_not_retried_by_the_heartbeat(two_nodes, adapter_a):
+    """A prewarm that failed every attempt waits for someone to act: retried by itself, a bad one would loop."""
+    first, _ = two_nodes
+    revision = approved_revision(adapter_a, 1)
+    make_live(revision)
+    failed = place(first, revision, "failed", failure_reason="boom")
+
+    assert services.placements_retry()["requested"] == 0
+    assert list(Placement.objects.filter(revision=revision)) == [failed]
