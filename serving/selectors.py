@@ -181,6 +181,13 @@ def activation_status(alias: Alias, *, now: datetime | None = None) -> Activatio
     if not up:
         since, reason = _no_node(nodes, desired, adapter.base_model.name, alias)
         return status(phase="no_node", reason=reason, since=since)
+    if ready and len(up) < needed:
+        reason = (
+            f"Ready on {len(ready)} of the {needed} nodes a flip needs (MINT_ALIAS_READY_REPLICAS), but only "
+            f"{len(up)} node of {adapter.base_model.name} that can load it is up: it flips when another comes "
+            "up; or cancel."
+        )
+        return status(phase="waiting", reason=reason, since=ready[0].ready_at, node=ready[0].node.name)
     waiting = next((p for p in placements if p.state == P.WAITING), None)
     if waiting is not None:
         reason = _no_slot(waiting, up, tenant=tenant, base_model=adapter.base_model.name, quota=quota)

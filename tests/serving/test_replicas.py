@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving import services
+from serving import selectors, services
 from serving.models import NodeState, Placement, PlacementState, ServingNode
 from tenants.access import Actor
 from tests.factories import ServingNodeFactory
@@ -72,3 +72,20 @@ def test_a_failed_placement_is_not_retried_by_the_heartbeat(two_nodes, adapter_a
 
     assert services.placements_retry()["requested"] == 0
     assert list(Placement.objects.filter(revision=revision)) == [failed]
+
+
+def test_too_few_nodes_for_the_replicas_is_explained(node, adapter_a, settings):
+    settings.MINT_ALIAS_READY_REPLICAS = 2
+    live, wanted = approved_revision(adapter_a, 1), approved_revision(adapter_a, 2)
+    make_live(live)
+    services.revision_activate(adapter=adapter_a, revision=wanted, by=Actor.system())
+    alias = adapter_a.aliases.get(name="production")
+    services.alias_converge(alias=alias)
+    (only,) = Placement.objects.filter(revision=wanted)
+    ready(only)
+
+    status = selectors.activation_status(adapter_a.aliases.get(name="production"))
+
+    assert status.phase == "waiting"
+    assert "Ready on 1 of the 2 nodes a flip needs" in status.reason
+    assert "only 1 node of" in status.reason
