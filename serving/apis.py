@@ -19,9 +19,9 @@ from adapters import apis as catalog
 from adapters import selectors as adapter_selectors
 from adapters.models import Adapter, AdapterRevision
 from adapters.selectors import base_model_by_name
-from mint_site.errors import MintError
+from mint_site.errors import Conflict, MintError, NotFound
 from serving import selectors, services
-from serving.models import PlacementState, ServingNode
+from serving.models import NodeState, PlacementState, ServingNode
 from serving.serializers import (
     ActivateSerializer,
     ActivationResultSerializer,
@@ -29,6 +29,8 @@ from serving.serializers import (
     AdapterSerializer,
     AliasSerializer,
     CancelSerializer,
+    DrainProgressSerializer,
+    DrainSerializer,
     RollbackSerializer,
     ServingNodeCreateSerializer,
     ServingNodeSerializer,
@@ -172,3 +174,38 @@ class ServingNodeListCreateApi(PlatformApi):
         data["served_model_name"] = data["served_model_name"] or base.name
         node = services.node_register(base_model=base, by=Actor(user=request.user), **data)
         return Response(ServingNodeSerializer(self.get_queryset().get(id=node.id)).data, status=status.HTTP_201_CREATED)
+
+
+class ServingNodeDrainApi(PlatformApi):
+    """Drain a node (staff): its revisions are placed on other nodes while it serves them, and unloaded here
+    once ready there (the heartbeat carries it on); `force` unloads everything now. Answers the progress;
+    POST again to see it move."""
+
+    @extend_schema(request=DrainSerializer, responses=DrainProgressSerializer)
+    def post(self, request, name: str):
+        node = ServingNode.objects.filter(name=name).first()
+        if node is None:
+            raise NotFound(f"No node {name!r}.", code="node_not_found")
+        payload = DrainSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        if node.state == NodeState.DRAINING:
+            progress = services.drain_step(node=node, force=payload.validated_data["force"])
+        else:
+            progress = services.node_drain(
+                node=node, by=Actor(user=request.user), force=payload.validated_data["force"]
+            )
+        return Response({"node": node.name, "state": NodeState.DRAINING, **progress})
+
+
+class ServingNodeUndrainApi(PlatformApi):
+    """Take a draining node back into service (staff)."""
+
+    @extend_schema(request=None, responses=ServingNodeSerializer)
+    def post(self, request, name: str):
+        node = ServingNode.objects.filter(name=name).first()
+        if node is None:
+            raise NotFound(f"No node {name!r}.", code="node_not_found")
+        if node.state == NodeState.DOWN:
+            raise Conflict(f"Node {node.name} is down; it comes back up with its next heartbeat.", code="node_down")
+        services.node_set_state(node=node, state=NodeState.UP, by=Actor(user=request.user))
+        return Response(ServingNodeSerializer(ServingNodeListCreateApi().get_queryset().get(id=node.id)).data)

@@ -76,9 +76,12 @@ def live_aliases(*, tenant_id: int) -> QuerySet[Alias]:
 
 
 def ready_placements(*, revision: AdapterRevision) -> QuerySet[Placement]:
-    """Where `revision` can be routed now: its ready placements on up nodes, with the node, oldest first."""
+    """Where `revision` can be routed now: its ready placements on up nodes, and on draining ones (they serve
+    until the revision is ready elsewhere: serving.services.drain_step), with the node, oldest first."""
     return (
-        Placement.objects.filter(revision=revision, state=PlacementState.READY, node__state=NodeState.UP)
+        Placement.objects.filter(
+            revision=revision, state=PlacementState.READY, node__state__in=(NodeState.UP, NodeState.DRAINING)
+        )
         .select_related("node")
         .order_by("id")
     )

@@ -184,3 +184,16 @@ class ServingNodeCreateSerializer(serializers.Serializer):
     max_lora_rank = serializers.IntegerField(min_value=1, max_value=1024, default=16)
     cache_dir = serializers.CharField(max_length=500)
     engine_flags = serializers.ListField(child=serializers.CharField(), required=False, default=list)
+
+
+class DrainSerializer(serializers.Serializer):
+    force = serializers.BooleanField(
+        default=False, help_text="Unload everything now: its aliases answer 503 until ready elsewhere."
+    )
+
+
+class DrainProgressSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    state = serializers.CharField()
+    left = serializers.IntegerField(help_text="Placements still on the node (served until ready elsewhere).")
+    waiting = serializers.ListField(child=serializers.CharField(), help_text="Revisions with no room elsewhere yet.")

@@ -173,6 +173,9 @@ def nodes_heartbeat(self) -> None:
             result = services.node_reconcile(node=node, loaded=loaded or set())
             if any(result.values()):
                 log.info("reconciled %s: %s", node, result)
+        elif node.state == NodeState.DRAINING:
+            drained = services.drain_step(node=node)
+            log.info("draining %s: %s", node, drained)
     # What waits for capacity is placed as soon as a slot frees; this catches what no event announced.
     retried = services.placements_retry()
     if any(retried.values()):

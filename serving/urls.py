@@ -9,4 +9,6 @@ urlpatterns = [
     path("adapters/<str:name>/cancel/", apis.AdapterCancelApi.as_view(), name="adapter-cancel"),
     path("adapters/<str:name>/rollback/", apis.AdapterRollbackApi.as_view(), name="adapter-rollback"),
     path("nodes/", apis.ServingNodeListCreateApi.as_view(), name="nodes"),
+    path("nodes/<str:name>/drain/", apis.ServingNodeDrainApi.as_view(), name="node-drain"),
+    path("nodes/<str:name>/undrain/", apis.ServingNodeUndrainApi.as_view(), name="node-undrain"),
 ]

@@ -23,6 +23,7 @@ from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from adapters.models import AdapterRevision, RevisionState
+from mint_site.errors import Conflict
 from mint_site.events import epoch_us, live_event
 from serving import selectors, tasks
 from serving.models import (
@@ -37,6 +38,7 @@ from serving.models import (
     lora_name,
 )
 from serving.services import capacity, rendezvous
+from serving.services.nodes import node_set_state
 from tenants.access import Actor
 from tenants.services import audit_record
 
@@ -507,6 +509,68 @@ def placement_forget(*, placement: Placement) -> None:
 
 def ready_count(revision: AdapterRevision) -> int:
     return Placement.objects.filter(revision=revision, state=P.READY, node__state=NodeState.UP).count()
+
+
+# ---------------------------------------------------------------- drain
+
+
+def node_drain(*, node: ServingNode, by: Actor, force: bool = False) -> dict[str, object]:
+    """Start draining `node` (staff: `mint_node drain`, the API, the Nodes page) and take the first step."""
+    if node.state == NodeState.DOWN:
+        raise Conflict(f"Node {node.name} is down: there is nothing on it to move.", code="node_down")
+    node_set_state(node=node, state=NodeState.DRAINING, by=by)
+    node.refresh_from_db()
+    placements_retry(base_model_id=node.base_model_id)  # place its pinned revisions elsewhere now
+    return drain_step(node=node, force=force)
+
+
+def drain_step(*, node: ServingNode, force: bool = False) -> dict[str, object]:
+    """Move a draining node's revisions off it, without a gap: one step, run by `mint_node drain` and by each
+    heartbeat while the node drains.
+
+    A ready placement stays (and is routed to: serving.selectors.ready_placements) until its revision is
+    ready on MINT_ALIAS_READY_REPLICAS up nodes, or nothing pins it; then it is unloaded. The heartbeat's
+    `placements_retry` places pinned revisions elsewhere meanwhile (a placement on a draining node does not
+    count as one). Queued and waiting placements there are withdrawn; a load in progress finishes first.
+    `force` unloads every ready placement at once (its aliases answer 503 until ready elsewhere).
+
+    Returns what is left and why: {"left": n, "waiting": [reasons, one per revision that has no room]}.
+    """
+    if node.state != NodeState.DRAINING:
+        return {"left": 0, "waiting": []}
+    pins = selectors.pinned_revisions(base_model_id=node.base_model_id)
+    needed = settings.MINT_ALIAS_READY_REPLICAS
+    with transaction.atomic():
+        rows = list(
+            Placement.objects.select_for_update(of=("self",))
+            .filter(node=node)
+            .exclude(state=P.EVICTING)
+            .select_related("revision__adapter__tenant", "node")
+        )
+        Placement.objects.filter(id__in=[p.id for p in rows if p.state in (P.QUEUED, P.WAITING, P.FAILED)]).delete()
+        ready = [p for p in rows if p.state == P.READY]
+        elsewhere = Counter(
+            Placement.objects.filter(
+                revision_id__in=[p.revision_id for p in ready], state=P.READY, node__state=NodeState.UP
+            ).values_list("revision_id", flat=True)
+        )
+        waiting: list[str] = []
+        for placement in ready:
+            if force or placement.revision_id not in pins or elsewhere[placement.revision_id] >= needed:
+                _evict(placement, reason=None)
+                continue
+            label = f"{placement.revision.adapter.name}@r{placement.revision.number}"
+            other = (
+                Placement.objects.filter(revision_id=placement.revision_id, node__state=NodeState.UP)
+                .exclude(state=P.READY)
+                .values_list("state", "failure_reason")
+                .first()
+            )
+            if other is None:
+                waiting.append(f"{label}: not placed elsewhere yet")
+            elif other[0] == P.WAITING:
+                waiting.append(f"{label}: {other[1]}")
+    return {"left": Placement.objects.filter(node=node).count(), "waiting": waiting}
 
 
 # ---------------------------------------------------------------- reconcile

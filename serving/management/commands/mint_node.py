@@ -1,3 +1,4 @@
+import time
 from pathlib import Path
 
 from django.conf import settings
@@ -33,9 +34,18 @@ class Command(BaseCommand):
             help="A vLLM flag the node runs with, or a MinT capability such as mint:moe-expert-major/1 (repeatable)",
         )
         sub.add_parser("list", help="List nodes.")
-        for name in ("drain", "undrain"):
-            cmd = sub.add_parser(name, help=f"{name.title()} a node.")
-            cmd.add_argument("name")
+        drain = sub.add_parser(
+            "drain",
+            help="Move a node's revisions to other nodes (each stays served here until ready elsewhere), then "
+            "unload them here.",
+        )
+        drain.add_argument("name")
+        drain.add_argument(
+            "--force", action="store_true", help="Unload everything now (its aliases answer 503 until ready elsewhere)."
+        )
+        drain.add_argument("--wait", type=float, default=0, help="Seconds to wait for the node to empty (0: do not).")
+        undrain = sub.add_parser("undrain", help="Take a draining node back into service.")
+        undrain.add_argument("name")
 
     def handle(self, *args, action: str, **options):
         if action == "list":
@@ -49,9 +59,11 @@ class Command(BaseCommand):
             node = ServingNode.objects.filter(name=options["name"]).first()
             if node is None:
                 raise CommandError(f"No node {options['name']!r}.")
-            state = NodeState.DRAINING if action == "drain" else NodeState.UP
-            services.node_set_state(node=node, state=state, by=Actor.system())
-            self.stdout.write(f"{node.name} is {state}")
+            if action == "undrain":
+                services.node_set_state(node=node, state=NodeState.UP, by=Actor.system())
+                self.stdout.write(f"{node.name} is up")
+                return
+            self._drain(node, force=options["force"], wait=options["wait"])
             return
         base = BaseModel.objects.filter(name=options["base_model"]).first()
         if base is None:
@@ -73,3 +85,22 @@ class Command(BaseCommand):
         except MintError as exc:
             raise CommandError(exc.message) from exc
         self.stdout.write(f"{node.name}\t{node.url}\t{node.state}\tqueue {node.queue}")
+
+    def _drain(self, node: ServingNode, *, force: bool, wait: float) -> None:
+        """Drain, then report each step until the node is empty or `wait` runs out (the heartbeat goes on)."""
+        try:
+            progress = services.node_drain(node=node, by=Actor.system(), force=force)
+        except MintError as exc:
+            raise CommandError(str(exc)) from None
+        deadline = time.monotonic() + wait
+        while True:
+            self.stdout.write(f"{node.name} is draining: {progress['left']} placements left")
+            for reason in progress["waiting"]:
+                self.stdout.write(f"  waiting: {reason}")
+            if not progress["left"] or time.monotonic() >= deadline:
+                break
+            time.sleep(1)
+            node.refresh_from_db()
+            progress = services.drain_step(node=node, force=force)
+        if not progress["left"]:
+            self.stdout.write(f"{node.name} is empty")
