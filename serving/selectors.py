@@ -75,6 +75,10 @@ def live_aliases(*, tenant_id: int) -> QuerySet[Alias]:
     )
 
 
+def node_by_name(name: str) -> ServingNode | None:
+    return ServingNode.objects.select_related("base_model").filter(name=name).first()
+
+
 def ready_placements(*, revision: AdapterRevision) -> QuerySet[Placement]:
     """Where `revision` can be routed now: its ready placements on up nodes, and on draining ones (they serve
     until the revision is ready elsewhere: serving.services.drain_step), with the node, oldest first."""

@@ -9,6 +9,7 @@ form was on (`next`), which shows every alias.
 
 from __future__ import annotations
 
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import reverse
 from django.views.decorators.http import require_POST
@@ -27,9 +28,10 @@ from frontend.forms import (
 )
 from frontend.views.base import act, page, safe_next
 from mint_site.errors import Conflict, MintError
+from serving import selectors as serving_selectors
 from serving import services as serving_services
-from serving.models import Alias
-from tenants.access import Capability
+from serving.models import Alias, NodeState, ServingNode
+from tenants.access import Actor, Capability
 
 
 def _adapter(request: HttpRequest, name: str) -> Adapter:
@@ -212,3 +214,47 @@ def _revision_or_error(adapter: Adapter, number: int) -> AdapterRevision:
     if revision is None:
         raise MintError(f"{adapter.name} has no r{number}.")
     return revision
+
+
+# ---------------------------------------------------------------- staff: nodes
+
+
+@require_POST
+@page(capability=None, staff_ok=True)
+def node_drain(request: HttpRequest, name: str) -> HttpResponse:
+    """Staff: drain a node (its revisions go elsewhere first), or with `force` unload everything now."""
+    node = _staff_node(request, name)
+    force = request.POST.get("force") == "on"
+
+    def run() -> str:
+        progress = serving_services.node_drain(node=node, by=Actor(user=request.user), force=force)
+        waiting = "; ".join(progress["waiting"])
+        return f"{node.name} is draining: {progress['left']} placements left" + (
+            f". Waiting: {waiting}" if waiting else "."
+        )
+
+    return act(request, reverse("frontend:nodes"), run, anchor=f"node-{node.name}")
+
+
+@require_POST
+@page(capability=None, staff_ok=True)
+def node_undrain(request: HttpRequest, name: str) -> HttpResponse:
+    """Staff: take a draining node back into service."""
+    node = _staff_node(request, name)
+
+    def run() -> str:
+        if node.state != NodeState.DRAINING:
+            raise Conflict(f"{node.name} is {node.state}, not draining.", code="not_draining")
+        serving_services.node_set_state(node=node, state=NodeState.UP, by=Actor(user=request.user))
+        return f"{node.name} is back in service."
+
+    return act(request, reverse("frontend:nodes"), run, anchor=f"node-{node.name}")
+
+
+def _staff_node(request: HttpRequest, name: str) -> ServingNode:
+    if not request.user.is_staff:
+        raise PermissionDenied("Only platform staff drain nodes.")
+    node = serving_selectors.node_by_name(name)
+    if node is None:
+        raise Http404(f"No node {name!r}.")
+    return node
