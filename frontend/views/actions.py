@@ -82,14 +82,7 @@ def revision_decide(request: HttpRequest, name: str, number: int, decision: str)
 @require_POST
 @page(post=Capability.REGISTER)
 def revision_request_approval(request: HttpRequest, name: str, number: int) -> HttpResponse:
-    adapter = _adapter(request, name)
-    revision = _revision(adapter, number)
-
-    def run() -> str:
-        services.revision_request_approval(revision=revision, by=request.viewer.access.actor)
-        return f"Approval requested for r{number}."
-
-    return act(request, _revision_url(adapter, number), run, anchor=f"r{number}")
+    return _revision_step(request, name, number, services.revision_request_approval, "Approval requested for r{n}.")
 
 
 @require_POST
@@ -129,12 +122,17 @@ def revision_register(request: HttpRequest, name: str) -> HttpResponse:
 @page(post=Capability.REGISTER)
 def revision_retry(request: HttpRequest, name: str, number: int) -> HttpResponse:
     """Send a revision that failed for an infrastructure reason through validation and export again."""
+    return _revision_step(request, name, number, services.revision_retry, "r{n} is being validated again.")
+
+
+def _revision_step(request: HttpRequest, name: str, number: int, service, done: str) -> HttpResponse:
+    """A transition of one revision by `service(revision=…, by=…)`; `done` ("…r{n}…") says it happened."""
     adapter = _adapter(request, name)
     revision = _revision(adapter, number)
 
     def run() -> str:
-        services.revision_retry(revision=revision, by=request.viewer.access.actor)
-        return f"r{number} is being validated again."
+        service(revision=revision, by=request.viewer.access.actor)
+        return done.format(n=number)
 
     return act(request, _revision_url(adapter, number), run, anchor=f"r{number}")
 

@@ -361,10 +361,12 @@ def admit(*, node_id: int) -> list[int]:
         if not queued:
             return []
         tenants = {tenant for _, _, tenant in queued}
-        waits = {tenant: prewarm_pacing_delay(node, tenant_id=tenant) for tenant in tenants}
-        turns = _last_turns(node, tenants)
-        claimed: list[int] = []
         now = timezone.now()
+        history = PrewarmTurn.objects.filter(node=node, tenant_id__in=tenants)
+        # When each tenant's last prewarm here started (none yet: its turn is first) and its pause left.
+        turns = {t.tenant_id: t.started_at for t in history}
+        waits = {tenant: 0.0 for tenant in tenants} | {t.tenant_id: _pause_left(t.resting_until, now) for t in history}
+        claimed: list[int] = []
         for _ in range(free):
             ready = [q for q in queued if waits[q[2]] <= 0 and q[0] not in claimed]
             if not ready:
@@ -399,12 +401,6 @@ def admit(*, node_id: int) -> list[int]:
 _NEVER = datetime.min.replace(tzinfo=UTC)
 
 
-def _last_turns(node: ServingNode, tenants: set[int]) -> dict[int, datetime]:
-    """When each tenant's last prewarm on `node` started (tenants with none are absent: their turn is first)."""
-    turns = PrewarmTurn.objects.filter(node=node, tenant_id__in=tenants)
-    return dict(turns.values_list("tenant_id", "started_at"))
-
-
 def prewarm_pacing_delay(node: ServingNode, *, tenant_id: int) -> float:
     """Seconds before `node` may start the tenant's next prewarm (0: now).
 
@@ -414,10 +410,14 @@ def prewarm_pacing_delay(node: ServingNode, *, tenant_id: int) -> float:
     prewarm) takes at most MINT_NODE_PREWARM_DUTY of the engine's time, the requests it serves meanwhile keep
     their latency, and another tenant's prewarm does not wait behind that tenant's pauses.
     """
-    if settings.MINT_NODE_PREWARM_DUTY >= 1:
-        return 0.0
     until = PrewarmTurn.objects.filter(node=node, tenant_id=tenant_id).values_list("resting_until", flat=True).first()
-    return 0.0 if until is None else max(0.0, (until - timezone.now()).total_seconds())
+    return _pause_left(until, timezone.now())
+
+
+def _pause_left(until: datetime | None, now: datetime) -> float:
+    if until is None or settings.MINT_NODE_PREWARM_DUTY >= 1:
+        return 0.0
+    return max(0.0, (until - now).total_seconds())
 
 
 def _rest(placement: Placement, *, busy_s: float, now: datetime) -> None:
@@ -554,22 +554,30 @@ def drain_step(*, node: ServingNode, force: bool = False) -> dict[str, object]:
                 revision_id__in=[p.revision_id for p in ready], state=P.READY, node__state=NodeState.UP
             ).values_list("revision_id", flat=True)
         )
-        waiting: list[str] = []
+        staying = []
         for placement in ready:
             if force or placement.revision_id not in pins or elsewhere[placement.revision_id] >= needed:
                 _evict(placement, reason=None)
-                continue
-            label = f"{placement.revision.adapter.name}@r{placement.revision.number}"
-            other = (
-                Placement.objects.filter(revision_id=placement.revision_id, node__state=NodeState.UP)
-                .exclude(state=P.READY)
-                .values_list("state", "failure_reason")
-                .first()
+            else:
+                staying.append(placement)
+        # Each staying revision's placement on its way elsewhere, if any: one waiting for room says why.
+        underway = {
+            revision_id: (state, reason)
+            for revision_id, state, reason in Placement.objects.filter(
+                revision_id__in=[p.revision_id for p in staying], node__state=NodeState.UP
             )
-            if other is None:
+            .exclude(state=P.READY)
+            .order_by("-id")
+            .values_list("revision_id", "state", "failure_reason")
+        }
+        waiting = []
+        for placement in staying:
+            label = f"{placement.revision.adapter.name}@r{placement.revision.number}"
+            state, reason = underway.get(placement.revision_id, (None, ""))
+            if state is None:
                 waiting.append(f"{label}: not placed elsewhere yet")
-            elif other[0] == P.WAITING:
-                waiting.append(f"{label}: {other[1]}")
+            elif state == P.WAITING:
+                waiting.append(f"{label}: {reason}")
     return {"left": Placement.objects.filter(node=node).count(), "waiting": waiting}
 
 
