@@ -315,6 +315,8 @@ MINT_IDEMPOTENCY_TTL_S = env_int("MINT_IDEMPOTENCY_TTL_S", 24 * 3600, minimum=60
 MINT_IDEMPOTENCY_KEY_MAX_LENGTH = min(env_int("MINT_IDEMPOTENCY_KEY_MAX_LENGTH", 255, minimum=16), 255)
 MINT_IDEMPOTENCY_MAX_RESPONSE_BYTES = env_int("MINT_IDEMPOTENCY_MAX_RESPONSE_BYTES", 64 * 1024, minimum=1024)
 MINT_IDEMPOTENCY_LOCK_S = env_int("MINT_IDEMPOTENCY_LOCK_S", 900, minimum=1)
+# Live Idempotency-Key rows one tenant may keep (they hold answers, on the database all tenants share).
+MINT_IDEMPOTENCY_MAX_KEYS_PER_TENANT = env_int("MINT_IDEMPOTENCY_MAX_KEYS_PER_TENANT", 10_000, minimum=1)
 
 # Failed authentication (bad or unknown API keys, on the REST API and the gateway) per client address:
 # past this many in a minute, the address gets 429 with Retry-After before any key is looked up.

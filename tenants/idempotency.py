@@ -21,7 +21,9 @@ adapters.apis.DigestUploadHandler), since a client's retry frames the same files
 Answers that say "try again" are not kept, so a retry runs again: 401, 403, 408, 425, 429 and every
 5xx (also when the view raised). An answer over MINT_IDEMPOTENCY_MAX_RESPONSE_BYTES is not kept either;
 its key stays used, and a retry gets `409 idempotency_response_not_kept` with the first status. A claim
-whose process died is taken over by a retry once MINT_IDEMPOTENCY_LOCK_S has passed. Expired rows are
+whose process died is taken over by a retry once MINT_IDEMPOTENCY_LOCK_S has passed. A tenant keeps at most
+MINT_IDEMPOTENCY_MAX_KEYS_PER_TENANT live keys (the rows are on the database every tenant shares): a new key
+past that gets `429 idempotency_keys_exhausted`; retries of kept keys still get their answers. Expired rows are
 deleted hourly (tenants.tasks.idempotency_purge). The answer to `POST /api/v1/keys/` holds a token that
 is shown once and stored nowhere, so that route refuses the header (`400 idempotency_not_supported`).
 """
@@ -170,6 +172,24 @@ def _error(status: int, code: str, message: str, detail=None, headers: dict[str,
     return response
 
 
+def _tenant_full(caller: Caller, key: str) -> JsonResponse | None:
+    """429 when the caller's tenant already keeps MINT_IDEMPOTENCY_MAX_KEYS_PER_TENANT live keys and `key` is a
+    new one: the rows (answers included) are on the database every tenant shares. Counted up to the bound only."""
+    bound = settings.MINT_IDEMPOTENCY_MAX_KEYS_PER_TENANT
+    if caller.tenant_id is None or IdempotencyRecord.objects.filter(scope=caller.scope, key=key).exists():
+        return None
+    live = IdempotencyRecord.objects.filter(tenant_id=caller.tenant_id, expires_at__gt=timezone.now())
+    if live[:bound].count() < bound:
+        return None
+    return _error(
+        429,
+        "idempotency_keys_exhausted",
+        f"This tenant keeps {bound} Idempotency-Key answers already (MINT_IDEMPOTENCY_MAX_KEYS_PER_TENANT); each "
+        f"is kept {settings.MINT_IDEMPOTENCY_TTL_S // 3600} h. Send the request without the header, or retry later.",
+        headers={"Retry-After": "60"},
+    )
+
+
 def _applies(request: HttpRequest) -> bool:
     return request.method == "POST" and request.path.startswith(API_PREFIX) and HEADER in request.META
 
@@ -230,6 +250,8 @@ def claim(*, caller: Caller, key: str, method: str, path: str, fingerprint: str)
     """Claim `key` for this request (insert first: the unique constraint picks one of racing requests), or the
     answer a request that finds it claimed gets."""
     path = path[:_PATH_CHARS]
+    if (refused := _tenant_full(caller, key)) is not None:
+        return refused
     for _ in range(3):
         now = timezone.now()
         try:

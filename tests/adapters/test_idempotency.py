@@ -351,3 +351,20 @@ def test_through_the_asgi_stack_an_upload_retry_is_replayed(tenant_a, adapter_a,
     replayed = _asgi_post(ADAPTERS, json_headers, body)
     assert (created[0], replayed[0], replayed[2]) == (201, 201, created[2])
     assert Adapter.objects.filter(name="asgi-bot").count() == 1
+
+
+def test_a_tenant_keeps_a_bounded_number_of_keys(tenant_a, tenant_b, dense_base, settings):
+    """The rows hold answers on the database every tenant shares: a tenant past its bound gets 429 for a new key,
+    while its kept keys still replay and other tenants are untouched."""
+    settings.MINT_IDEMPOTENCY_MAX_KEYS_PER_TENANT = 2
+    client = tenant_a.client_as("key:pipeline")
+    for i in range(2):
+        assert post(client, ADAPTERS, BODY | {"name": f"bot-{i}"}, f"k-{i}").status_code == 201
+
+    refused = post(client, ADAPTERS, BODY | {"name": "bot-2"}, "k-2")
+
+    assert refused.status_code == 429 and error_of(refused)["code"] == "idempotency_keys_exhausted"
+    assert not Adapter.objects.filter(name="bot-2").exists()
+    assert post(client, ADAPTERS, BODY | {"name": "bot-0"}, "k-0")["Idempotent-Replayed"] == "true"
+    other = post(tenant_b.client_as("key:pipeline"), ADAPTERS, BODY, "k-2")
+    assert other.status_code == 201, other.content
