@@ -364,6 +364,9 @@ if MINT_GATEWAY_NODE_SLOTS > MINT_GATEWAY_MAX_CONNECTIONS:
         f"{MINT_GATEWAY_MAX_CONNECTIONS}: a node's slots must fit in its connection pool."
     )
 MINT_GATEWAY_NODE_WAIT_S = env_float("MINT_GATEWAY_NODE_WAIT_S", 5.0, minimum=0)
+# A node a gateway process failed to reach is tried after the other replicas for this long, and probed at
+# once (serving/gateway/nodehealth.py).
+MINT_GATEWAY_NODE_SUSPECT_S = env_float("MINT_GATEWAY_NODE_SUSPECT_S", 10.0, minimum=0.1)
 CELERY_BEAT_SCHEDULE = {
     "nodes-heartbeat": {"task": "serving.tasks.nodes_heartbeat", "schedule": float(MINT_HEARTBEAT_S)},
     # Dispatching follows every change of the control queue; this only catches a hand-off that was lost.

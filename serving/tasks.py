@@ -188,3 +188,19 @@ def alias_converge(self, *, alias_id: int) -> None:
     alias = selectors.alias_for_converge(alias_id)
     if alias is not None:
         services.alias_converge(alias=alias)
+
+
+@shared_task(bind=True, ignore_result=True)
+def node_probe(self, *, node_id: int) -> None:
+    """A gateway could not reach the node (services.node_report_unreachable): check it now, and if it is dead,
+    take it out of routing and place its revisions elsewhere without waiting for the next heartbeat."""
+    node = ServingNode.objects.filter(id=node_id).first()
+    if node is None or node.state == NodeState.DOWN:
+        return
+    with VllmClient(node.url, timeout=5) as engine:
+        if engine.health():
+            log.info("node %s was reported unreachable but answers its health check", node)
+            return
+    log.warning("node %s was reported unreachable and fails its health check: down", node)
+    services.node_set_state(node=node, state=NodeState.DOWN, by=Actor.system())
+    services.placements_retry(base_model_id=node.base_model_id)

@@ -34,11 +34,26 @@ log = logging.getLogger(__name__)
 _CALLER_ERRORS = {400, 413, 422}
 
 
-def pick(inflight: Counter[int], targets: tuple[Target, ...], exclude: Collection[int] = ()) -> Target | None:
-    """The target with the fewest requests in flight (ties broken at random), or None if all are excluded."""
+def pick(
+    inflight: Counter[int],
+    targets: tuple[Target, ...],
+    exclude: Collection[int] = (),
+    *,
+    suspect: Callable[[str], bool] | None = None,
+) -> Target | None:
+    """The target to send a request to next, or None if all are excluded.
+
+    Nodes that failed to answer lately (`suspect`) come last, then draining nodes (they serve only until the
+    revision is ready elsewhere), then the rest; inside the first group present, the target with the fewest
+    requests in flight (ties broken at random).
+    """
     candidates = [t for t in targets if t.placement_id not in exclude]
-    if not candidates:
-        return None
+    if len(candidates) <= 1:
+        return candidates[0] if candidates else None
+    if suspect is not None or any(t.draining for t in candidates):
+        tier = {t.placement_id: 2 * bool(suspect and suspect(t.node_name)) + t.draining for t in candidates}
+        best = min(tier.values())
+        candidates = [t for t in candidates if tier[t.placement_id] == best]
     least = min(inflight[t.placement_id] for t in candidates)
     return random.choice([t for t in candidates if inflight[t.placement_id] == least])
 
@@ -70,9 +85,16 @@ async def forward(
 ) -> tuple[Response, float]:
     """Send a completion request to a ready node and relay its answer, or raise a 502/503/504 `GatewayError`.
 
-    Returns the response and the seconds spent waiting on the node (to its headers, for a stream). A failure
-    before any byte came back is retried once on another ready target; when no target can be reached at all
-    the answer is 503 adapter_not_ready, like for any adapter not ready.
+    Returns the response and the seconds spent waiting on the node (to its headers, for a stream).
+
+    Failover: a request that got nothing back from a node (the connection failed, or closed before any byte
+    of an answer: `NoAnswer`) is sent to the next ready replica, and so is one whose node answered 404 (it
+    lost the adapter: it restarted), until each replica was tried once; a completion has no side effects,
+    so sending it again is safe. The node is remembered as failing (serving/gateway/nodehealth.py): the
+    next requests try it last, and the control plane is asked to probe it now. When no replica answers,
+    the caller gets 503 adapter_not_ready with Retry-After, like for any adapter not ready. Nothing is
+    retried once a node began to answer: a stream under way when its node dies is cut (the client sees the
+    error event), and so is a timeout (504).
 
     The request holds one of the node's fair slots (serving/gateway/fairslots.py) from before it is sent until
     the node's answer is closed, in the name of `tenant_id`.
@@ -81,16 +103,19 @@ async def forward(
     """
     tenant = tenant_id
     slots = state.node_slots
+    nodes = state.nodes
+    suspect = nodes.suspect if nodes.any_suspect() else None
     payload = json.dumps({**body, "model": resolution.lora_name}, ensure_ascii=False).encode()
     tried: set[int] = set()
-    for _attempt in range(2):
-        target = pick(state.inflight, resolution.targets, tried)
+    lost = False  # a node answered 404: it does not hold the adapter (any more)
+    for _attempt in range(len(resolution.targets)):
+        target = pick(state.inflight, resolution.targets, tried, suspect=suspect)
         if target is None:
             break
         slot = slots.try_take(target.node_name, tenant)
         if slot is None:
             full = {t.placement_id for t in resolution.targets if slots.full(t.node_name)}
-            other = pick(state.inflight, resolution.targets, tried | full)
+            other = pick(state.inflight, resolution.targets, tried | full, suspect=suspect)
             if other is not None:
                 target, slot = other, slots.try_take(other.node_name, tenant)
             if slot is None:
@@ -107,6 +132,8 @@ async def forward(
         except NoAnswer as exc:
             release()
             UPSTREAM_ERRORS.labels(target.node_name).inc()
+            nodes.failed(target.node_name)
+            suspect = nodes.suspect
             log.warning("gateway: node %s failed before answering (%s)", target.node_name, exc)
             continue
         except UpstreamTimeout as exc:
@@ -122,6 +149,16 @@ async def forward(
         except BaseException:
             release()
             raise
+        if suspect is not None:
+            nodes.answered(target.node_name)
+        if upstream.status == 404:
+            # The node does not hold the LoRA after all (it restarted): the reconciler will notice; another
+            # replica may still hold it.
+            release()
+            await upstream.aclose()
+            UPSTREAM_ERRORS.labels(target.node_name).inc()
+            lost = True
+            continue
         state.usage.record(placement_id=target.placement_id)
         try:
             response = await _relay(upstream, release=release, target=target, resolution=resolution, model=model)
@@ -130,8 +167,14 @@ async def forward(
             await upstream.aclose()
             raise
         return response, time.perf_counter() - sent_at
+    if lost:
+        raise NotReady(
+            f"Revision r{resolution.revision_number} of adapter {resolution.adapter_name!r} is being reloaded; "
+            "retry shortly.",
+            adapter_name=resolution.adapter_name,
+        )
     # Every ready node refused the connection (an engine died before the heartbeat saw it): for the
-    # caller that is an adapter not ready yet, and the heartbeat takes the node out of routing.
+    # caller that is an adapter not ready yet, and the probe the failure asked for takes the node out.
     raise NotReady(
         f"Revision r{resolution.revision_number} of adapter {resolution.adapter_name!r} has no reachable node "
         "right now; retry shortly.",
@@ -170,15 +213,6 @@ async def _relay(
             UPSTREAM_ERRORS.labels(target.node_name).inc()
             raise GatewayError(502, "upstream_error", "The serving node answered with malformed JSON.") from None
         return json_response(_rewrite(data, lora=lora, model=model), status)
-    if status == 404:
-        # The node does not hold the LoRA after all (it restarted): the reconciler will notice;
-        # meanwhile the caller retries like for any cold adapter.
-        UPSTREAM_ERRORS.labels(target.node_name).inc()
-        raise NotReady(
-            f"Revision r{resolution.revision_number} of adapter {resolution.adapter_name!r} is being reloaded; "
-            "retry shortly.",
-            adapter_name=resolution.adapter_name,
-        )
     if status in _CALLER_ERRORS:
         message = _upstream_message(content) or "The serving node refused the request."
         return error_response(GatewayError(status, "invalid_request", message.replace(lora, model)))

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from adapters import selectors as adapter_selectors
 from serving import selectors
 from serving.gateway import GatewayError
-from serving.models import Alias, Priority, lora_name
+from serving.models import Alias, NodeState, Priority, lora_name
 
 if TYPE_CHECKING:
     from serving.gateway.state import GatewayState
@@ -95,6 +95,7 @@ class Target:
     node_name: str
     node_url: str
     lora_name: str
+    draining: bool = False  # the node is being drained: it serves until the revision is ready elsewhere
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,13 @@ def _resolve_sync(tenant_id: int, ref: ModelRef) -> Resolution | AliasNotLive | 
     revision.adapter = adapter  # lora_name() reads the tenant through it; no extra query
     name = lora_name(revision)
     targets = tuple(
-        Target(placement_id=p.id, node_name=p.node.name, node_url=p.node.url.rstrip("/"), lora_name=name)
+        Target(
+            placement_id=p.id,
+            node_name=p.node.name,
+            node_url=p.node.url.rstrip("/"),
+            lora_name=name,
+            draining=p.node.state == NodeState.DRAINING,
+        )
         for p in selectors.ready_placements(revision=revision)
     )
     return Resolution(
@@ -184,6 +191,16 @@ def _prewarm_sync(revision_id: int) -> None:
     except Exception:
         # The 503 already went out; the next cold request after the TTL asks again.
         log.exception("cold-request prewarm of revision %s failed", revision_id)
+
+
+def report_unreachable_sync(node_name: str) -> None:
+    from serving import services  # looked up at call time, like the prewarm above
+
+    try:
+        services.node_report_unreachable(name=node_name)
+    except Exception:
+        # Requests were sent elsewhere already; the heartbeat probes every node anyway.
+        log.exception("reporting node %s unreachable failed", node_name)
 
 
 # ---------------------------------------------------------------------------------------------

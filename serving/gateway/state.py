@@ -25,6 +25,7 @@ from serving.gateway import auth, resolve
 from serving.gateway.caches import SHARED_MISSES, TENANT_MISSES, TENANT_SHARE, RefreshingCache
 from serving.gateway.fairslots import FairSlots
 from serving.gateway.inflight import InflightCap
+from serving.gateway.nodehealth import NodeHealth
 from serving.gateway.ratelimit import RateLimiter
 from serving.gateway.upstream import Upstream
 from serving.gateway.usage import Usage
@@ -114,6 +115,7 @@ class GatewayState:
     prewarmed: RefreshingCache = field(init=False)  # (tenant id, revision id) → True while a prewarm was asked
     inflight_cap: InflightCap = field(init=False)  # each tenant's requests in flight, shared through Redis
     node_slots: FairSlots = field(init=False)  # each node's upstream slots, shared fairly between tenants
+    nodes: NodeHealth = field(init=False)  # nodes this process failed to reach lately (failover)
     inflight: Counter[int] = field(default_factory=Counter)  # requests in flight per placement id
     key_lookups: dict[str, asyncio.Future] = field(default_factory=dict)  # token SHA-256 → its lookup in flight
     lookups_by_client: Counter[str] = field(default_factory=Counter)  # key lookups in flight per client address
@@ -143,6 +145,11 @@ class GatewayState:
         )
         self.inflight_cap = InflightCap(self.background, self.rate_limit.client)
         self.node_slots = FairSlots(capacity=self.node_slot_count)
+        self.nodes = NodeHealth(self._report_unreachable)
+
+    def _report_unreachable(self, node_name: str) -> None:
+        """Ask the control plane to probe a node this process could not reach (in the background)."""
+        self.background.spawn(self.db.run(resolve.report_unreachable_sync, node_name), name=f"probe {node_name}")
 
     @classmethod
     def build(cls, *, upstream: Upstream | None = None, db: DatabaseThreads | None = None) -> GatewayState:

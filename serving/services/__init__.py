@@ -17,7 +17,7 @@ from serving.services.aliases import (
     revision_activate,
     revision_rollback,
 )
-from serving.services.nodes import node_register, node_set_state
+from serving.services.nodes import node_register, node_report_unreachable, node_set_state
 from serving.services.placement import (
     admit,
     admit_after_pause,
@@ -50,6 +50,7 @@ __all__ = [
     "node_drain",
     "node_reconcile",
     "node_register",
+    "node_report_unreachable",
     "node_set_state",
     "placement_failed",
     "placement_forget",

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import math
+
+from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
 from mint_site.errors import MintError
 from mint_site.events import live_event
-from serving.models import ServingNode
+from serving import tasks
+from serving.models import NodeState, ServingNode
 from tenants.access import Actor
 from tenants.services import audit_record
 
@@ -85,3 +90,28 @@ def node_set_state(
         )
         live_event(tenant_id=None, type="node.state", id=node.id, state=state, node=node.name)
     return bool(changed)
+
+
+def _probe_key(node_id: int) -> str:
+    return f"serving:node-probe:{node_id}"
+
+
+def node_report_unreachable(*, name: str) -> bool:
+    """A gateway could not reach the node: probe it now rather than at the next heartbeat. Returns whether asked.
+
+    Every gateway process reports its own failures; one probe per node is sent per
+    MINT_GATEWAY_NODE_SUSPECT_S whichever process reports (a mark in the shared cache), so a flood of
+    failures costs one task. A node already down (or unknown) is not probed: the heartbeat watches for its
+    return.
+    """
+    node_id = (
+        ServingNode.objects.filter(name=name, state__in=(NodeState.UP, NodeState.DRAINING))
+        .values_list("id", flat=True)
+        .first()
+    )
+    if node_id is None:
+        return False
+    if not cache.add(_probe_key(node_id), 1, timeout=max(1, math.ceil(settings.MINT_GATEWAY_NODE_SUSPECT_S))):
+        return False
+    tasks.node_probe.apply_async(kwargs={"node_id": node_id})
+    return True

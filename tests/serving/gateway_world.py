@@ -180,6 +180,7 @@ class World:
     vllm: FakeVLLM
     prewarm: mock.Mock
     state: GatewayState
+    reported: mock.Mock  # serving.services.node_report_unreachable: the nodes the gateway asked to probe
     tokens: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -248,8 +249,13 @@ def world(tenant_a, tenant_b, settings) -> World:
     Alias.objects.create(adapter=other, name=Alias.PRODUCTION, revision=other_r1)
     Placement.objects.create(node=node_a, revision=other_r1, state=PlacementState.READY)
 
-    with mock.patch("serving.services.placement_request") as prewarm:
-        yield World(tenant_a, tenant_b, base, adapter, r1, r2, node_a, node_b, placement, other, vllm, prewarm, state)
+    with (
+        mock.patch("serving.services.placement_request") as prewarm,
+        mock.patch("serving.services.node_report_unreachable") as reported,
+    ):
+        yield World(
+            tenant_a, tenant_b, base, adapter, r1, r2, node_a, node_b, placement, other, vllm, prewarm, state, reported
+        )
     state.db.shutdown()
     flush_rate_limit_keys(redis_url)
 
