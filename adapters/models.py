@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce, Least
 from django.utils import timezone
 
 from adapters.artifacts.spec import BaseModelSpec
@@ -49,13 +51,48 @@ class Adapter(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     # The last revision number handed out; bumped under a row lock so numbers never collide.
     revision_counter = models.PositiveIntegerField(default=0)
+    # Serving data kept with the catalog row (the serving plane reads it through `replica_count`; the adapters
+    # app only stores it: adapters.services.adapter_set_replicas).
+    replicas = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Distinct nodes each revision an alias serves is loaded on; empty: MINT_ALIAS_READY_REPLICAS.",
+    )
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="adapter_tenant_name_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="adapter_tenant_name_unique"),
+            models.CheckConstraint(
+                condition=Q(replicas__isnull=True) | Q(replicas__gte=1), name="adapter_replicas_min"
+            ),
+        ]
         indexes = [models.Index(fields=["tenant", "-id"], name="adapter_tenant_recent")]
 
     def __str__(self) -> str:
         return f"{self.tenant}/{self.name}"
+
+    @property
+    def replica_count(self) -> int:
+        """How many distinct up nodes each revision this adapter's aliases pin is placed on, and how many its
+        desired revision must be ready on before the alias flips: `replicas_for` (load the tenant with it)."""
+        return replicas_for(override=self.replicas, max_replicas=self.tenant.max_replicas)
+
+
+def replicas_for(*, override: int | None, max_replicas: int) -> int:
+    """The one replica rule: an adapter's override, else the platform default (MINT_ALIAS_READY_REPLICAS), never
+    above its tenant's `max_replicas`. A plan lowered below an override clamps it (the stored override stays, and
+    counts again if the plan is raised); so does a platform default above the plan."""
+    return max(1, min(override or settings.MINT_ALIAS_READY_REPLICAS, max_replicas))
+
+
+def replicas_sql(adapter: str = "") -> Least:
+    """`replicas_for` as a database expression over an adapter reached by the lookup `adapter` (e.g.
+    "adapter__" from a revision; "" on Adapter itself), for filtering many rows in one query."""
+    return Least(
+        Coalesce(F(f"{adapter}replicas"), Value(settings.MINT_ALIAS_READY_REPLICAS)),
+        F(f"{adapter}tenant__max_replicas"),
+    )
 
 
 class RevisionState(models.TextChoices):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -76,6 +77,17 @@ class Tenant(models.Model):
         db_default=4096,
         help_text="Largest structured-output constraint (schema, regex, grammar, choices), bytes; 0 refuses them.",
     )
+    # Replicas (serving/services/aliases.py): the most distinct nodes one adapter of this tenant may ask each
+    # revision it serves to be loaded on (`Adapter.replicas`, else MINT_ALIAS_READY_REPLICAS), clamped to it.
+    max_replicas = models.PositiveIntegerField(
+        default=2,
+        db_default=2,
+        validators=[MinValueValidator(1)],
+        help_text=(
+            "Most replicas (distinct nodes) an adapter's served revisions are placed on; an adapter's override, "
+            "and the platform default, are clamped to it."
+        ),
+    )
     four_eyes = models.BooleanField(
         default=True, help_text="Nobody approves a revision they registered (or that a key they created registered)."
     )
@@ -83,6 +95,7 @@ class Tenant(models.Model):
 
     class Meta:
         ordering = ["slug"]
+        constraints = [models.CheckConstraint(condition=models.Q(max_replicas__gte=1), name="tenant_max_replicas_min")]
 
     def __str__(self) -> str:
         return self.slug

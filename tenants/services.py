@@ -251,6 +251,7 @@ TENANT_UPDATABLE_FIELDS = (
     "api_read_rpm",
     "api_write_rpm",
     "max_aliases_per_adapter",
+    "max_replicas",
     "max_inflight_requests",
     "max_request_tokens",
     "max_choices",

@@ -25,6 +25,7 @@ PLAN_AND_SWITCHES = {
     "api_read_rpm": 120,
     "api_write_rpm": 12,
     "max_aliases_per_adapter": 3,
+    "max_replicas": 3,
     "max_inflight_requests": 9,
     "max_request_tokens": 512,
     "max_choices": 2,
