@@ -19,6 +19,7 @@ from adapters import apis as catalog
 from adapters import selectors as adapter_selectors
 from adapters.models import Adapter, AdapterRevision
 from adapters.selectors import base_model_by_name
+from adapters.serializers import AdapterReplicasSerializer
 from mint_site.errors import Conflict, MintError, NotFound
 from serving import selectors, services
 from serving.models import NodeState, PlacementState, ServingNode
@@ -56,12 +57,29 @@ class AdapterListCreateApi(catalog.AdapterListCreateApi):
 
 @extend_schema_view(get=extend_schema(responses=AdapterDetailSerializer))
 class AdapterDetailApi(catalog.AdapterDetailApi):
-    """One adapter with its aliases and latest revisions."""
+    """One adapter with its aliases, latest revisions and replicas; PATCH its `replicas` (deploy key or approver+)."""
 
     serializer_class = AdapterDetailSerializer
+    capabilities = {"GET": Capability.READ, "PATCH": Capability.DECIDE}
 
     def get_base_queryset(self):
-        return selectors.with_aliases(adapter_selectors.adapter_list(tenant=self.tenant), placements=True)
+        adapters = adapter_selectors.adapter_list(tenant=self.tenant).select_related("tenant")
+        return selectors.with_aliases(adapters, placements=True)
+
+    @extend_schema(
+        request=AdapterReplicasSerializer,
+        responses={200: AdapterDetailSerializer},
+        examples=[
+            OpenApiExample("two replicas", value={"replicas": 2}, request_only=True),
+            OpenApiExample("the platform default", value={"replicas": None}, request_only=True),
+        ],
+    )
+    def patch(self, request, name: str):
+        adapter = self.get_tenant_object(name=name)
+        payload = AdapterReplicasSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        services.adapter_scale(adapter=adapter, replicas=payload.validated_data["replicas"], by=request.access.actor)
+        return self.get(request, name)
 
 
 class AdapterActivateApi(catalog.AdapterApiMixin, TenantApi):

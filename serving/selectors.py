@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
+from enum import IntEnum
 from functools import partial
 
 from django.conf import settings
@@ -28,21 +29,39 @@ from serving.models import (
 )
 
 
-def pinned_revisions(*, base_model_id: int | None = None, now=None) -> dict[int, int]:
-    """Pinned revisions and their tenants: what aliases hold loaded (live and desired targets, and the
-    previous live one until its rollback grace ends), of one base model or all."""
+class PinRole(IntEnum):
+    """Why an alias pins a revision, in the order failover places pinned revisions again (most served first)."""
+
+    LIVE = 0  # an alias serves it now
+    DESIRED = 1  # an alias waits to flip to it
+    PREVIOUS = 2  # an alias served it before, and may roll back to it until previous_pinned_until
+
+
+def pinned_roles(*, base_model_id: int | None = None, now=None) -> dict[int, tuple[int, PinRole]]:
+    """Pinned revisions with their tenant and the first role (`PinRole`) any alias gives them: live and desired
+    alias targets, and the previous live one until its rollback grace ends, of one base model or all."""
     now = now or timezone.now()
     aliases = Alias.objects.all()
     if base_model_id is not None:
         aliases = aliases.filter(adapter__base_model_id=base_model_id)
-    pins: dict[int, int] = {}
+    pins: dict[int, tuple[int, PinRole]] = {}
     for live, desired, previous, until, tenant_id in aliases.values_list(
         "revision_id", "desired_revision_id", "previous_revision_id", "previous_pinned_until", "adapter__tenant_id"
     ):
-        for revision_id in (live, desired, previous if until is not None and until >= now else None):
-            if revision_id:
-                pins[revision_id] = tenant_id
+        held = (live, desired, previous if until is not None and until >= now else None)
+        for role, revision_id in zip(PinRole, held, strict=True):
+            if revision_id and (revision_id not in pins or role < pins[revision_id][1]):
+                pins[revision_id] = (tenant_id, role)
     return pins
+
+
+def pinned_revisions(*, base_model_id: int | None = None, now=None) -> dict[int, int]:
+    """Pinned revisions and their tenants: what aliases hold loaded (live and desired targets, and the
+    previous live one until its rollback grace ends), of one base model or all."""
+    return {
+        revision_id: tenant_id
+        for revision_id, (tenant_id, _) in pinned_roles(base_model_id=base_model_id, now=now).items()
+    }
 
 
 def protected_revision_ids(*, now=None) -> set[int]:
@@ -92,8 +111,15 @@ def ready_placements(*, revision: AdapterRevision) -> QuerySet[Placement]:
 
 
 def alias_for_converge(alias_id: int) -> Alias | None:
-    """An alias with what converging it reads (its adapter's base model, its desired revision)."""
-    return Alias.objects.select_related("adapter__base_model", "desired_revision__adapter").filter(id=alias_id).first()
+    """An alias with what converging it reads (its adapter's base model and tenant, for the replica count; its
+    desired revision)."""
+    return (
+        Alias.objects.select_related(
+            "adapter__base_model", "adapter__tenant", "revision", "desired_revision__adapter", "previous_revision"
+        )
+        .filter(id=alias_id)
+        .first()
+    )
 
 
 # ---------------------------------------------------------------- why an activation waits (REST API, dashboard)
@@ -161,7 +187,7 @@ def activation_status(alias: Alias, *, now: datetime | None = None) -> Activatio
     up_ids = {n.id for n in up}
     on_up = [p for p in placements if p.node_id in up_ids]
     ready = [p for p in on_up if p.state == P.READY]
-    needed = settings.MINT_ALIAS_READY_REPLICAS
+    needed = adapter.replica_count
     if len(ready) >= needed:
         first = ready[0]
         return status(
@@ -190,7 +216,7 @@ def activation_status(alias: Alias, *, now: datetime | None = None) -> Activatio
         return status(phase="no_node", reason=reason, since=since)
     if ready and len(up) < needed:
         reason = (
-            f"Ready on {len(ready)} of the {needed} nodes a flip needs (MINT_ALIAS_READY_REPLICAS), but only "
+            f"Ready on {len(ready)} of the {needed} nodes a flip needs (the adapter's replicas), but only "
             f"{len(up)} node of {adapter.base_model.name} that can load it is up: it flips when another comes "
             "up; or cancel."
         )
@@ -217,8 +243,9 @@ def activation_room(adapter: Adapter, revision: AdapterRevision) -> str | None:
     """A warning when activating `revision` on `adapter`'s production alias now would not flip soon, or None.
 
     Warns when the tenant's pinned-revision quota is full (activation is refused then: 429), when no up node
-    of the base model can load it, or when no slot is free and the tenant is at or over its fair share of the
-    base model's slots (the activation would wait for one). None when it is live, on its way, or would find room.
+    of the base model can load it (or fewer than the adapter's replica count), or when no slot is free and the
+    tenant is at or over its fair share of the base model's slots (the activation would wait for one). None
+    when it is live, on its way, or would find room.
     At most 6 queries.
     """
     tenant = adapter.tenant
@@ -249,6 +276,11 @@ def activation_room(adapter: Adapter, revision: AdapterRevision) -> str | None:
     ]
     if not up:
         return f"No node of {base.name} that can load {revision.label} is up: it would wait until one is."
+    if len(up) < adapter.replica_count:
+        return (
+            f"{adapter.name} has {adapter.replica_count} replicas and only {len(up)} node of {base.name} that can "
+            f"load {revision.label} is up: it would not flip until another is (or lower the adapter's replicas)."
+        )
     if any(p.node_id in {n.id for n in up} for p in placed):
         return None  # loaded or on its way
     holding = list(

@@ -128,10 +128,20 @@ class AdapterSerializer(CatalogAdapterSerializer):
 
 
 class AdapterDetailSerializer(CatalogAdapterDetailSerializer):
+    """One adapter with its aliases, latest revisions and replicas (load its tenant: the count reads the plan)."""
+
     aliases = AliasSerializer(many=True, read_only=True)
+    replicas = serializers.IntegerField(
+        read_only=True, allow_null=True, help_text="The adapter's override (PATCH it); null: the platform default."
+    )
+    replica_count = serializers.IntegerField(
+        read_only=True,
+        help_text="Distinct nodes each revision its aliases serve is placed on, and a flip waits for: the override, "
+        "else MINT_ALIAS_READY_REPLICAS, at most the plan's max_replicas.",
+    )
 
     class Meta(CatalogAdapterDetailSerializer.Meta):
-        fields = [*CatalogAdapterSerializer.Meta.fields, "aliases", "latest_revisions"]
+        fields = [*CatalogAdapterSerializer.Meta.fields, "replicas", "replica_count", "aliases", "latest_revisions"]
 
 
 class ActivateSerializer(serializers.Serializer):

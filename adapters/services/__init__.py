@@ -1,6 +1,7 @@
 """Writes for adapters and revisions, one module per subject; callers use `adapters.services.<name>`.
 
-- `registration`: creating adapters, registering revisions (uploads, storage quotas, the fair queue).
+- `registration`: creating adapters and setting their replicas, registering revisions (uploads, storage quotas,
+  the fair queue).
 - `transitions`: validation and export bookkeeping (called by tasks), delivery counts, approval, retry.
 
 Activation, rollback and aliases are serving state: serving.services.
@@ -10,6 +11,7 @@ from adapters.services.registration import (
     DuplicateRevision,
     IncompleteUpload,
     adapter_create,
+    adapter_set_replicas,
     check_storage_quota,
     revision_fail_if_duplicate,
     revision_register,
@@ -37,6 +39,7 @@ __all__ = [
     "DuplicateRevision",
     "IncompleteUpload",
     "adapter_create",
+    "adapter_set_replicas",
     "check_storage_quota",
     "export_is_complete",
     "revision_approve",

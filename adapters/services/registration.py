@@ -1,4 +1,5 @@
-"""Creating adapters and registering revisions: uploads into the store, storage quotas, the fair queue.
+"""Creating adapters (and setting their replica override) and registering revisions: uploads into the store,
+storage quotas, the fair queue.
 
 Registration is the fast, synchronous step: the files are stored, the row is created `registered`
 and the revision joins the tenant's place in the control queue (adapters.dispatch).
@@ -63,6 +64,43 @@ def adapter_create(*, tenant: Tenant, name: str, base_model: BaseModel, descript
         after={"base_model": base_model.name, "description": description},
     )
     return adapter
+
+
+REPLICAS_ABOVE_PLAN = "replicas_above_plan"
+
+
+@transaction.atomic
+def adapter_set_replicas(*, adapter: Adapter, replicas: int | None, by: Actor) -> Adapter:
+    """Set the adapter's replica override (None: the platform default, MINT_ALIAS_READY_REPLICAS), at most its
+    tenant's `max_replicas` (429 `replicas_above_plan`), audited `adapter.replicas` when it changes.
+
+    Only the catalog row: the serving plane converges on it (serving.services.adapter_scale calls this).
+    Returns the adapter, locked and saved, with its tenant as read under the lock.
+    """
+    if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1):
+        raise MintError("replicas: a whole number of at least 1, or null for the default.", code="invalid_request")
+    locked = Adapter.objects.select_for_update(of=("self",)).select_related("tenant", "base_model").get(id=adapter.id)
+    limit = locked.tenant.max_replicas
+    if replicas is not None and replicas > limit:
+        raise QuotaExceeded(
+            f"replicas: {replicas} is above the {limit} replicas tenant {locked.tenant.slug}'s plan allows an "
+            "adapter (plan field max_replicas). Ask for a larger plan, or use fewer.",
+            code=REPLICAS_ABOVE_PLAN,
+            detail={"quota": "max_replicas", "limit": limit, "requested": replicas},
+        )
+    if locked.replicas != replicas:
+        before = locked.replicas
+        locked.replicas = replicas
+        locked.save(update_fields=["replicas"])
+        audit_record(
+            tenant=locked.tenant,
+            actor=by,
+            action="adapter.replicas",
+            target=f"adapter:{locked.name}",
+            before={"replicas": before},
+            after={"replicas": replicas, "count": locked.replica_count},
+        )
+    return locked
 
 
 # ---------------------------------------------------------------- registration

@@ -1,6 +1,6 @@
 """Writes of the serving plane, one module per subject; callers use `serving.services.<name>`.
 
-- `aliases`: activation, its cancellation, rollback, the flip once a revision is ready, convergence.
+- `aliases`: activation, its cancellation, rollback, the flip once a revision is ready, convergence, replicas.
 - `placement`: placement requests, admission and pacing, prewarm bookkeeping, eviction, reconcile.
 - `capacity`: the rules those follow: pinned-revision quotas, aliases per adapter, fair shares.
 - `nodes`: registering nodes and recording their state.
@@ -10,6 +10,7 @@ Dependencies inside run one way: aliases → placement → capacity → (models,
 
 from serving.services.aliases import (
     activation_cancel,
+    adapter_scale,
     alias_converge,
     alias_flip,
     converge_aliases,
@@ -39,6 +40,7 @@ from serving.services.placement import (
 
 __all__ = [
     "activation_cancel",
+    "adapter_scale",
     "admit",
     "admit_after_pause",
     "alias_converge",

@@ -1,10 +1,11 @@
 """Writes about aliases, the names that serve a revision: activation, rollback, and the flip once it is ready.
 
 Activation and rollback set an alias's *desired* revision and ask the serving plane to converge
-(`tasks.alias_converge`): the alias flips at once if that revision is ready on
-MINT_ALIAS_READY_REPLICAS nodes, else a placement is requested and the flip happens when its prewarm
-finishes (`placement_ready`). Only approved revisions can be desired; every change is audited, and
-a flip is a live event the gateway and the dashboard follow.
+(`tasks.alias_converge`): the alias flips at once if that revision is ready on its adapter's replica
+count of up nodes (`Adapter.replica_count`: the adapter's `replicas`, else MINT_ALIAS_READY_REPLICAS, at
+most the plan's `max_replicas`), else placements are requested and the flip happens when enough prewarms
+finish (`placement_ready`). Only approved revisions can be desired; every change is audited, and a flip is
+a live event the gateway and the dashboard follow. `adapter_scale` changes the replica count and converges.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from adapters.models import Adapter, AdapterRevision, RevisionState
 from mint_site.errors import Conflict, InvalidTransition, NotFound
 from mint_site.events import epoch_us, live_event
 from serving import selectors, tasks
-from serving.models import Alias, Placement, PlacementState, Priority
+from serving.models import Alias, NodeState, Placement, PlacementState, Priority
 from serving.services import capacity
 from serving.services import placement as placements
 from tenants.access import Actor
@@ -270,9 +271,9 @@ def _withdraw_placements(revision: AdapterRevision) -> list[str]:
 
 
 def converge_aliases(*, revision: AdapterRevision) -> list[Alias]:
-    """Flip every alias that wants `revision` once it is ready on enough nodes."""
+    """Flip every alias that wants `revision` once it is ready on its adapter's replica count of up nodes."""
     flipped = []
-    if placements.ready_count(revision) < settings.MINT_ALIAS_READY_REPLICAS:
+    if placements.ready_count(revision) < revision.adapter.replica_count:
         return flipped
     for alias in Alias.objects.filter(desired_revision=revision).exclude(revision=revision).select_related("adapter"):
         try:
@@ -283,15 +284,52 @@ def converge_aliases(*, revision: AdapterRevision) -> list[Alias]:
 
 
 def alias_converge(*, alias: Alias) -> None:
-    """Bring an alias to its desired revision: flip now if it is ready, else have it prewarmed."""
+    """Bring an alias to what it should serve on its adapter's replica count (`Adapter.replica_count`) of up nodes:
+    its live revision topped up to that count, its desired one flipped to now if it is ready on that many, else
+    prewarmed on that many, and the previous one topped up while its rollback grace lasts.
+
+    A top-up counts placements in any state on up nodes, as the heartbeat's `placements_retry` does (a failed
+    prewarm is not retried by itself): it only matters after the count was raised (`adapter_scale`) or a node
+    went down since the last heartbeat.
+    """
+    count = alias.adapter.replica_count
+    _top_up(alias.revision, count)
     desired = alias.desired_revision
-    if desired is None or desired.id == alias.revision_id:
+    if desired is not None and desired.id != alias.revision_id:
+        if placements.ready_count(desired) >= count:
+            converge_aliases(revision=desired)
+        else:
+            priority = Priority.ROLLBACK if alias.rollback_pending else Priority.ACTIVATION
+            placements.placement_request(revision=desired, priority=priority, replicas=count)
+    until = alias.previous_pinned_until
+    if until is not None and until >= timezone.now():
+        _top_up(alias.previous_revision, count)
+
+
+def _top_up(revision: AdapterRevision | None, count: int) -> None:
+    if revision is None or revision.state != RevisionState.APPROVED or not revision.export_uri:
         return
-    if placements.ready_count(desired) >= settings.MINT_ALIAS_READY_REPLICAS:
-        converge_aliases(revision=desired)
-        return
-    priority = Priority.ROLLBACK if alias.rollback_pending else Priority.ACTIVATION
-    placements.placement_request(revision=desired, priority=priority, replicas=settings.MINT_ALIAS_READY_REPLICAS)
+    if Placement.objects.filter(revision=revision, node__state=NodeState.UP).count() < count:
+        placements.placement_request(revision=revision, priority=Priority.ACTIVATION, replicas=count)
+
+
+@transaction.atomic
+def adapter_scale(*, adapter: Adapter, replicas: int | None, by: Actor) -> Adapter:
+    """Set how many distinct nodes the adapter's served revisions are placed on (`replicas`; None: the platform
+    default), within the plan's `max_replicas` (429 `replicas_above_plan`), audited `adapter.replicas`.
+
+    Then, after commit, each of its aliases converges on the new count (`tasks.alias_converge`): raised, the
+    revisions they pin (live, desired, previous within the rollback grace) are placed on more nodes now, and a
+    pending activation waits for that many; lowered, a pending activation already ready on enough nodes flips,
+    and nothing is unloaded: the surplus replicas keep serving until their revision is no longer pinned, a
+    tenant under its fair share takes their slot, or their node drains (failover tops up to the new count only).
+    """
+    before = adapter.replica_count
+    adapter = adapter_services.adapter_set_replicas(adapter=adapter, replicas=replicas, by=by)
+    if adapter.replica_count != before:
+        for alias_id in Alias.objects.filter(adapter=adapter).values_list("id", flat=True):
+            transaction.on_commit(lambda a=alias_id: tasks.alias_converge.delay(alias_id=a))
+    return adapter
 
 
 def placement_ready(*, placement: Placement, warm_ms: float) -> bool:

@@ -7,6 +7,14 @@ serve once converged; a swap in flight may exceed that by one revision per alias
 the new one loads, then keeps through the rollback grace). An adapter has
 at most `max_aliases_per_adapter` aliases. Past either, activation is refused: 429 `serving_quota_exceeded`.
 
+Replicas: each pinned revision is placed on its adapter's replica count of nodes (`Adapter.replica_count`,
+at most the plan's `max_replicas`), holding that many slots. The pinned quota still counts revisions, not
+slots, by choice: the plan already bounds the slots a tenant's pins can hold (`max_ready_revisions` times
+`max_replicas`, plus the swap allowance), and the fair shares below count slots, so a tenant whose replicas
+put it over its share is the first to give a slot to a tenant under it. Counted in slots, the quota would
+change meaning with every override (an adapter raised to 2 replicas would refuse the tenant's next
+activation elsewhere) without bounding anything the plan does not bound already.
+
 Quotas alone do not guarantee room: every tenant may be within quota while the nodes are full. The slots
 of a base model's up nodes are shared: a tenant's fair share is slots ÷ tenants with demand (a pinned
 revision, or the request at hand). A tenant that needs a slot when none is free may take one from the

@@ -22,7 +22,7 @@ from django.db.models import Case, Count, DateTimeField, F, Q, Value, When, Wind
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from adapters.models import AdapterRevision, RevisionState
+from adapters.models import AdapterRevision, RevisionState, replicas_sql
 from mint_site.errors import Conflict
 from mint_site.events import epoch_us, live_event
 from serving import selectors, tasks
@@ -270,10 +270,15 @@ def placements_retry(*, base_model_id: int | None = None, limit: int = 200) -> d
     first, each tenant's in priority order), and once one of a tenant's waits on a base model its others
     there are not tried this round (they would wait for the same reason): a tenant with many waiting costs
     one try per round, and cannot keep another's from being tried. A pinned, approved, exported revision
-    with no placement at all (evicted for another tenant, or every node was down) is requested again at
-    activation priority. Each try is its own transaction.
+    with fewer placements on up nodes than its adapter's replica count (`Adapter.replica_count`; evicted for
+    another tenant, every node was down, or its node went down) is requested again at activation priority:
+    failover. Live revisions go first, then desired ones, then previous ones within their rollback grace
+    (`selectors.PinRole`), and inside each, tenants take turns (`_failover_order`), so that `limit`, which
+    bounds the requests of one round too, never spends a round on one tenant's many revisions while another
+    tenant's live one waits. Each try is its own transaction.
     """
-    pins = selectors.pinned_revisions(base_model_id=base_model_id)
+    roles = selectors.pinned_roles(base_model_id=base_model_id)
+    pins = {revision_id: tenant_id for revision_id, (tenant_id, _) in roles.items()}
     waiting = Placement.objects.filter(state=P.WAITING)
     if base_model_id is not None:
         waiting = waiting.filter(node__base_model_id=base_model_id)
@@ -295,23 +300,38 @@ def placements_retry(*, base_model_id: int | None = None, limit: int = 200) -> d
             placed += 1
         else:
             stuck.add((adapter.tenant_id, adapter.base_model_id))
-    # Pinned revisions with fewer placement rows on up nodes than replicas: evicted for another tenant, never
-    # placed because every node was down, or on a node that went down. Rows in any state count (waiting for
-    # room, being evicted, or failed: a failed prewarm is not retried by itself, or a bad one would loop).
-    replicas = settings.MINT_ALIAS_READY_REPLICAS
+    # Pinned revisions with fewer placement rows on up nodes than their replica count: evicted for another
+    # tenant, never placed because every node was down, or on a node that went down. Rows in any state count
+    # (waiting for room, being evicted, or failed: a failed prewarm is not retried by itself, or a bad one would
+    # loop). Only ids here (every pinned revision after an outage): the chosen few are loaded below.
     on_up_nodes = Q(placements__node__state=NodeState.UP)
-    unplaced = (
+    short = (
         AdapterRevision.objects.filter(id__in=list(pins), state=RevisionState.APPROVED)
         .exclude(export_uri="")
-        .annotate(placed=Count("placements", filter=on_up_nodes))
-        .filter(placed__lt=replicas)
-        .select_related("adapter__base_model", "adapter__tenant")[:limit]
+        .annotate(placed=Count("placements", filter=on_up_nodes), wanted=replicas_sql("adapter__"))
+        .filter(placed__lt=F("wanted"))
+        .values_list("id", flat=True)
     )
-    requested = 0
-    for revision in unplaced:
-        placement_request(revision=revision, priority=Priority.ACTIVATION, replicas=replicas)
-        requested += 1
-    return {"dropped": dropped, "placed": placed, "requested": requested}
+    chosen = _failover_order(list(short), roles, held)[:limit]
+    revisions = AdapterRevision.objects.select_related("adapter__base_model", "adapter__tenant").in_bulk(chosen)
+    for revision_id in chosen:
+        revision = revisions[revision_id]
+        placement_request(revision=revision, priority=Priority.ACTIVATION, replicas=revision.adapter.replica_count)
+    return {"dropped": dropped, "placed": placed, "requested": len(chosen)}
+
+
+def _failover_order(revision_ids: list[int], roles: dict[int, tuple[int, int]], held: Counter[int]) -> list[int]:
+    """Pinned revisions in the order failover places them again: by role (live, desired, previous: `roles` from
+    `selectors.pinned_roles`), and inside a role tenants in turn: each tenant's first, the tenant holding fewer
+    slots first, then each one's second, and so on (each tenant's oldest revision first)."""
+    turns: Counter[tuple[int, int]] = Counter()
+    ranked = []
+    for revision_id in sorted(revision_ids):
+        tenant_id, role = roles[revision_id]
+        turn = turns[(tenant_id, role)]
+        turns[(tenant_id, role)] += 1
+        ranked.append(((role, turn, held[tenant_id], tenant_id, revision_id), revision_id))
+    return [revision_id for _, revision_id in sorted(ranked)]
 
 
 def _in_turns(waiting, held: Counter[int], *, limit: int) -> list[Placement]:
@@ -529,9 +549,10 @@ def drain_step(*, node: ServingNode, force: bool = False) -> dict[str, object]:
     heartbeat while the node drains.
 
     A ready placement stays (and is routed to: serving.selectors.ready_placements) until its revision is
-    ready on MINT_ALIAS_READY_REPLICAS up nodes, or nothing pins it; then it is unloaded. The heartbeat's
-    `placements_retry` places pinned revisions elsewhere meanwhile (a placement on a draining node does not
-    count as one). Queued and waiting placements there are withdrawn; a load in progress finishes first.
+    ready on its adapter's replica count (`Adapter.replica_count`) of up nodes, or nothing pins it; then it
+    is unloaded. The heartbeat's `placements_retry` places pinned revisions elsewhere meanwhile (a placement
+    on a draining node does not count as one). Queued and waiting placements there are withdrawn; a load in
+    progress finishes first.
     `force` unloads every ready placement at once (its aliases answer 503 until ready elsewhere).
 
     Returns what is left and why: {"left": n, "waiting": [reasons, one per revision that has no room]}.
@@ -539,7 +560,6 @@ def drain_step(*, node: ServingNode, force: bool = False) -> dict[str, object]:
     if node.state != NodeState.DRAINING:
         return {"left": 0, "waiting": []}
     pins = selectors.pinned_revisions(base_model_id=node.base_model_id)
-    needed = settings.MINT_ALIAS_READY_REPLICAS
     with transaction.atomic():
         rows = list(
             Placement.objects.select_for_update(of=("self",))
@@ -556,6 +576,7 @@ def drain_step(*, node: ServingNode, force: bool = False) -> dict[str, object]:
         )
         staying = []
         for placement in ready:
+            needed = placement.revision.adapter.replica_count
             if force or placement.revision_id not in pins or elsewhere[placement.revision_id] >= needed:
                 _evict(placement, reason=None)
             else:
