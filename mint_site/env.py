@@ -68,6 +68,18 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+def env_dir(name: str) -> Path | None:
+    """The existing directory `name` names, or None when it is unset. Set but empty is an error: libraries that
+    test only whether the variable is set (prometheus_client) would write into the working directory."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return None
+    path = Path(raw.strip())
+    if not raw.strip() or not path.is_dir():
+        raise ImproperlyConfigured(f"{name}={raw!r} is not an existing directory.")
+    return path
+
+
 def parse_database_url(url: str, *, base_dir: Path) -> dict:
     """Turn `postgres://user:pass@host:port/name` or `sqlite:///path` into a DATABASES entry."""
     parts = urlsplit(url)

@@ -16,6 +16,7 @@ from mint_site.env import (
     check_redis_url,
     env_bool,
     env_choice,
+    env_dir,
     env_float,
     env_int,
     env_list,
@@ -396,6 +397,10 @@ LOGGING = {
 MINT_METRICS_TOKEN = env_str("MINT_METRICS_TOKEN", "").strip()
 if MINT_METRICS_TOKEN and len(MINT_METRICS_TOKEN) < 32:
     raise ImproperlyConfigured("MINT_METRICS_TOKEN is shorter than 32 characters; use a long random string.")
+# Several web processes on one host (uvicorn --workers) keep their metric values in files in this directory and
+# /metrics sums them: prometheus_client's multiprocess mode, which reads the same variable when it is imported.
+# Unset, one process serves and keeps its values in memory. Empty it before the processes start.
+PROMETHEUS_MULTIPROC_DIR = env_dir("PROMETHEUS_MULTIPROC_DIR")
 
 # HTTPS. The defaults serve `make run` over plain http on 127.0.0.1; a deployment behind TLS turns these on
 # (tests/mint_site/test_deploy_check.py holds the production environment that `check --deploy` passes with).

@@ -6,8 +6,8 @@ class ServingConfig(AppConfig):
     verbose_name = "Serving nodes, placements and the gateway"
 
     def ready(self) -> None:
-        from prometheus_client import REGISTRY
-
+        from mint_site.metrics import register_shared_collector
         from serving.metrics import ServingCollector
 
-        REGISTRY.register(ServingCollector())
+        # Read from the database at scrape time: served once per scrape, however many web processes serve.
+        register_shared_collector(ServingCollector())

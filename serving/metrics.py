@@ -1,7 +1,9 @@
 """Serving-plane gauges for /metrics, read from the database at scrape time.
 
 Node agents are separate processes, so their figures (load and warm times) are taken
-from the placements they recorded rather than from in-process counters.
+from the placements they recorded rather than from in-process counters. Being read from
+the database, they are the same in every web process: the collector is registered as a
+shared one (mint_site/metrics.py), asked once per scrape however many processes serve.
 """
 
 from __future__ import annotations

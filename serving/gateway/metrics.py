@@ -2,6 +2,8 @@
 
 Labels are the tenant's slug and the adapter's name, never LoRA names or URLs; a model
 string that resolved to nothing is labelled "-", so unknown names cannot grow the series.
+Counters and histograms only: with several web processes, /metrics sums every process's
+values (mint_site/metrics.py has the multiprocess mode).
 """
 
 from __future__ import annotations
