@@ -1,30 +1,45 @@
 """`make run` (`python -m devtools.launcher`): MinT's embedded default on one machine.
 
 Starts a private Redis (when REDIS_URL is unset), migrates the database, seeds the
-demo tenant, then runs the ASGI server, a Celery worker and the local vLLM node until
-Ctrl-C or SIGTERM, which stops everything it started within a bound (devtools.supervisor).
-The command lines of the web server and the workers are also what tests/e2e and
-benchmarks/ start.
+demo tenant, then runs the ASGI server (MINT_WEB_PROCESSES processes on one port), a
+Celery worker and the local vLLM node until Ctrl-C or SIGTERM, which stops everything it
+started within a bound (devtools.supervisor). The command lines of the web server and the
+workers are also what tests/e2e and benchmarks/ start (with one web process unless a test
+asks for more).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
+
 from devtools.local_node import engine_installed, start_engine
 from devtools.supervisor import BASE_DIR, Supervisor, free_port, http_ok, redis_ok, wait_for
+from mint_site.env import env_int
+
+# `make run`'s web processes unless MINT_WEB_PROCESSES says otherwise: two, so that what holds across a fleet's
+# processes (rate limits, in-flight caps, key revocation, routes, /metrics) is what a developer runs every day.
+DEFAULT_WEB_PROCESSES = 2
 
 
-def web_argv(host: str, port: int) -> list[str]:
+def web_argv(host: str, port: int, *, processes: int = 1) -> list[str]:
     """The ASGI server (uvicorn with uvloop and httptools) serving HTTP, the gateway and WebSockets.
 
     uvicorn rather than daphne: on the gateway's path daphne cost about 1.3 ms more per request
     (benchmarks/gateway_overhead.py measures the whole path against vLLM).
+
+    `processes` > 1 runs uvicorn's own process manager (`--workers`): it binds the port once and starts that
+    many server processes, which share its socket. Each runs the app's lifespan, so each builds its own
+    `GatewayState` and follows live events on its own (serving/gateway/asgi.py); the manager starts a
+    replacement for one that dies, and on SIGINT or SIGTERM stops them all (each drains within
+    `--timeout-graceful-shutdown`). Start it with `web_env()` so that /metrics sums every process.
     """
-    return [
+    argv = [
         sys.executable,
         "-m",
         "uvicorn",
@@ -45,6 +60,27 @@ def web_argv(host: str, port: int) -> list[str]:
         "--timeout-graceful-shutdown",
         "5",
     ]
+    if processes > 1:
+        argv += ["--workers", str(processes)]
+    return argv
+
+
+def web_processes() -> int:
+    """How many web processes `make run` starts: MINT_WEB_PROCESSES, at least 1 (ImproperlyConfigured else)."""
+    return env_int("MINT_WEB_PROCESSES", DEFAULT_WEB_PROCESSES, minimum=1)
+
+
+def web_env(env: dict[str, str], *, processes: int, metrics_dir: Path) -> dict[str, str]:
+    """The web server's environment: with several processes, prometheus_client's multiprocess mode in
+    `metrics_dir`, emptied first (files left by an earlier run's processes would be summed with this one's).
+
+    Only the web processes get it: Celery workers and management commands keep their metrics in memory.
+    """
+    if processes <= 1:
+        return env
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    metrics_dir.mkdir(parents=True)
+    return env | {"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
 
 
 def worker_argv(
@@ -153,6 +189,11 @@ def main() -> int:
     host = env.get("MINT_HOST", "127.0.0.1")
     port = int(env.get("MINT_PORT", "8000"))
     env.setdefault("DEBUG", "1")
+    try:
+        processes = web_processes()
+    except ImproperlyConfigured as exc:
+        print(f"make run: {exc}", file=sys.stderr)
+        return 2
     supervisor = Supervisor(var_dir / "log")
     supervisor.stop_on_signals()
     try:
@@ -170,7 +211,11 @@ def main() -> int:
         python("-m", "devtools.tiny_models", env=env)
         token = manage("mint_demo", env=env)
         node_note = start_local_node(supervisor, env, var_dir)
-        supervisor.start("web", web_argv(host, port), env=env)
+        supervisor.start(
+            "web",
+            web_argv(host, port, processes=processes),
+            env=web_env(env, processes=processes, metrics_dir=var_dir / "prometheus"),
+        )
         supervisor.start(
             "worker",
             worker_argv(f"control,node.{LOCAL_NODE}", beat_schedule=var_dir / "celerybeat-schedule"),
@@ -183,6 +228,7 @@ def main() -> int:
             f"\nMinT is running at {base}/\n"
             f"  dashboard: {base}/  sign in as demo / mint-demo-password\n"
             f"  API docs:  {base}/api/docs/\n"
+            f"  web:       {processes} process{'es' if processes > 1 else ''} (MINT_WEB_PROCESSES)\n"
             f"  demo key:  {token}\n"
             f'  try:       curl -H "Authorization: Bearer {token}" {base}/api/v1/\n'
             f"  node:      {node_note}\n"

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-# uvicorn's graceful shutdown takes at most 5 s (web_argv); a Celery worker finishes its running tasks.
+# uvicorn's graceful shutdown takes at most 5 s (web_argv; several web processes drain at once, each getting the
+# group's SIGTERM); a Celery worker finishes its running tasks.
 STOP_GRACE_S = 10.0
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

@@ -5,7 +5,10 @@ and decides on `known + pending`: the window's total as Redis last reported it p
 process's requests not yet sent there. A background task adds the pending counts to Redis
 (INCRBY + EXPIRE, one pipeline for every tenant at once) and reads back the totals, which
 include every other process's requests. So the limit holds exactly within one process and,
-across processes, as of each process's last flush (a few milliseconds behind under load).
+across processes, as of each process's last flush (a few milliseconds behind under load). A
+process learns that the others took the window to the limit only from its own next flush, so
+it admits that request: with P processes, up to P - 1 requests past the limit in a window
+(more for a burst that reaches several processes within one flush; tests/e2e/test_web_processes.py).
 A fixed window lets a burst of up to twice the limit straddle a minute boundary; that is
 the accepted price of counting this cheaply.
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from django.db import connection, connections
 
-from devtools.launcher import web_argv, worker_argv
+from devtools.launcher import web_argv, web_env, worker_argv
 from devtools.supervisor import BASE_DIR, Supervisor, free_port, http_ok, wait_for
 from tests.e2e import slowed_worker
 
@@ -77,12 +77,18 @@ def pool_processes(worker) -> list:
 
 @pytest.fixture
 def start_web(supervisor, transactional_db):
-    """Start the real ASGI server (uvicorn) against the test database. Returns its base URL."""
+    """Start the real ASGI server (uvicorn) against the test database. Returns its base URL.
 
-    def start(extra_env: dict[str, str] | None = None) -> str:
+    `processes` > 1 serves it as `make run` does with MINT_WEB_PROCESSES: that many processes on one port, in
+    prometheus_client's multiprocess mode (in `<log dir>/prometheus-<port>`, the `PROMETHEUS_MULTIPROC_DIR` of its
+    environment).
+    """
+
+    def start(extra_env: dict[str, str] | None = None, *, processes: int = 1) -> str:
         port = free_port()
         env = os.environ | {"DATABASE_URL": database_url_of_test_db()} | (extra_env or {})
-        supervisor.start("web", web_argv("127.0.0.1", port), env=env)
+        env = web_env(env, processes=processes, metrics_dir=supervisor.log_dir / f"prometheus-{port}")
+        supervisor.start("web", web_argv("127.0.0.1", port, processes=processes), env=env)
         base = f"http://127.0.0.1:{port}"
         wait_for(lambda: http_ok(f"{base}/healthz"), timeout=60, what="web server")
         return base
