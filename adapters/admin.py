@@ -14,7 +14,7 @@ class AdapterAdmin(admin.ModelAdmin):
     list_display = ["name", "tenant", "base_model", "revision_counter", "created_at"]
     list_filter = ["tenant", "base_model"]
     search_fields = ["name", "tenant__slug"]
-    readonly_fields = ["revision_counter"]
+    readonly_fields = ["revision_counter", "replicas"]  # replicas: PATCH the API (plan bound, audited)
 
 
 class ApprovalInline(admin.TabularInline):

@@ -380,3 +380,14 @@ def test_the_activation_warning_names_too_few_nodes_for_the_adapters_count(node,
     override(adapter_a, 2)
     warning = selectors.activation_room(adapter_a, revision)
     assert "support-bot has 2 replicas and only 1 node of test-dense" in warning
+
+
+def test_the_admin_shows_the_override_but_leaves_changing_it_to_the_api(client, adapter_a):
+    from tests.factories import UserFactory
+
+    client.force_login(UserFactory(username="root", is_staff=True, is_superuser=True))
+    override(adapter_a, 2)
+    url = f"/admin/adapters/adapter/{adapter_a.id}/change/"
+    page = client.get(url)
+    assert page.status_code == 200 and b"replicas" in page.content.lower()
+    assert b'name="replicas"' not in page.content  # read-only: no input to post
