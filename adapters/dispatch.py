@@ -18,6 +18,15 @@ finished within `lost_after_s()` (that bound, and at least the tasks' hard time 
 ended by then) was lost with its worker or on the way: each dispatch puts it back in the queue, counting the
 lost hand-off as a delivery, and past MINT_TASK_MAX_DELIVERIES fails it with `<stage>_lost`, which a Retry
 may clear (adapters.services.revision_retry).
+
+A hand-off no worker has begun is lost much sooner, and safely: nothing runs it. Each task records when a
+worker began it (`picked_up_at`, `begin`), and a hand-off carries its own time (`dispatched_at`), so a copy
+superseded by a later hand-off does nothing. Redis without persistence loses every task it holds when it
+restarts; the workers merely being down loses nothing. To tell the two apart, beat's dispatch sends a probe
+(`tasks.control_probe`) behind hand-offs that have waited MINT_TASK_PICKUP_S unbegun; the queue is first in,
+first out, so a worker that takes the probe has taken everything sent before it, and what is still unbegun
+then was lost: it is handed over again and counted like any lost hand-off. A rollback's re-export, which
+serving asks for outside the queue, is sent again the same way (`export_redrive`).
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, F, Min
+from django.db.models import Count, F, Min, Q
 from django.utils import timezone
 
 # adapters.services imports this module too: only its attributes are read here, at call time.
@@ -43,6 +52,7 @@ from tenants.services import audit_record
 log = logging.getLogger(__name__)
 
 CONTROL_STATES = (S.REGISTERED, S.VALIDATED)
+RESTORABLE_STATES = (S.EXPORTED, S.PENDING_APPROVAL, S.APPROVED)  # frozen: a removed export is written again
 _LOCK_ID = 0x6D696E74  # "mint": one advisory lock serialises dispatching across processes
 
 
@@ -53,17 +63,18 @@ def _lock() -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
 
 
-def control_dispatch() -> list[int]:
+def control_dispatch(*, passed_before: datetime | None = None) -> list[int]:
     """Hand waiting revisions to the control workers while there is room; returns the ids handed over.
 
-    Lost hand-offs go back in the queue first (or fail, past the delivery bound): `requeue_lost`.
+    Lost hand-offs go back in the queue first (or fail, past the delivery bound): `requeue_lost`, to which
+    `passed_before` (a probe's) says how far the queue has provably moved.
     """
     with transaction.atomic():
         _lock()
         now = timezone.now()
-        requeue_lost(now=now)
+        requeue_lost(now=now, passed_before=passed_before)
         chosen = _choose(now)
-        transaction.on_commit(lambda: [_send(revision_id, state) for revision_id, state in chosen])
+        transaction.on_commit(lambda: [_send(revision_id, state, handed=now) for revision_id, state in chosen])
     return [revision_id for revision_id, _ in chosen]
 
 
@@ -109,7 +120,7 @@ def _choose(now) -> list[tuple[int, str]]:
         if revision is None:  # pragma: no cover - the aggregate above saw one
             del waiting[tenant]
             continue
-        AdapterRevision.objects.filter(id=revision[0]).update(dispatched_at=now)
+        AdapterRevision.objects.filter(id=revision[0]).update(dispatched_at=now, picked_up_at=None)
         chosen.append(revision)
         running[tenant] = running.get(tenant, 0) + 1
         free -= 1
@@ -148,9 +159,16 @@ def stall_reason(revision: AdapterRevision, *, now: datetime | None = None) -> s
             f"Its {stage} waits for a control worker: the workers are busy, and the queue takes tenants in turn "
             f"(this tenant's earlier revisions, and its plan's max_concurrent_tasks, go first)."
         )
+    if not begun(revision):
+        return (
+            f"Its {stage} was handed to a worker at {revision.dispatched_at:%H:%M:%S} UTC and no worker has begun it. "
+            f"If the broker lost it, it is handed over again once the queue has moved past it; if the workers are "
+            f"down, it waits for them. It fails ({stage}_lost, retryable) after "
+            f"{settings.MINT_TASK_MAX_DELIVERIES} lost deliveries."
+        )
     return (
         f"Its {stage} was handed to a worker at {revision.dispatched_at:%H:%M:%S} UTC and has not finished. If no "
-        f"worker runs it, it is handed over again {round(lost_after_s() / 60)} min after, and fails "
+        f"worker runs it, it is handed over again {round(lost_after_s() / 60)} min after it began, and fails "
         f"({stage}_lost, retryable) after {settings.MINT_TASK_MAX_DELIVERIES} lost deliveries."
     )
 
@@ -162,23 +180,48 @@ def lost_after_s() -> float:
     return float(max([settings.MINT_STAGE_STALE_AFTER_S, *(limit for limit in limits if limit)]))
 
 
-def requeue_lost(*, now: datetime | None = None, limit: int = 100) -> dict[str, int]:
+def pickup_s() -> float:
+    """How long a hand-off may wait in the broker unbegun before a probe checks whether it was lost."""
+    return float(settings.MINT_TASK_PICKUP_S)
+
+
+def _unbegun() -> Q:
+    """Revisions whose current stage's task no worker has begun: never picked up, or picked up before it was sent
+    (by the previous stage: a validated revision's export is sent when its validation ends)."""
+    return Q(picked_up_at__isnull=True) | Q(picked_up_at__lt=F("updated_at")) | Q(picked_up_at__lt=F("dispatched_at"))
+
+
+def begun(revision: AdapterRevision) -> bool:
+    """Whether a worker began the current stage's task of a handed-over revision (`_unbegun`, on the row)."""
+    picked = revision.picked_up_at
+    return picked is not None and picked >= revision.updated_at and picked >= (revision.dispatched_at or picked)
+
+
+def _handed_over(before: datetime):
+    return AdapterRevision.objects.filter(
+        state__in=CONTROL_STATES, dispatched_at__lt=before, updated_at__lt=before, adapter__tenant__is_active=True
+    )
+
+
+def requeue_lost(
+    *, now: datetime | None = None, passed_before: datetime | None = None, limit: int = 100
+) -> dict[str, int]:
     """Put revisions whose hand-off was lost back in the queue, or fail them past the delivery bound.
 
-    Lost: handed to the workers (`dispatched_at`) and in the same stage since, both longer than `lost_after_s()`
-    ago. A worker killed mid-task, a broker that dropped the message, or a queue nobody consumes all look alike
-    here; each counts as one delivery that did not come back (a killed worker's start was counted already, so it
-    may count twice: the bound is then reached sooner, never later). Call under the dispatch lock.
+    Lost, either way: handed to the workers (`dispatched_at`) and in the same stage since, both longer than
+    `lost_after_s()` ago, and not begun since then either (a worker killed mid-task, a broker that dropped the
+    message, or a queue nobody consumes all look alike here); or, given `passed_before` (the time a probe that
+    reached a worker was sent: the queue is past everything sent before it), handed over MINT_TASK_PICKUP_S
+    before that and still not begun. Each counts as one delivery that did not come back (a killed worker's start
+    was counted already, so it may count twice: the bound is then reached sooner, never later). Call under the
+    dispatch lock.
     """
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=lost_after_s())
-    lost = list(
-        AdapterRevision.objects.filter(
-            state__in=CONTROL_STATES, dispatched_at__lt=cutoff, updated_at__lt=cutoff, adapter__tenant__is_active=True
-        )
-        .select_related("adapter__tenant")
-        .order_by("dispatched_at", "id")[:limit]
-    )
+    overdue = _handed_over(cutoff).filter(_unbegun() | Q(picked_up_at__lt=cutoff))
+    if passed_before is not None:
+        overdue = overdue | _handed_over(passed_before - timedelta(seconds=pickup_s())).filter(_unbegun())
+    lost = list(overdue.select_related("adapter__tenant").order_by("dispatched_at", "id")[:limit])
     requeued = failed = 0
     bound = settings.MINT_TASK_MAX_DELIVERIES
     for revision in lost:
@@ -186,8 +229,9 @@ def requeue_lost(*, now: datetime | None = None, limit: int = 100) -> dict[str, 
         if revision.deliveries >= bound:
             reason = (
                 f"The {stage} of r{revision.number} was handed to the control workers {revision.deliveries} times "
-                f"and never finished (no worker took it, or the worker running it was lost). This is not a "
-                "problem in the files: Retry it once the workers run again; an operator can see their logs."
+                f"and never finished (no worker took it, the broker lost it, or the worker running it was lost). "
+                "This is not a problem in the files: Retry it once the workers run again; an operator can see "
+                "their logs."
             )
             try:
                 services.revision_fail(revision=revision, code=f"{stage}_lost", reason=reason)
@@ -195,9 +239,14 @@ def requeue_lost(*, now: datetime | None = None, limit: int = 100) -> dict[str, 
                 continue  # it moved meanwhile
             failed += 1
             continue
+        # Conditional on what was read: a worker that begins the task meanwhile keeps it (and one that begins the
+        # task after this commits finds its hand-off superseded: `begin`).
         moved = AdapterRevision.objects.filter(
-            id=revision.id, state=revision.state, dispatched_at=revision.dispatched_at
-        ).update(dispatched_at=None, deliveries=F("deliveries") + 1)
+            id=revision.id,
+            state=revision.state,
+            dispatched_at=revision.dispatched_at,
+            picked_up_at=revision.picked_up_at,
+        ).update(dispatched_at=None, picked_up_at=None, deliveries=F("deliveries") + 1)
         if not moved:
             continue
         log.warning("%s: the %s hand-off of %s was lost; queued again", revision.adapter.tenant, stage, revision)
@@ -211,6 +260,101 @@ def requeue_lost(*, now: datetime | None = None, limit: int = 100) -> dict[str, 
         )
         requeued += 1
     return {"requeued": requeued, "failed": failed}
+
+
+def probe_unbegun(*, now: datetime | None = None) -> bool:
+    """Send a probe behind hand-offs that have waited MINT_TASK_PICKUP_S unbegun, if any (beat's dispatch).
+
+    The probe expires after that long: probes sent while the workers are down do not pile up for them.
+    """
+    now = now or timezone.now()
+    if not _handed_over(now - timedelta(seconds=pickup_s())).filter(_unbegun()).exists():
+        return False
+    tasks.control_probe.apply_async(kwargs={"sent_at": now.isoformat()}, expires=pickup_s())
+    return True
+
+
+def begin(revision: AdapterRevision, *, handed: datetime | None) -> bool:
+    """A worker begins the current stage's task of `revision` (validation or export): record it, unless this
+    copy of the task was superseded. False: leave it alone.
+
+    `handed` is the hand-off the copy came with (`dispatched_at` when it was sent): another one means the
+    revision was handed over again since (its first copy was presumed lost) and that copy runs instead. An
+    export without it (sent when validation ended) is superseded by a hand-off made after the stage began. A
+    second copy of the same hand-off (the broker delivers it again after its worker was lost) runs again:
+    deliveries count it (`services.revision_delivery_start`).
+    """
+    current = AdapterRevision.objects.filter(id=revision.id, state=revision.state)
+    if handed is not None:
+        current = current.filter(dispatched_at=handed)
+    elif revision.state == S.VALIDATED:
+        current = current.exclude(dispatched_at__gt=F("updated_at"))
+    now = timezone.now()
+    if not current.update(picked_up_at=now):
+        log.info("%s: a superseded copy of its %s task; nothing to do", revision, revision.state)
+        return False
+    revision.picked_up_at = now
+    return True
+
+
+def restore_begin(revision: AdapterRevision) -> bool:
+    """A worker begins re-exporting an exported revision: record it, unless another re-export of it began less than
+    `lost_after_s()` ago (it may still run; two would write over each other's staging files). False: leave it."""
+    now = timezone.now()
+    # Begun after the export was frozen (not the export's own start) and recently enough to be running still.
+    running = Q(picked_up_at__gte=now - timedelta(seconds=lost_after_s()), picked_up_at__gt=F("exported_at"))
+    if not AdapterRevision.objects.filter(id=revision.id).exclude(running).update(picked_up_at=now):
+        log.info("%s: a re-export of it is running already", revision)
+        return False
+    revision.picked_up_at = now
+    return True
+
+
+def restore_end(revision: AdapterRevision, *, restored: bool) -> None:
+    """A re-export ended (or hands over to its own retry): another may begin. A restored one gives its deliveries
+    back (`export_redrive` counts them)."""
+    fields = {"picked_up_at": None} | ({"deliveries": 0} if restored else {})
+    AdapterRevision.objects.filter(id=revision.id, picked_up_at=revision.picked_up_at).update(**fields)
+
+
+def export_redrive(*, revision: AdapterRevision, asked_at: datetime, now: datetime | None = None) -> str:
+    """Send again the re-export serving asked for at `asked_at` (a rollback to `revision`, whose export was
+    removed: `services.revision_ensure_export`) if it was lost: not begun MINT_TASK_PICKUP_S after it was sent,
+    or begun and not back within `lost_after_s()`. Each re-send is a delivery of the revision (`dispatched_at` is
+    when it was sent); past MINT_TASK_MAX_DELIVERIES it is given up (the rollback's prewarm then fails, naming the
+    missing files). Idempotent; no probe here: a re-export that merely waited behind other work and runs twice
+    runs once (`restore_begin`).
+
+    Returns "complete" (nothing to do), "waiting" (its task may still start), "running", "sent" or "given_up".
+    """
+    if revision.state not in RESTORABLE_STATES or services.export_is_complete(revision):
+        return "complete"
+    now = now or timezone.now()
+
+    def since_frozen(moment: datetime | None) -> datetime | None:  # not the export stage's own hand-off
+        return (
+            moment if moment is not None and (revision.exported_at is None or moment > revision.exported_at) else None
+        )
+
+    sent = max(asked_at, since_frozen(revision.dispatched_at) or asked_at)
+    picked = since_frozen(revision.picked_up_at)
+    if picked is not None and picked >= sent:
+        if picked > now - timedelta(seconds=lost_after_s()):
+            return "running"
+    elif sent > now - timedelta(seconds=pickup_s()):
+        return "waiting"
+    bound = settings.MINT_TASK_MAX_DELIVERIES
+    if revision.deliveries >= bound:
+        log.error("%s: its re-export was sent %s times and never finished; giving up", revision, revision.deliveries)
+        return "given_up"
+    moved = AdapterRevision.objects.filter(
+        id=revision.id, deliveries=revision.deliveries, picked_up_at=revision.picked_up_at
+    ).update(dispatched_at=now, picked_up_at=None, deliveries=F("deliveries") + 1)
+    if not moved:
+        return "running"  # another sweep, or a worker, got there first
+    log.warning("%s: its re-export was lost; sent again (%s of %s)", revision, revision.deliveries + 1, bound)
+    transaction.on_commit(lambda: tasks.revision_export.delay(revision_id=revision.id))
+    return "sent"
 
 
 def waiting(*, tenant_id: int) -> int:
@@ -229,9 +373,10 @@ def backlog_priority(*, tenant_id: int):
     return background_thread() if waiting(tenant_id=tenant_id) else contextlib.nullcontext()
 
 
-def _send(revision_id: int, state: str) -> None:
+def _send(revision_id: int, state: str, *, handed: datetime) -> None:
+    """Put a hand-off on the broker; it carries its own time, so that a copy of an older one does nothing."""
     task = tasks.revision_validate if state == S.REGISTERED else tasks.revision_export
-    task.delay(revision_id=revision_id)
+    task.delay(revision_id=revision_id, handed=handed.isoformat())
 
 
 def dispatch_on_commit() -> None:

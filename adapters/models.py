@@ -142,6 +142,9 @@ class AdapterRevision(models.Model):
     # revision fails instead, so a poison task never runs forever.
     dispatched_at = models.DateTimeField(null=True, blank=True)
     deliveries = models.PositiveIntegerField(default=0, db_default=0)
+    # When a worker began the current stage's task (or a re-export): older than the hand-off, or empty, while the
+    # task waits in the broker. Work not begun may be handed over again soon; begun work, only past its time limit.
+    picked_up_at = models.DateTimeField(null=True, blank=True)
     export_bytes = models.PositiveBigIntegerField(default=0, db_default=0, help_text="Bytes of the frozen export.")
     purged_at = models.DateTimeField(
         null=True, blank=True, help_text="When the files of this failed or rejected revision were collected."

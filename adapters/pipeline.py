@@ -11,7 +11,9 @@ writing the engine layout) runs in a child process under MINT_TASK_* bounds
 it moves bytes the tenant's upload limit already bounds. Each delivery of a task is
 counted on the revision (`deliveries`); one killed with its worker is delivered again,
 and past MINT_TASK_MAX_DELIVERIES the revision fails rather than kill the next worker.
-The workers take revisions from the fair control queue (adapters/dispatch.py).
+The workers take revisions from the fair control queue (adapters/dispatch.py), and record
+when they begin one (`dispatch.begin`): a hand-off the broker lost before anyone began it is
+handed over again soon, and a copy of a superseded hand-off does nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import tempfile
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import NoReturn
 
@@ -206,12 +209,17 @@ def _retry_or_fail(delivery: Delivery, revision: AdapterRevision, exc: StoreUnav
     delivery.retry(exc)
 
 
-def validate(revision_id: int, delivery: Delivery) -> None:
-    """registered → validated (then export is queued), or → failed naming the problem."""
+def validate(revision_id: int, delivery: Delivery, *, handed: datetime | None = None) -> None:
+    """registered → validated (then export is queued), or → failed naming the problem.
+
+    `handed`: the hand-off this copy of the task came with (adapters/dispatch.py); a superseded one does nothing.
+    """
     revision = _load(revision_id)
     if revision is None or revision.state != S.REGISTERED:
         log.info("validate r%s: nothing to do (%s)", revision_id, revision.state if revision else "gone")
         dispatch.control_dispatch()
+        return
+    if not dispatch.begin(revision, handed=handed):
         return
     if not services.revision_delivery_start(revision=revision, stage="validation"):
         return
@@ -322,23 +330,40 @@ def _write_export(job: ExportJob, local_root: Path, work: Path) -> tuple[Path, d
     return out, record
 
 
-def export(revision_id: int, delivery: Delivery) -> None:
+def export(revision_id: int, delivery: Delivery, *, handed: datetime | None = None) -> None:
     """validated → exported: freeze the engine layout and policy_record.json under r<n>/export/.
 
     Also restores the export of an exported/approved revision whose files were removed,
-    and checks the result is byte-identical to what was recorded the first time.
+    and checks the result is byte-identical to what was recorded the first time; one such
+    re-export at a time (`dispatch.restore_begin`).
     """
     revision = _load(revision_id)
     if revision is None:
         dispatch.control_dispatch()
         return
-    restoring = revision.state in (S.EXPORTED, S.PENDING_APPROVAL, S.APPROVED)
+    restoring = revision.state in dispatch.RESTORABLE_STATES
     if not (revision.state == S.VALIDATED or (restoring and not services.export_is_complete(revision))):
         log.info("export r%s: nothing to do (%s)", revision_id, revision.state)
         dispatch.control_dispatch()
         return
-    if not restoring and not services.revision_delivery_start(revision=revision, stage="export"):
+    if restoring:
+        if not dispatch.restore_begin(revision):
+            return
+        restored = False
+        try:
+            restored = _export(revision, delivery, restoring=True)
+        finally:
+            dispatch.restore_end(revision, restored=restored)
         return
+    if not dispatch.begin(revision, handed=handed):
+        return
+    if not services.revision_delivery_start(revision=revision, stage="export"):
+        return
+    _export(revision, delivery, restoring=False)
+
+
+def _export(revision: AdapterRevision, delivery: Delivery, *, restoring: bool) -> bool:
+    """Write the export (or restore it); True once it is published, False if the revision failed or it gave up."""
     store.delete_prefixes(store.staging_prefixes(revision))  # left by an interrupted run
     base_model = revision.adapter.base_model
     frozen = revision.policy_record if restoring else None
@@ -362,15 +387,16 @@ def export(revision_id: int, delivery: Delivery) -> None:
         except ArtifactError as exc:
             if restoring:
                 log.error("re-export of %s failed: %s", revision, exc.message)
-                return
+                return False
             services.revision_fail(revision=revision, code=exc.code, reason=exc.message)
-            return
+            return False
         except (StoreUnavailable, OSError) as exc:
             if restoring:
                 delivery.retry(exc)
             _retry_or_fail(delivery, revision, StoreUnavailable(str(exc)))
-            return
+            return False
     if restoring:
         services.revision_restore_export(revision=revision, staging=staging)
     else:
         services.revision_mark_exported(revision=revision, staging=staging, policy_record=record)
+    return True

@@ -288,6 +288,11 @@ MINT_CONTROL_CONCURRENCY = env_int("MINT_CONTROL_CONCURRENCY", 2, minimum=1)
 # handed to a worker and not back after this (and at least the tasks' hard time limit) is handed over again,
 # and fails `<stage>_lost` (retryable) past MINT_TASK_MAX_DELIVERIES lost hand-offs (adapters/dispatch.py).
 MINT_STAGE_STALE_AFTER_S = env_int("MINT_STAGE_STALE_AFTER_S", 600, minimum=1)
+# A task handed to a queue (validation, export, a rollback's re-export, prewarm, unload) that no worker has begun
+# this long after was lost with the broker (a flushed or restarted Redis), once its queue has moved past it: a
+# probe sent behind it reached a worker. It is sent again, counted as a delivery of its row (adapters/dispatch.py,
+# serving/services/sweep.py). Work a worker began is never sent twice before its hard time limit.
+MINT_TASK_PICKUP_S = env_float("MINT_TASK_PICKUP_S", 60.0, minimum=0.1)
 # Uploads of failed and rejected revisions are removed this long after they ended (the rows and audit stay).
 MINT_UPLOAD_RETENTION_DAYS = env_float("MINT_UPLOAD_RETENTION_DAYS", 7.0, minimum=0)
 

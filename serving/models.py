@@ -140,6 +140,10 @@ class Placement(models.Model):
     priority = models.PositiveSmallIntegerField(choices=Priority.choices, default=Priority.ACTIVATION)
     queued_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
+    # When the node agent began the current prewarm (claimed at `started_at`) or unload (sent at `updated_at`):
+    # older than that hand-off, or empty, while its task waits in the broker (serving/services/sweep.py, which
+    # also records an unload it sends again in `started_at`, and counts those sends in `attempts`).
+    picked_up_at = models.DateTimeField(null=True, blank=True)
     loaded_at = models.DateTimeField(null=True, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)

@@ -1,7 +1,7 @@
 """Celery tasks of the serving plane.
 
 On a node agent (queue `node.<name>`): `placement_prewarm` (two phases), `placement_unload`,
-`node_cache_cleanup`. On the control queue: `nodes_heartbeat` (beat), `alias_converge`.
+`node_cache_cleanup`, `node_queue_probe`. On the control queue: `nodes_heartbeat` (beat), `alias_converge`.
 """
 
 from __future__ import annotations
@@ -10,15 +10,19 @@ import logging
 import shutil
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 from celery import shared_task
 from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
 
 from adapters import store
 from adapters.artifacts.export import sha256_file
 from serving import selectors, services
 from serving.models import AgentPing, NodeState, Placement, PlacementState, ServingNode, lora_name
+from serving.services import sweep
 from serving.vllm import VllmClient, VllmError
 from tenants.access import Actor
 
@@ -82,6 +86,9 @@ def placement_prewarm(self, *, placement_id: int) -> None:
     if placement is None or placement.state != PlacementState.LOADING:
         log.info("prewarm %s: nothing to do (%s)", placement_id, placement.state if placement else "gone")
         return
+    if not sweep.prewarm_begin(placement):
+        log.info("prewarm %s: this claim was begun by another copy of the task", placement_id)
+        return
     name = lora_name(placement.revision)
     with VllmClient(placement.node.url) as engine:
         try:
@@ -105,6 +112,7 @@ def placement_unload(self, *, placement_id: int) -> None:
     placement = Placement.objects.select_related("node", "revision__adapter").filter(id=placement_id).first()
     if placement is None or placement.state != PlacementState.EVICTING:
         return
+    sweep.unload_begin(placement)
     name = lora_name(placement.revision)
     try:
         with VllmClient(placement.node.url) as engine:
@@ -119,6 +127,13 @@ def placement_unload(self, *, placement_id: int) -> None:
         queue=placement.node.queue,
         countdown=settings.MINT_NODE_FILE_GRACE_S,
     )
+
+
+@shared_task(bind=True, ignore_result=True)
+def node_queue_probe(self, *, node_id: int, sent_at: str) -> None:
+    """Sent on a node's queue behind prewarms or unloads nobody began: the agent taking it has taken all sent
+    before, so those were lost (services/sweep.py)."""
+    sweep.node_queue_probed(node_id=node_id, passed_before=datetime.fromisoformat(sent_at))
 
 
 @shared_task(bind=True, acks_late=True, ignore_result=True)
@@ -176,10 +191,17 @@ def nodes_heartbeat(self) -> None:
         elif node.state == NodeState.DRAINING:
             drained = services.drain_step(node=node)
             log.info("draining %s: %s", node, drained)
+            with transaction.atomic():
+                sweep.handoffs_overdue(node, now=timezone.now())  # its unloads, its last loads
+        sweep.probe_node_queue(node=node)
     # What waits for capacity is placed as soon as a slot frees; this catches what no event announced.
     retried = services.placements_retry()
     if any(retried.values()):
         log.info("placements retried: %s", retried)
+    # Aliases whose convergence, or a rollback's re-export, was lost with the broker.
+    swept = sweep.aliases_sweep()
+    if any(swept.values()):
+        log.info("aliases swept: %s", swept)
 
 
 @shared_task(bind=True, acks_late=True, ignore_result=True)

@@ -37,7 +37,7 @@ from serving.models import (
     ServingNode,
     lora_name,
 )
-from serving.services import capacity, rendezvous
+from serving.services import capacity, rendezvous, sweep
 from serving.services.nodes import node_set_state
 from tenants.access import Actor
 from tenants.services import audit_record
@@ -610,11 +610,13 @@ def node_reconcile(*, node: ServingNode, loaded: set[str]) -> dict[str, int]:
 
     A placement marked ready or warming whose LoRA name vLLM no longer lists was lost
     (the engine restarted): live and desired revisions are queued again to be
-    re-prewarmed, others are forgotten. A load stuck past MINT_PREWARM_TIMEOUT_S (its
-    agent died, or its task was lost with the broker) is queued again while it has
-    attempts left (MINT_PREWARM_ATTEMPTS), else it fails: a load that kills its agent
-    cannot come back forever. An eviction whose unload task was lost is finished: forgotten
-    when vLLM no longer lists the LoRA, else its unload is sent again once it is overdue.
+    re-prewarmed, others are forgotten. A load stuck past MINT_PREWARM_TIMEOUT_S from when
+    its agent began it (its agent died), or from its claim if no agent began it (its task
+    was lost with the broker and no probe came back: serving/services/sweep.py), is queued
+    again while it has attempts left (MINT_PREWARM_ATTEMPTS), else it fails: a load that
+    kills its agent cannot come back forever. An eviction whose unload task was lost is
+    finished: forgotten when vLLM no longer lists the LoRA, else its unload is sent again
+    once it is overdue, counted the same way (`sweep.handoffs_overdue`).
     """
     protected = selectors.protected_revision_ids()
     requeued = forgotten = failed = resent = 0
@@ -638,25 +640,12 @@ def node_reconcile(*, node: ServingNode, loaded: set[str]) -> dict[str, int]:
             else:
                 placement.delete()
                 forgotten += 1
-        stuck = now - timedelta(seconds=settings.MINT_PREWARM_TIMEOUT_S)
-        timed_out = list(placements.filter(state=P.LOADING, started_at__lt=stuck).select_for_update(of=("self",)))
-        for placement in timed_out:
-            spent = placement.attempts >= settings.MINT_PREWARM_ATTEMPTS
-            to = P.FAILED if spent else P.QUEUED
-            reason = f"prewarm timed out ({placement.attempts} attempts)" if spent else "prewarm timed out"
-            Placement.objects.filter(id=placement.id).update(state=to, updated_at=now, failure_reason=reason)
-            _placement_event(placement.id, state=to, updated_at=now, revision=placement.revision, node=node)
-            failed, requeued = failed + spent, requeued + (not spent)
         evicting = list(placements.filter(state=P.EVICTING).select_for_update(of=("self",)))
         gone = [p.id for p in evicting if lora_name(p.revision) not in loaded]
         forgotten += Placement.objects.filter(id__in=gone).delete()[0]
-        for placement in evicting:
-            if placement.id not in gone and placement.updated_at < stuck:
-                Placement.objects.filter(id=placement.id).update(updated_at=now)
-                transaction.on_commit(
-                    lambda p=placement.id: _send(tasks.placement_unload, queue=node.queue, placement_id=p)
-                )
-                resent += 1
+        again = sweep.handoffs_overdue(node, now=now)
+        requeued, failed = requeued + again["requeued"], again["failed"]
+        resent, forgotten = again["unloads_resent"], forgotten + again["forgotten"]
     admit(node_id=node.id)
     return {"requeued": requeued, "forgotten": forgotten, "failed": failed, "unloads_resent": resent}
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 def sent(monkeypatch) -> list[int]:
     """Hand-offs to the workers, recorded instead of run: the test plays the workers."""
     handed: list[int] = []
-    monkeypatch.setattr(dispatch, "_send", lambda revision_id, state: handed.append(revision_id))
+    monkeypatch.setattr(dispatch, "_send", lambda revision_id, state, **_: handed.append(revision_id))
     return handed
 
 

@@ -24,7 +24,7 @@ URL = "/api/v1/adapters/support-bot/revisions/1"
 def sent(monkeypatch) -> list[int]:
     """Hand-offs to the control workers, recorded instead of run."""
     handed: list[int] = []
-    monkeypatch.setattr(dispatch, "_send", lambda revision_id, state: handed.append(revision_id))
+    monkeypatch.setattr(dispatch, "_send", lambda revision_id, state, **_: handed.append(revision_id))
     return handed
 
 

@@ -22,7 +22,7 @@ URL = "/api/v1/adapters/support-bot/revisions"
 @pytest.fixture
 def sent(monkeypatch) -> list[int]:
     handed: list[int] = []
-    monkeypatch.setattr(dispatch, "_send", lambda revision_id, state: handed.append(revision_id))
+    monkeypatch.setattr(dispatch, "_send", lambda revision_id, state, **_: handed.append(revision_id))
     return handed
 
 
