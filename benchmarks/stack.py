@@ -223,26 +223,7 @@ class Stack:
         raise TimeoutError(f"timed out waiting for {what}")
 
     def tenant(self, slug: str = "bench"):
-        """A tenant (four-eyes relaxed, no rate, pin or in-flight limit to speak of) and an all-scope key token."""
-        from tenants import services
-        from tenants.access import Actor
-        from tenants.management.commands._util import get_or_create_user
-        from tenants.models import Tenant
-
-        owner, _ = get_or_create_user(f"{slug}-owner")
-        tenant = services.tenant_create(slug=slug, owner=owner, by=Actor.system())
-        Tenant.objects.filter(id=tenant.id).update(
-            four_eyes=False,
-            rate_limit_rpm=1_000_000,
-            max_adapters=10_000,
-            max_ready_revisions=10_000,
-            max_inflight_requests=100_000,
-        )
-        tenant.refresh_from_db()
-        _, token = services.api_key_create(
-            tenant=tenant, name="bench", scopes=["inference", "pipeline", "deploy"], created_by=owner, by=Actor.system()
-        )
-        return tenant, token
+        return bench_tenant(slug)
 
     def approved_revision(self, tenant, name: str, *, seed: int):
         """An adapter with one revision taken through validation and export by the worker, then approved."""
@@ -283,3 +264,26 @@ class Stack:
             what=f"{adapter.name} live",
             timeout=timeout,
         )
+
+
+def bench_tenant(slug: str = "bench"):
+    """A tenant (four-eyes relaxed, no rate, pin or in-flight limit to speak of) and an all-scope key token."""
+    from tenants import services
+    from tenants.access import Actor
+    from tenants.management.commands._util import get_or_create_user
+    from tenants.models import Tenant
+
+    owner, _ = get_or_create_user(f"{slug}-owner")
+    tenant = services.tenant_create(slug=slug, owner=owner, by=Actor.system())
+    Tenant.objects.filter(id=tenant.id).update(
+        four_eyes=False,
+        rate_limit_rpm=1_000_000,
+        max_adapters=10_000,
+        max_ready_revisions=10_000,
+        max_inflight_requests=100_000,
+    )
+    tenant.refresh_from_db()
+    _, token = services.api_key_create(
+        tenant=tenant, name="bench", scopes=["inference", "pipeline", "deploy"], created_by=owner, by=Actor.system()
+    )
+    return tenant, token
