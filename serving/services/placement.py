@@ -157,8 +157,12 @@ def _place(revision: AdapterRevision, priority: int, *, row: Placement | None) -
     ]
     up = [node for node in eligible if node.state == NodeState.UP]
     if not up:
-        log.warning(
-            "no up node serves %s for %s (or none has the flags and rank it needs)", adapter.base_model, revision
+        # A revision short of replicas on a fleet with fewer nodes up asks again every heartbeat: quietly.
+        log.log(
+            logging.DEBUG if others.exists() else logging.WARNING,
+            "no other up node serves %s for %s (or none has the flags and rank it needs)",
+            adapter.base_model,
+            revision,
         )
         if row is None or row.state != P.WAITING or not eligible:
             return row
@@ -549,9 +553,10 @@ def drain_step(*, node: ServingNode, force: bool = False) -> dict[str, object]:
     heartbeat while the node drains.
 
     A ready placement stays (and is routed to: serving.selectors.ready_placements) until its revision is
-    ready on its adapter's replica count (`Adapter.replica_count`) of up nodes, or nothing pins it; then it
-    is unloaded. The heartbeat's `placements_retry` places pinned revisions elsewhere meanwhile (a placement
-    on a draining node does not count as one). Queued and waiting placements there are withdrawn; a load in
+    ready on its adapter's replica count (`Adapter.replica_count`) of up nodes, or on every up node that can
+    load it when there are fewer (at least one), or nothing pins it; then it is unloaded. The heartbeat's
+    `placements_retry` places pinned revisions elsewhere meanwhile (a placement on a draining node does not
+    count as one). Queued and waiting placements there are withdrawn; a load in
     progress finishes first.
     `force` unloads every ready placement at once (its aliases answer 503 until ready elsewhere).
 
@@ -574,9 +579,13 @@ def drain_step(*, node: ServingNode, force: bool = False) -> dict[str, object]:
                 revision_id__in=[p.revision_id for p in ready], state=P.READY, node__state=NodeState.UP
             ).values_list("revision_id", flat=True)
         )
+        # Up nodes of the base model: a revision needs its replica count there, or as many as can load it (two
+        # nodes and two replicas: draining one leaves one replica, on the other, rather than no drain at all).
+        others = list(ServingNode.objects.filter(base_model_id=node.base_model_id, state=NodeState.UP))
         staying = []
         for placement in ready:
-            needed = placement.revision.adapter.replica_count
+            room = sum(node_can_load(other, placement.revision) for other in others)
+            needed = max(1, min(placement.revision.adapter.replica_count, room))
             if force or placement.revision_id not in pins or elsewhere[placement.revision_id] >= needed:
                 _evict(placement, reason=None)
             else:
@@ -610,7 +619,8 @@ def node_reconcile(*, node: ServingNode, loaded: set[str]) -> dict[str, int]:
 
     A placement marked ready or warming whose LoRA name vLLM no longer lists was lost
     (the engine restarted): live and desired revisions are queued again to be
-    re-prewarmed, others are forgotten. A load stuck past MINT_PREWARM_TIMEOUT_S from when
+    re-prewarmed, unless they hold their replica count on other up nodes already (placed
+    there while this node was down); others are forgotten. A load stuck past MINT_PREWARM_TIMEOUT_S from when
     its agent began it (its agent died), or from its claim if no agent began it (its task
     was lost with the broker and no probe came back: serving/services/sweep.py), is queued
     again while it has attempts left (MINT_PREWARM_ATTEMPTS), else it fails: a load that
@@ -621,12 +631,29 @@ def node_reconcile(*, node: ServingNode, loaded: set[str]) -> dict[str, int]:
     protected = selectors.protected_revision_ids()
     requeued = forgotten = failed = resent = 0
     now = timezone.now()
-    placements = Placement.objects.filter(node=node).select_related("revision__adapter")
+    placements = Placement.objects.filter(node=node).select_related("revision__adapter__tenant")
     with transaction.atomic():
-        for placement in placements.filter(state__in=(P.READY, P.WARMING)).select_for_update(of=("self",)):
-            if lora_name(placement.revision) in loaded:
-                continue
-            if placement.revision_id in protected:
+        lost = [
+            placement
+            for placement in placements.filter(state__in=(P.READY, P.WARMING)).select_for_update(of=("self",))
+            if lora_name(placement.revision) not in loaded
+        ]
+        # While the node was away its revisions were placed elsewhere (failover): one that holds its replica
+        # count on other up nodes is not loaded here again.
+        elsewhere = Counter(
+            Placement.objects.filter(
+                revision_id__in=[p.revision_id for p in lost],
+                state__in=(P.QUEUED, P.LOADING, P.WARMING, P.READY),
+                node__state=NodeState.UP,
+            )
+            .exclude(node=node)
+            .values_list("revision_id", flat=True)
+        )
+        for placement in lost:
+            if (
+                placement.revision_id in protected
+                and elsewhere[placement.revision_id] < placement.revision.adapter.replica_count
+            ):
                 Placement.objects.filter(id=placement.id).update(
                     state=P.QUEUED,
                     attempts=0,

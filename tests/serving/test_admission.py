@@ -11,7 +11,7 @@ from django.db import connection
 from django.db.models import F
 from django.utils import timezone
 
-from adapters.models import AdapterRevision
+from adapters.models import Adapter, AdapterRevision
 from serving import selectors, services, tasks
 from serving.models import Alias, NodeState, Placement, PrewarmTurn, Priority, ServingNode
 from tests.metrics_scrape import scrape_metrics
@@ -188,6 +188,30 @@ def test_reconcile_requeues_lost_live_placements_and_forgets_the_rest(node, make
     assert Placement.objects.get(id=lost_live.id).state in ("queued", "loading")
     assert not Placement.objects.filter(id=lost_idle.id).exists()
     assert Placement.objects.get(id=kept.id).state == "ready"
+
+
+def test_a_returning_node_does_not_reload_what_failover_placed_elsewhere(node, make_revision):
+    """While the node was down its live revisions went to another node: there they hold their one replica, so
+    the returning node forgets its lost copy; a revision short of replicas elsewhere is loaded here again."""
+    from serving.models import lora_name
+    from tests.factories import ServingNodeFactory
+
+    other = ServingNodeFactory(name="node-2", base_model=node.base_model, state="up")
+    moved = make_revision(1)
+    twice = Adapter.objects.create(tenant=moved.adapter.tenant, name="twice", base_model=node.base_model, replicas=2)
+    short = AdapterRevision.objects.create(adapter=twice, number=1, state="approved", source_uri="x")
+    make_live(moved)
+    make_live(short)
+    lost_moved, lost_short = place(node, moved, "ready"), place(node, short, "ready")
+    place(other, moved, "ready")
+    place(other, short, "ready")
+
+    result = services.node_reconcile(node=node, loaded={"test-dense"})
+
+    assert (result["requeued"], result["forgotten"]) == (1, 1)
+    assert not Placement.objects.filter(id=lost_moved.id).exists()
+    assert Placement.objects.get(id=lost_short.id).state in ("queued", "loading")
+    assert lora_name(moved) not in {lora_name(p.revision) for p in Placement.objects.filter(node=node)}
 
 
 def test_reconcile_requeues_a_stuck_load_while_it_has_attempts_then_fails_it(node, make_revision, settings):

@@ -46,6 +46,24 @@ def test_a_live_revision_is_served_throughout_and_unloaded_once_ready_elsewhere(
     assert routed(revision) == ["node-2"]
 
 
+def test_with_fewer_other_nodes_than_replicas_the_drain_ends_once_ready_on_all_of_them(node, second, adapter_a):
+    adapter_a.replicas = 2
+    adapter_a.save(update_fields=["replicas"])
+    revision = approved_revision(adapter_a, 1)
+    make_live(revision)
+    here, there = place(node, revision, "ready"), place(second, revision, "queued")
+
+    services.node_drain(node=node, by=Actor.system())
+    assert Placement.objects.get(id=here.id).state == "ready"  # its only other replica is not ready yet
+
+    Placement.objects.filter(id=there.id).update(state=PlacementState.READY)
+    services.drain_step(node=ServingNode.objects.get(id=node.id))
+
+    # Two replicas wanted, one other node up: ready there is all a drain can have, and it goes on.
+    assert Placement.objects.get(id=here.id).state == "evicting"
+    assert routed(revision) == ["node-2"]
+
+
 def test_what_nothing_pins_goes_at_once_and_queued_work_is_withdrawn(node, second, adapter_a):
     cold, queued = approved_revision(adapter_a, 1), approved_revision(adapter_a, 2)
     idle = place(node, cold, "ready")
