@@ -14,6 +14,7 @@ uses that Redis; the test process's own cache and channel layer are pointed at i
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -54,6 +55,13 @@ class PrivateRedis:
     def client(self) -> redis.Redis:
         return redis.Redis.from_url(self.url)
 
+    def holds(self, queue: str, task: str, **kwargs: int) -> bool:
+        """Whether a message of `task` with these arguments waits in `queue` (kombu's JSON envelope)."""
+        with self.client() as client:
+            headers = [json.loads(raw)["headers"] for raw in client.lrange(queue, 0, -1)]
+        wanted = [f"'{name}': {value}" for name, value in kwargs.items()]
+        return any(h["task"] == task and all(w in h["kwargsrepr"] for w in wanted) for h in headers)
+
     def flush_and_restart(self) -> None:
         with self.client() as client:
             client.flushall()
@@ -79,7 +87,7 @@ class Traffic(threading.Thread):
                 except httpx.HTTPError as exc:
                     status = type(exc).__name__
                 self.statuses.append((time.monotonic(), status))
-                time.sleep(0.05)
+                time.sleep(0.25)  # a few requests a second: well inside the plan's rate limit
 
     def stop(self) -> list[tuple[float, int | str]]:
         self.halt.set()
@@ -189,9 +197,9 @@ def test_redis_flushed_and_restarted_mid_traffic_loses_nothing(
     upload(api, make_peft_adapter(tiny_llama_dir, tmp_path / "peft-4", seed=4))
     r4 = revision(4)
     assert r4.dispatched_at is not None and r4.picked_up_at is None
-    with private.client() as client:
-        assert client.llen("node.e2e") >= 1, "the prewarm waits in the broker"
-        assert client.llen("control") >= 1, "r4's validation waits in the broker"
+    loading = Placement.objects.get(revision=revision(2))
+    assert private.holds("node.e2e", "serving.tasks.placement_prewarm", placement_id=loading.id)
+    assert private.holds("control", "adapters.tasks.revision_validate", revision_id=r4.id)
 
     flushed = time.monotonic()
     private.flush_and_restart()
