@@ -19,7 +19,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from devtools.launcher import web_argv, worker_argv
+from devtools.launcher import web_argv, web_env, worker_argv
 from devtools.local_node import STARTUP_TIMEOUT_S, start_engine
 from devtools.supervisor import Supervisor, free_port, http_ok, wait_for
 
@@ -189,10 +189,13 @@ class Fleet:
         )
         return self.supervisor.start("control", argv, env=self.host_env(root))
 
-    def start_web(self, *, timeout: float = 60) -> str:
-        """The web host's ASGI server (API, dashboard, gateway). Returns its base URL."""
+    def start_web(self, *, processes: int = 2, timeout: float = 60) -> str:
+        """The web host's ASGI server (API, dashboard, gateway), in `processes` processes on one port, as in
+        production. Returns its base URL."""
         port = free_port()
-        self.supervisor.start("web", web_argv("127.0.0.1", port), env=self.host_env(self.work / "web-host"))
+        root = self.work / "web-host"
+        env = web_env(self.host_env(root), processes=processes, metrics_dir=root / "var" / "prometheus")
+        self.supervisor.start("web", web_argv("127.0.0.1", port, processes=processes), env=env)
         self.web_url = f"http://127.0.0.1:{port}"
         wait_for(lambda: http_ok(f"{self.web_url}/healthz"), timeout=timeout, what="the web server")
         return self.web_url
