@@ -37,7 +37,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_REJOIN_S = 3600.0  # channels_redis forgets group members after a day; join again well before
+# Join the group again this often, events or not: channels_redis forgets group members after a day, and a
+# Redis flushed without a restart (the connection survives) forgets them at once. A lost membership then costs
+# at most this long of missed events, during which routes still expire after MINT_GATEWAY_FOLLOWED_CACHE_S.
+_REJOIN_S = 60.0
 _BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 # Routing-relevant events: for one tenant's adapter, or (node.state) for every tenant.
 _ADAPTER_EVENTS = ("alias.flip", "placement.state", "revision.state")
@@ -102,11 +105,17 @@ async def follow(state: GatewayState, layer=None) -> None:
             state.following = True
             failures = 0
             while True:
-                message = await layer.receive(channel)
                 try:
-                    await on_message(state, message)
-                except Exception:
-                    log.exception("gateway feed: event %r not applied", message.get("event"))
+                    # Waiting past the rejoin time ends the wait: a lost membership would receive nothing ever.
+                    async with asyncio.timeout(max(0.0, joined + _REJOIN_S - time.monotonic())):
+                        message = await layer.receive(channel)
+                except TimeoutError:
+                    message = None
+                if message is not None:
+                    try:
+                        await on_message(state, message)
+                    except Exception:
+                        log.exception("gateway feed: event %r not applied", message.get("event"))
                 if time.monotonic() - joined > _REJOIN_S:
                     await layer.group_add(PLATFORM_GROUP, channel)
                     joined = time.monotonic()

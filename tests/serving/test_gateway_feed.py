@@ -134,6 +134,36 @@ def test_the_follower_stays_joined_through_an_idle_spell(world, caplog):
     assert "channel layer unavailable" not in caplog.text
 
 
+def test_the_follower_joins_again_when_its_membership_was_lost(world, monkeypatch):
+    """A Redis flushed without a restart forgets the group's members, and nothing tells the follower: it joins
+    again within the rejoin period, so later events reach it, with no event needed to wake it."""
+    import redis
+    from django.conf import settings as django_settings
+
+    monkeypatch.setattr(feed, "_REJOIN_S", 1.0)
+    key = (world.tenant_a.tenant.id, ModelRef(adapter="support-bot"))
+    Alias.objects.filter(adapter=world.adapter, name=Alias.PRODUCTION).update(desired_revision=world.r2)
+    Placement.objects.create(node=world.node_b, revision=world.r2, state=PlacementState.READY)
+    client = redis.Redis.from_url(django_settings.REDIS_URL)
+
+    async def scenario() -> int | None:
+        follower = asyncio.create_task(feed.follow(world.state))
+        await asyncio.sleep(0.5)
+        groups = [k for k in client.scan_iter(match="*group*platform*")]
+        assert groups, "the follower joined the platform group"
+        client.delete(*groups)  # what FLUSHALL does to the membership
+        await asyncio.sleep(2.0)  # past the rejoin period, with no event meanwhile
+        await sync_to_async(services.alias_flip)(adapter=world.adapter, revision=world.r2)
+        number = await _cached_revision_number(world.state, key)
+        follower.cancel()
+        return number
+
+    try:
+        assert async_to_sync(scenario)() == 2
+    finally:
+        client.close()
+
+
 def test_routes_are_kept_longer_while_the_feed_is_live(settings):
     settings.MINT_GATEWAY_CACHE_S, settings.MINT_GATEWAY_FOLLOWED_CACHE_S = 1.0, 30.0
     state = gateway_state(FakeVLLM())
