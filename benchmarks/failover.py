@@ -21,6 +21,7 @@ equal nodes (target ≤ 1.25/(N+1)), for N = 1 … 7.
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import sys
@@ -74,11 +75,11 @@ class Bench:
         self.supervisor = Supervisor(work / "log")
         self.env: dict[str, str] = {}
 
-    def start(self) -> None:
+    def prepare(self) -> None:
+        """The S3 server, the benchmark's own database and Redis database, and Django in this process."""
         import boto3
 
-        from devtools.fleet import Fleet, start_s3_server
-        from devtools.tiny import make_tiny_model
+        from devtools.fleet import start_s3_server
 
         s3_url = start_s3_server(self.supervisor)
         boto3.client("s3", endpoint_url=s3_url, region_name="us-east-1", **_boto(S3_CREDENTIALS)).create_bucket(
@@ -95,9 +96,14 @@ class Bench:
             MINT_ALIAS_READY_REPLICAS="2",
             **S3_CREDENTIALS,
         )
+        os.environ.update(S3_CREDENTIALS)  # this process writes uploads to the store too
         recreate_database(self.db_url)
         setup_django(self.env)
+
+    def start(self) -> None:
         from adapters.base_models import base_model_upsert
+        from devtools.fleet import Fleet
+        from devtools.tiny import make_tiny_model
         from tenants.access import Actor
 
         model_dir = make_tiny_model("dense", self.work / "models" / "tiny-llama")
@@ -274,11 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 4)
     solo = args.solo or (2 if args.quick else 4)
-    figures: dict = {"hashing": hashing(2_000 if args.quick else 10_000)}
     work = Path(tempfile.mkdtemp(prefix="mint-bench-failover-"))
     bench = Bench(work=work, solo=solo)
     failed = True
     try:
+        bench.prepare()
+        figures: dict = {"hashing": hashing(2_000 if args.quick else 10_000)}
         bench.start()
         hosts = list(bench.fleet.hosts)
         kills = [bench.kill(hosts[i % len(hosts)]) for i in range(repeats)]

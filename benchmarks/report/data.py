@@ -20,6 +20,7 @@ BENCHMARKS = [
     "catalog",
     "noisy_neighbour_control",
     "noisy_neighbour_serving",
+    "failover",
 ]
 DOCS = BASE_DIR / "docs" / "benchmarks.md"
 
@@ -55,6 +56,7 @@ TITLES = {
     "catalog": "Catalog at scale",
     "noisy_neighbour_control": "Noisy neighbour on the control plane",
     "noisy_neighbour_serving": "Noisy neighbour on the serving plane",
+    "failover": "Failover on two hosts",
 }
 
 

@@ -36,6 +36,13 @@ INTRO = {
     "Quiet and disturbed windows come in pairs, the order alternating, the serving plane settled before each; "
     "per pair, B's p95 and B's activation-to-live time, disturbed ÷ quiet: the median over the pairs with a 95 % "
     "bootstrap interval, and every non-200 B saw, by code.",
+    "failover": "The two-host layout of devtools/fleet.py: two vLLM CPU engines (one CPU each), each with its own node "
+    "agent and cache, the web server (two processes) and a control worker, sharing only PostgreSQL, Redis and an "
+    "S3 server (moto). Defaults everywhere but `MINT_ALIAS_READY_REPLICAS=2`: one adapter on both hosts, the others "
+    "with one replica (the per-adapter override). Each repeat kills one host's engine (`kill -9`) under steady "
+    "non-streamed traffic to the replicated adapter, waits for the single-replica revisions that were there to be "
+    "ready on the other host, restarts the engine and waits until the replicated revision is on both again; then "
+    "one drain under traffic to every adapter. Hashing: 10,000 revision names over 1 … 8 equal nodes.",
 }
 
 

@@ -244,6 +244,35 @@ def plot_noisy_neighbour_serving(d: dict, plt) -> Any:
     return fig
 
 
+def plot_failover(d: dict, plt) -> Any:
+    """Left: per node kill, seconds until each single-replica revision was ready elsewhere, and failed requests.
+    Right: the share of revision homes that moved when a node joined, against 1.25/N."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    kills = get(d, "kills", default=[]) or []
+    for i, kill in enumerate(kills):
+        times = kill.get("recovered_s") or []
+        left.scatter([i] * len(times), times, color="tab:blue")
+        if kill.get("down_s") is not None:
+            left.scatter([i], [kill["down_s"]], color="tab:gray", marker="x")
+    left.set_xticks(
+        range(len(kills)),
+        [f"kill {i + 1}\n{k.get('host')}\n{k.get('failed_replicated')} failed" for i, k in enumerate(kills)],
+        fontsize=8,
+    )
+    left.set_ylabel("seconds after kill -9")
+    left.set_title("Ready on the other host (dots), node marked down (x)", fontsize=10)
+    rows = get(d, "hashing", default=[]) or []
+    after = [r.get("nodes_after") for r in rows]
+    right.plot(after, [r.get("moved") for r in rows], "o-", label="moved")
+    right.plot(after, [r.get("target") for r in rows], "r--", label="target 1.25/N")
+    right.plot(after, [1 / n for n in after], "k:", label="ideal 1/N")
+    right.set_xlabel("nodes after one joins (N)")
+    right.set_ylabel("share of homes moved")
+    right.legend(fontsize=8)
+    right.set_title("Rendezvous homes moved when a node joins", fontsize=10)
+    return fig
+
+
 PLOTS: dict[str, Callable[[dict, Any], Any]] = {
     "registration": plot_registration,
     "gateway_overhead": plot_gateway_overhead,
@@ -252,6 +281,7 @@ PLOTS: dict[str, Callable[[dict, Any], Any]] = {
     "catalog": plot_catalog,
     "noisy_neighbour_control": plot_noisy_neighbour_control,
     "noisy_neighbour_serving": plot_noisy_neighbour_serving,
+    "failover": plot_failover,
 }
 
 

@@ -284,6 +284,42 @@ def rows_noisy_neighbour_serving(d: dict) -> list[Row]:
     ]
 
 
+def rows_failover(d: dict) -> list[Row]:
+    failed, requests = get(d, "failed_replicated_total"), get(d, "requests_replicated_total")
+    kills = get(d, "kills", default=[]) or []
+    drain_failed = get(d, "drain_failed")
+    moved = get(d, "hash_moved_max_ratio_to_target")
+    return [
+        Row(
+            f"requests to the replicated adapter failed during {len(kills)} node kills (of {fmt(requests, digits=0)})",
+            fmt(failed, digits=0),
+            "0",
+            check(failed, "<=", 0),
+        ),
+        Row(
+            "seconds until a single-replica live revision is ready on the other host (median / max)",
+            f"{fmt(get(d, 'recovered_s_median'))} / {fmt(get(d, 'recovered_s_max'))} s",
+            "",
+            None,
+        ),
+        Row(
+            "single-replica revisions never recovered",
+            fmt(get(d, "not_recovered_total"), digits=0),
+            "0",
+            check(get(d, "not_recovered_total"), "<=", 0),
+        ),
+        Row("seconds until the killed node was marked down", ", ".join(fmt(k.get("down_s")) for k in kills), "", None),
+        Row(
+            f"requests failed during a drain (of {fmt(get(d, 'drain.requests'), digits=0)}, "
+            f"{fmt(get(d, 'drain.drain_s'))} s)",
+            fmt(drain_failed, digits=0),
+            "0",
+            check(drain_failed, "<=", 0),
+        ),
+        Row("homes moved when a node joins, worst ÷ 1.25/N", moved, "≤ 1", check(moved, "<=", 1.0)),
+    ]
+
+
 ROWS: dict[str, Callable[[dict], list[Row]]] = {
     "registration": rows_registration,
     "gateway_overhead": rows_gateway_overhead,
@@ -293,6 +329,7 @@ ROWS: dict[str, Callable[[dict], list[Row]]] = {
     "catalog": rows_catalog,
     "noisy_neighbour_control": rows_noisy_neighbour_control,
     "noisy_neighbour_serving": rows_noisy_neighbour_serving,
+    "failover": rows_failover,
 }
 
 
