@@ -229,6 +229,21 @@ def make_serving_world(engine, tiny_llama_dir, tmp_path, start_worker, start_web
     return make
 
 
+def platform_followers() -> int:
+    """How many channels are in the platform group (each gateway process's event feed joins it)."""
+    import redis
+    from django.conf import settings
+
+    from mint_site.events import PLATFORM_GROUP
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        prefix = settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"]
+        return client.zcard(f"{prefix}:group:{PLATFORM_GROUP}")
+    finally:
+        client.close()
+
+
 def log_of(supervisor: Supervisor, name: str) -> str:
     path = supervisor.log_dir / f"{name}.log"
     return path.read_text(errors="replace") if path.exists() else ""

@@ -23,15 +23,12 @@ import httpx
 import pytest
 import redis
 
-from adapters.base_models import base_model_upsert
 from adapters.models import Adapter, AdapterRevision
 from devtools.supervisor import free_port, redis_ok, wait_for
-from serving import services as serving_services
 from serving.models import Alias, NodeState, Placement, ServingNode
-from tenants.access import Actor
 from tenants.models import AuditEvent, Tenant
 from tests.e2e.conftest import log_of, make_peft_adapter
-from tests.e2e.world import wait
+from tests.e2e.world import session_node, wait
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
@@ -127,18 +124,7 @@ def test_redis_flushed_and_restarted_mid_traffic_loses_nothing(
     }
     # One key registers and approves; two of the tenant's revisions may be worked on at once (r3 and r4 below).
     Tenant.objects.filter(id=tenant_a.tenant.id).update(four_eyes=False, max_concurrent_tasks=2)
-    base = base_model_upsert(name="tiny-llama", path=tiny_llama_dir, max_lora_rank=16, by=Actor.system())
-    node = serving_services.node_register(
-        name="e2e",
-        base_model=base,
-        url=engine.url,
-        served_model_name="tiny-llama",
-        gpu_slots=4,
-        cpu_slots=8,
-        max_lora_rank=16,
-        cache_dir=str(tmp_path / "node-cache"),
-        by=Actor.system(),
-    )
+    base, node = session_node(engine, tiny_llama_dir, tmp_path)
     adapter = Adapter.objects.create(tenant=tenant_a.tenant, name=ADAPTER, base_model=base)
     # The control worker writes exports slowly (each file then 2 s), so that one is still running at the flush.
     worker = start_worker("control", name="control", extra_env=env | {"MINT_TEST_EXPORT_DELAY_MS": "2000"}, beat=True)

@@ -14,16 +14,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-import redis
 from django.conf import settings
 from django.test import Client
 
 from adapters.models import Adapter, AdapterRevision, BaseModel
 from devtools.supervisor import wait_for
-from mint_site.events import PLATFORM_GROUP
 from tenants import services
 from tenants.access import Actor
 from tenants.models import Role
+from tests.e2e.conftest import platform_followers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -32,22 +31,12 @@ HANG_S = 10.0  # how long one request, and the whole wait for a refusal, may tak
 DEADLINE_S = 1.0  # what the design promises
 
 
-def _platform_followers() -> int:
-    """How many channels are in the platform group (each gateway process's feed joins it)."""
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    try:
-        prefix = settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"]
-        return client.zcard(f"{prefix}:group:{PLATFORM_GROUP}")
-    finally:
-        client.close()
-
-
 @pytest.fixture
 def gateways(start_web) -> list[str]:
     """Two web processes (each with its gateway), both following live events."""
-    before = _platform_followers()
+    before = platform_followers()
     urls = [start_web({"MINT_GATEWAY_KEY_CACHE_S": KEY_CACHE_S}) for _ in range(2)]
-    wait_for(lambda: _platform_followers() >= before + 2, timeout=30, what="both gateways' event feeds")
+    wait_for(lambda: platform_followers() >= before + 2, timeout=30, what="both gateways' event feeds")
     return urls
 
 

@@ -35,13 +35,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.models import Adapter, AdapterRevision, BaseModel
 from devtools.supervisor import wait_for
-from mint_site.events import PLATFORM_GROUP
 from serving import services as serving_services
 from serving.gateway import ratelimit
 from serving.models import Alias
 from tenants import services
 from tenants.access import Actor
 from tenants.models import Role
+from tests.e2e.conftest import platform_followers
 from tests.factories import ServingNodeFactory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -57,16 +57,6 @@ MAX_REQUESTS = 400  # the most requests one step sends before giving up on seein
 HANG_S = 10.0
 
 Send = Callable[[], tuple[int, httpx.Response]]
-
-
-def _platform_followers() -> int:
-    """How many channels are in the platform group (each process's gateway feed joins it)."""
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    try:
-        prefix = settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"]
-        return client.zcard(f"{prefix}:group:{PLATFORM_GROUP}")
-    finally:
-        client.close()
 
 
 def _answered_per_process(metrics_dir: Path) -> dict[int, float]:
@@ -134,7 +124,7 @@ class Fleet:
 
 @pytest.fixture
 def fleet(start_web, supervisor) -> Fleet:
-    before = _platform_followers()
+    before = platform_followers()
     env = {
         "MINT_METRICS_TOKEN": METRICS_TOKEN,
         "MINT_GATEWAY_KEY_CACHE_S": str(KEY_CACHE_S),
@@ -144,7 +134,7 @@ def fleet(start_web, supervisor) -> Fleet:
     manager = psutil.Process(supervisor.children[-1][1].pid)
     metrics_dir = Path(manager.environ()["PROMETHEUS_MULTIPROC_DIR"])
     # A process serves once its lifespan has run, and its gateway then follows the platform's events.
-    wait_for(lambda: _platform_followers() >= before + PROCESSES, timeout=60, what="every process's event feed")
+    wait_for(lambda: platform_followers() >= before + PROCESSES, timeout=60, what="every process's event feed")
     workers = {child.pid for child in manager.children() if "spawn_main" in " ".join(child.cmdline())}
     assert len(workers) == PROCESSES, manager.children()
     return Fleet(base=base, metrics_dir=metrics_dir, workers=workers)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adapters.base_models import base_model_upsert
-from adapters.models import Adapter, AdapterRevision
+from adapters.models import Adapter, AdapterRevision, BaseModel
 from serving import services as serving_services
 from serving.models import Alias, NodeState, Placement, ServingNode
 from tenants.access import Actor
@@ -24,6 +24,23 @@ def wait(predicate: Callable, *, timeout: float, what: str, logs: Callable[[], s
             return value
         time.sleep(0.25)
     raise AssertionError(f"timed out waiting for {what}\n{logs()}")
+
+
+def session_node(engine, tiny_llama_dir: Path, tmp_path: Path) -> tuple[BaseModel, ServingNode]:
+    """The tiny Llama as a base model and node `e2e` on the session's vLLM, with its cache under `tmp_path`."""
+    base = base_model_upsert(name="tiny-llama", path=tiny_llama_dir, max_lora_rank=16, by=Actor.system())
+    node = serving_services.node_register(
+        name="e2e",
+        base_model=base,
+        url=engine.url,
+        served_model_name=engine.served_name,
+        gpu_slots=engine.max_loras,
+        cpu_slots=engine.max_cpu_loras,
+        max_lora_rank=engine.max_lora_rank,
+        cache_dir=str(tmp_path / "node-cache"),
+        by=Actor.system(),
+    )
+    return base, node
 
 
 @dataclass
@@ -47,18 +64,7 @@ def serving_world(
     adapter_name: str = "support-bot",
 ) -> ServingWorld:
     """A node `e2e` on the session's vLLM (up), an adapter of `tenant`, a worker with beat, the web server."""
-    base = base_model_upsert(name="tiny-llama", path=tiny_llama_dir, max_lora_rank=16, by=Actor.system())
-    node = serving_services.node_register(
-        name="e2e",
-        base_model=base,
-        url=engine.url,
-        served_model_name="tiny-llama",
-        gpu_slots=4,
-        cpu_slots=8,
-        max_lora_rank=16,
-        cache_dir=str(tmp_path / "node-cache"),
-        by=Actor.system(),
-    )
+    base, node = session_node(engine, tiny_llama_dir, tmp_path)
     adapter = Adapter.objects.create(tenant=tenant, name=adapter_name, base_model=base)
     start_worker("control", "node.e2e", extra_env=env, beat=True)
     web = start_web(env)
