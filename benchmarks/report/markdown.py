@@ -48,6 +48,20 @@ INTRO = {
 
 # Findings that explain a benchmark's figures, kept next to them in the report.
 NOTES = {
+    "failover": [
+        "**Reading the figures (run of 2026-12-02, 4 kills, 4 single-replica adapters of one tenant).** No request "
+        "to the replicated adapter failed: each that found its node dead (connection refused, or closed before an "
+        "answer) was sent to the other replica by the gateway. The node was marked down 0.26-0.44 s after the kill: "
+        "the gateway's first failed request asked the control plane to probe it, well before the 5 s heartbeat. The "
+        "single-replica revisions came back one by one, 2.2-4.1 s for the first and about 2.5 s apart after that "
+        "(median 8.3 s, max 19.1 s for the fourth): failover placements are paced per tenant like any prewarm "
+        "(`MINT_NODE_PREWARM_DUTY`), so one tenant's many re-placements cannot take the surviving node's engine "
+        "from the others; tenants' re-placements are paced apart from each other. The first kill found one "
+        "solo revision on its host, the later ones all four: a node coming back does not take back what failover "
+        "placed elsewhere (it forgets its lost copies), so the fleet only rebalances as revisions are placed "
+        "anew. A restarted engine took 37-41 s to serve again. The drain (22 s) moved four revisions under traffic "
+        "to all five adapters without a failed request.",
+    ],
     "catalog": [
         "**Indexes** (adapters/migrations/0002_revision_list_indexes.py). The revisions list pages by `-id` "
         "(`CursorPage`). Without an index on `(adapter_id, id DESC)` PostgreSQL walks the primary key backwards "
