@@ -23,7 +23,7 @@ from serving.gateway.fairslots import NodeBusy
 from serving.gateway.metrics import NODE_BUSY, UPSTREAM_ERRORS
 from serving.gateway.resolve import NotReady, Resolution, Target
 from serving.gateway.responses import EventStream, error_response, json_response
-from serving.gateway.upstream import NoAnswer, UpstreamError, UpstreamResponse, UpstreamTimeout
+from serving.gateway.upstream import Dropped, NoAnswer, UpstreamError, UpstreamResponse, UpstreamTimeout
 
 if TYPE_CHECKING:
     from serving.gateway.state import GatewayState
@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 
 # Upstream 4xx answers the caller must see (bad parameters, prompt too long), with LoRA names scrubbed.
 _CALLER_ERRORS = {400, 413, 422}
+# Nodes that may receive one request none of them answered (`Dropped`: each closed the connection on it). Two
+# covers a node killed under an innocent request; a request that itself kills the engine it reaches takes down
+# no more than that, however many replicas its revision has (other tenants' requests share those engines).
+MAX_DROPS = 2
 
 
 def pick(
@@ -92,9 +96,11 @@ async def forward(
     lost the adapter: it restarted), until each replica was tried once; a completion has no side effects,
     so sending it again is safe. The node is remembered as failing (serving/gateway/nodehealth.py): the
     next requests try it last, and the control plane is asked to probe it now. When no replica answers,
-    the caller gets 503 adapter_not_ready with Retry-After, like for any adapter not ready. Nothing is
-    retried once a node began to answer: a stream under way when its node dies is cut (the client sees the
-    error event), and so is a timeout (504).
+    the caller gets 503 adapter_not_ready with Retry-After, like for any adapter not ready; but once
+    MAX_DROPS nodes had the request and closed the connection on it (`Dropped`), it gets 502 and no further
+    replica is tried: a request that kills the engine it reaches does not go on to kill every replica.
+    Nothing is retried once a node began to answer: a stream under way when its node dies is cut (the client
+    sees the error event), and so is a timeout (504).
 
     The request holds one of the node's fair slots (serving/gateway/fairslots.py) from before it is sent until
     the node's answer is closed, in the name of `tenant_id`.
@@ -108,6 +114,7 @@ async def forward(
     payload = json.dumps({**body, "model": resolution.lora_name}, ensure_ascii=False).encode()
     tried: set[int] = set()
     lost = False  # a node answered 404: it does not hold the adapter (any more)
+    drops = 0  # nodes that had the request and closed the connection on it
     for _attempt in range(len(resolution.targets)):
         target = pick(state.inflight, resolution.targets, tried, suspect=suspect)
         if target is None:
@@ -135,6 +142,11 @@ async def forward(
             nodes.failed(target.node_name)
             suspect = nodes.suspect
             log.warning("gateway: node %s failed before answering (%s)", target.node_name, exc)
+            drops += isinstance(exc, Dropped)
+            if drops >= MAX_DROPS:
+                raise GatewayError(
+                    502, "upstream_error", f"{drops} serving nodes closed the connection on this request unanswered."
+                ) from None
             continue
         except UpstreamTimeout as exc:
             release()

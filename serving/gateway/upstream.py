@@ -2,9 +2,9 @@
 
 What the proxy (serving/gateway/proxy.py) sees of the nodes, whatever carries the bytes: `Upstream.post`,
 an `UpstreamResponse` (read whole, or chunk by chunk for server-sent events), and three kinds of failure,
-so the proxy can tell a request that never reached the node (`NoAnswer`: safe to send elsewhere) from one
-that took too long (`UpstreamTimeout`) or broke off halfway (`BrokenAnswer`). Tests put a fake with the
-same two methods in the gateway's state.
+so the proxy can tell a request that got nothing back (`NoAnswer`: safe to send elsewhere; its `Dropped` kind
+when the node had the request and closed the connection on it) from one that took too long (`UpstreamTimeout`)
+or broke off halfway (`BrokenAnswer`). Tests put a fake with the same two methods in the gateway's state.
 
 Underneath is the hand-written keep-alive transport of serving/gateway/transport.py, kept because the
 maintained clients measured against it (aiohttp, httpcore) missed the gateway's latency target; its
@@ -33,6 +33,11 @@ class NoAnswer(UpstreamError):
     """Nothing came back: the connection failed, was refused, or closed before any answer. Safe to send elsewhere."""
 
 
+class Dropped(NoAnswer):
+    """The node closed the connection after the request was sent, without answering: it was killed meanwhile, or
+    the request itself killed it. Safe to send elsewhere, but not to every replica (serving/gateway/proxy.py)."""
+
+
 class UpstreamTimeout(UpstreamError):
     """The node did not answer (or go on answering) in time, or no connection to it came free in time."""
 
@@ -41,14 +46,19 @@ class BrokenAnswer(UpstreamError):
     """The node's answer broke off or was malformed after it had begun."""
 
 
-# Errors where nothing came back from the node: the request can safely go to another node.
-_NOTHING_CAME_BACK = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.WriteError)
+# Errors where nothing came back from the node: the request can safely go to another node. Of those, the ones
+# after the request was sent (a stale kept-alive connection is retried by the transport itself) mean the node
+# had the request when it went away.
+_NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
+_SENT_UNANSWERED = (httpx.RemoteProtocolError, httpx.WriteError)
 
 
 def _error(exc: httpx.HTTPError, *, begun: bool) -> UpstreamError:
     """The gateway's kind of a transport failure (to raise `from None`: the pool's tracebacks are noise)."""
-    if not begun and isinstance(exc, _NOTHING_CAME_BACK):
+    if not begun and isinstance(exc, _NEVER_SENT):
         return NoAnswer(str(exc) or type(exc).__name__)
+    if not begun and isinstance(exc, _SENT_UNANSWERED):
+        return Dropped(str(exc) or type(exc).__name__)
     if isinstance(exc, httpx.TimeoutException):
         return UpstreamTimeout(str(exc) or type(exc).__name__)
     return BrokenAnswer(str(exc) or type(exc).__name__)

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Case, F, Q, QuerySet, When
+from django.db.models import Case, F, Max, Q, QuerySet, When
 from django.utils import timezone
 
 from adapters import dispatch as control_queue
@@ -179,8 +179,8 @@ def _unload_again(node: ServingNode, placement: Placement, *, now: datetime, bou
 def aliases_sweep(*, limit: int = 100) -> dict[str, int]:
     """Heartbeat: aliases still pending whose convergence task was lost. One whose desired revision is ready
     flips (`aliases.converge_aliases` checks the replicas); a rollback whose re-export was lost has it sent
-    again (`adapters.dispatch.export_redrive`, counted). A desired revision with no placement is
-    `placements_retry`'s; a queued one, admission's."""
+    again (`adapters.dispatch.export_redrive`, counted; once per target revision, however many aliases). A
+    desired revision with no placement is `placements_retry`'s; a queued one, admission's."""
     pending = Alias.objects.filter(desired_revision__isnull=False).filter(
         Q(revision__isnull=True) | ~Q(desired_revision_id=F("revision_id"))
     )
@@ -194,13 +194,19 @@ def aliases_sweep(*, limit: int = 100) -> dict[str, int]:
     flipped = 0
     for revision in AdapterRevision.objects.filter(id__in=ready).select_related("adapter__tenant"):
         flipped += len(aliases.converge_aliases(revision=revision))
-    reexports = 0
-    for alias in (
+    # Once per rollback target, however many aliases roll back to it (each check reads the artifact store), asked
+    # at the latest of their rollbacks: a re-export sent then is the one that may have been lost.
+    asked = dict(
         pending.filter(rollback_pending=True)
         .exclude(desired_revision_id__in=ready)
-        .select_related("desired_revision__adapter__tenant")[:limit]
-    ):
+        .values("desired_revision_id")
+        .annotate(asked_at=Max("updated_at"))
+        .order_by("desired_revision_id")
+        .values_list("desired_revision_id", "asked_at")[:limit]
+    )
+    reexports = 0
+    for revision in AdapterRevision.objects.filter(id__in=asked).select_related("adapter__tenant"):
         with transaction.atomic():
-            outcome = control_queue.export_redrive(revision=alias.desired_revision, asked_at=alias.updated_at)
+            outcome = control_queue.export_redrive(revision=revision, asked_at=asked[revision.id])
         reexports += outcome == "sent"
     return {"flipped": flipped, "reexports_sent": reexports}
