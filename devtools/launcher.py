@@ -79,7 +79,7 @@ def web_env(env: dict[str, str], *, processes: int, metrics_dir: Path) -> dict[s
     if processes <= 1:
         return env
     shutil.rmtree(metrics_dir, ignore_errors=True)
-    metrics_dir.mkdir(parents=True)
+    metrics_dir.mkdir(parents=True, mode=0o700)  # its files name tenants and adapters
     return env | {"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
 
 

@@ -18,8 +18,8 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import Case, Count, DateTimeField, F, Q, Value, When, Window
-from django.db.models.functions import RowNumber
+from django.db.models import Case, Count, DateTimeField, F, OuterRef, Q, Subquery, Value, When, Window
+from django.db.models.functions import Coalesce, RowNumber
 from django.utils import timezone
 
 from adapters.models import AdapterRevision, RevisionState, replicas_sql
@@ -308,12 +308,25 @@ def placements_retry(*, base_model_id: int | None = None, limit: int = 200) -> d
     # tenant, never placed because every node was down, or on a node that went down. Rows in any state count
     # (waiting for room, being evicted, or failed: a failed prewarm is not retried by itself, or a bad one would
     # loop). Only ids here (every pinned revision after an outage): the chosen few are loaded below.
+    # A revision holding a row on every up node of its base model cannot get another: not asked again each round
+    # (its replica count may be above what is up).
     on_up_nodes = Q(placements__node__state=NodeState.UP)
+    up_nodes = (
+        ServingNode.objects.filter(base_model_id=OuterRef("adapter__base_model_id"), state=NodeState.UP)
+        .values("base_model_id")
+        .annotate(n=Count("id"))
+        .values("n")
+    )
     short = (
         AdapterRevision.objects.filter(id__in=list(pins), state=RevisionState.APPROVED)
         .exclude(export_uri="")
-        .annotate(placed=Count("placements", filter=on_up_nodes), wanted=replicas_sql("adapter__"))
+        .annotate(
+            placed=Count("placements", filter=on_up_nodes),
+            wanted=replicas_sql("adapter__"),
+            nodes=Coalesce(Subquery(up_nodes), 0),
+        )
         .filter(placed__lt=F("wanted"))
+        .filter(placed__lt=F("nodes"))
         .values_list("id", flat=True)
     )
     chosen = _failover_order(list(short), roles, held)[:limit]

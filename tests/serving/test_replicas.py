@@ -89,3 +89,21 @@ def test_too_few_nodes_for_the_replicas_is_explained(node, adapter_a, settings):
     assert status.phase == "waiting"
     assert "Ready on 1 of the 2 nodes a flip needs" in status.reason
     assert "only 1 node of" in status.reason
+
+
+def test_a_revision_on_every_up_node_is_not_asked_for_more_each_round(two_nodes, adapter_a):
+    """Two replicas wanted, one node up, a placement there: nothing to ask for until another node is up."""
+    first, second = two_nodes
+    adapter_a.replicas = 2
+    adapter_a.save(update_fields=["replicas"])
+    revision = approved_revision(adapter_a, 1)
+    make_live(revision)
+    place(first, revision, "ready")
+    ServingNode.objects.filter(id=first.id).update(state=NodeState.UP)
+    ServingNode.objects.filter(id=second.id).update(state=NodeState.DOWN)
+
+    assert services.placements_retry()["requested"] == 0
+
+    ServingNode.objects.filter(id=second.id).update(state=NodeState.UP)
+    assert services.placements_retry()["requested"] == 1
+    assert Placement.objects.get(revision=revision, node=second).state in ("queued", "loading")
