@@ -379,7 +379,12 @@ CELERY_BEAT_SCHEDULE = {
     "control-dispatch": {"task": "adapters.tasks.control_dispatch", "schedule": 10.0},
     "uploads-collect": {"task": "adapters.tasks.uploads_collect", "schedule": 3600.0},
     "idempotency-purge": {"task": "tenants.tasks.idempotency_purge", "schedule": 3600.0},
+    "usage-purge": {"task": "serving.tasks.usage_purge", "schedule": 3600.0},
 }
+# Metered usage (serving/gateway/metering.py): per-minute rows are kept this many days, per-hour rows this many;
+# per-day rows are kept for good.
+MINT_USAGE_MINUTE_RETENTION_DAYS = env_int("MINT_USAGE_MINUTE_RETENTION_DAYS", 7, minimum=1)
+MINT_USAGE_HOUR_RETENTION_DAYS = env_int("MINT_USAGE_HOUR_RETENTION_DAYS", 93, minimum=1)
 
 # API keys: how often last_used_at may be written for one key.
 MINT_KEY_TOUCH_INTERVAL_S = env_int("MINT_KEY_TOUCH_INTERVAL_S", 60, minimum=1)

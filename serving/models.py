@@ -194,3 +194,75 @@ class PrewarmTurn(models.Model):
 def lora_name(revision: AdapterRevision) -> str:
     """The immutable vLLM LoRA name of a revision; never reused (vLLM caches by name)."""
     return f"t{revision.adapter.tenant_id}-a{revision.adapter_id}-r{revision.number}"
+
+
+class UsageKind(models.TextChoices):
+    """Whose traffic a usage row counts: a tenant's calls through the gateway (billed), or MinT's own."""
+
+    INFERENCE = "inference", "Inference (billed)"
+    WARMUP = "warmup", "Warm-up (MinT's own, not billed)"
+
+
+class UsagePeriod(models.TextChoices):
+    MINUTE = "minute", "Minute"
+    HOUR = "hour", "Hour"
+    DAY = "day", "Day"
+
+
+# Upper bounds (ms) of the latency histogram's buckets; one more bucket counts what is slower than the last.
+LATENCY_BOUNDS_MS = (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
+LATENCY_BUCKETS = tuple(f"lat_{i}" for i in range(len(LATENCY_BOUNDS_MS) + 1))
+# What a flush adds to a row (the rest of a row is its key).
+USAGE_COUNTS = ("requests", "prompt_tokens", "completion_tokens", "latency_ms_sum", *LATENCY_BUCKETS)
+
+
+class UsageRecord(models.Model):
+    """Requests and tokens of one period (a minute, an hour or a day) for one tenant, key, revision, node, status
+    and kind: what the gateway metered, added up by each flush (serving/gateway/metering.py). Latency has a fixed-
+    bucket histogram (`lat_0` … counted against LATENCY_BOUNDS_MS), so percentiles over any range come from rows.
+
+    Ids, not foreign keys, and the adapter's name beside its id: usage outlives keys and adapters (a bill names
+    what was used). 0 stands for none (a request refused before it named an adapter, a warm-up without a key).
+    """
+
+    period = models.CharField(max_length=6, choices=UsagePeriod.choices)
+    start = models.DateTimeField(help_text="The period's first instant (UTC).")
+    kind = models.CharField(max_length=10, choices=UsageKind.choices, default=UsageKind.INFERENCE)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="usage_records")
+    key_id = models.PositiveBigIntegerField(default=0)
+    adapter_id = models.PositiveBigIntegerField(default=0)
+    adapter_name = models.CharField(max_length=64, blank=True)
+    revision = models.PositiveIntegerField(default=0, help_text="The revision's number (0: none).")
+    node = models.CharField(max_length=63, blank=True)
+    status = models.PositiveSmallIntegerField()
+    requests = models.PositiveBigIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    latency_ms_sum = models.FloatField(default=0)
+    lat_0 = models.PositiveBigIntegerField(default=0)
+    lat_1 = models.PositiveBigIntegerField(default=0)
+    lat_2 = models.PositiveBigIntegerField(default=0)
+    lat_3 = models.PositiveBigIntegerField(default=0)
+    lat_4 = models.PositiveBigIntegerField(default=0)
+    lat_5 = models.PositiveBigIntegerField(default=0)
+    lat_6 = models.PositiveBigIntegerField(default=0)
+    lat_7 = models.PositiveBigIntegerField(default=0)
+    lat_8 = models.PositiveBigIntegerField(default=0)
+    lat_9 = models.PositiveBigIntegerField(default=0)
+    lat_10 = models.PositiveBigIntegerField(default=0)
+    lat_11 = models.PositiveBigIntegerField(default=0)
+
+    KEY_FIELDS = ("period", "start", "kind", "tenant_id", "key_id", "adapter_id", "revision", "node", "status")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["period", "start", "kind", "tenant", "key_id", "adapter_id", "revision", "node", "status"],
+                name="usage_record_key_unique",
+            ),
+            models.CheckConstraint(condition=Q(period__in=UsagePeriod.values), name="usage_record_period_valid"),
+        ]
+        indexes = [models.Index(fields=["tenant", "period", "start"], name="usage_tenant_period_start")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.period} {self.start:%Y-%m-%d %H:%M}: {self.requests} requests"

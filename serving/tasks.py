@@ -100,8 +100,10 @@ def placement_prewarm(self, *, placement_id: int) -> None:
             if not services.placement_loaded(placement=placement, load_ms=(time.perf_counter() - started) * 1000):
                 return
             started = time.perf_counter()
-            engine.complete(name, WARMUP_PROMPT, max_tokens=1)
-            services.placement_ready(placement=placement, warm_ms=(time.perf_counter() - started) * 1000)
+            answer = engine.complete(name, WARMUP_PROMPT, max_tokens=1)
+            warm_ms = (time.perf_counter() - started) * 1000
+            services.placement_ready(placement=placement, warm_ms=warm_ms)
+            services.usage_of_warmup(placement=placement, answer=answer, ms=warm_ms)
         except (VllmError, CacheMismatch, OSError) as exc:
             services.placement_failed(placement=placement, reason=str(exc))
 
@@ -226,3 +228,11 @@ def node_probe(self, *, node_id: int) -> None:
     log.warning("node %s was reported unreachable and fails its health check: down", node)
     services.node_set_state(node=node, state=NodeState.DOWN, by=Actor.system())
     services.placements_retry(base_model_id=node.base_model_id)
+
+
+@shared_task(ignore_result=True)
+def usage_purge() -> None:
+    """Beat (hourly): drop per-minute and per-hour usage rows past their retention."""
+    purged = services.usage_purge()
+    if any(purged.values()):
+        log.info("usage rows purged: %s", purged)

@@ -86,8 +86,8 @@ class VllmClient:
             transient=response.status_code >= 500,
         )
 
-    def complete(self, model: str, prompt: str, *, max_tokens: int = 1) -> str:
-        """A real completion against `model` (the warm-up probe of phase 2)."""
+    def complete(self, model: str, prompt: str, *, max_tokens: int = 1) -> dict:
+        """A real completion against `model` (the warm-up probe of phase 2): vLLM's answer, `usage` included."""
         response = self._call(
             "POST",
             "/v1/completions",
@@ -99,4 +99,4 @@ class VllmClient:
                 status=response.status_code,
                 transient=response.status_code >= 500,
             )
-        return response.json()["choices"][0]["text"]
+        return response.json()

@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -33,6 +33,7 @@ from starlette.types import ASGIApp
 from serving.gateway import GatewayError, auth, feed, policy, proxy, resolve
 from serving.gateway.auth import Caller
 from serving.gateway.inflight import Held
+from serving.gateway.metering import Tally
 from serving.gateway.metrics import (
     INFLIGHT_REFUSED,
     NOT_READY,
@@ -51,11 +52,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Outcome:
-    """What a request's metrics and `Server-Timing` need: its tenant, adapter and time waiting on a node."""
+    """What a request's metrics, metering and `Server-Timing` need: its tenant, adapter, time waiting on a node,
+    and what it used (`tally`)."""
 
     tenant: str = UNKNOWN
     adapter: str = UNKNOWN
     upstream_s: float = 0.0
+    tally: Tally = field(default_factory=Tally)
 
 
 Handler = Callable[[GatewayState, bytes, Caller, Outcome, dict[str, Any]], Awaitable[Response]]
@@ -99,6 +102,17 @@ def _finish(state: GatewayState, response: Response, outcome: Outcome, started: 
     return response
 
 
+def _meter(state: GatewayState, outcome: Outcome, status: int, started: float) -> None:
+    """Count the answered request (its tenant known) in the process's meter, with its time to the answer's end."""
+    state.meter.record(
+        outcome.tally,
+        status=status,
+        seconds=time.perf_counter() - started,
+        labels=(outcome.tenant, outcome.adapter),
+    )
+    state.meter.maybe_flush()
+
+
 def _endpoint(handle: Handler) -> Callable[[Request], Awaitable[Response]]:
     """A route's endpoint: read the body, authenticate, take an in-flight slot, rate-limit, run `handle`, answer
     every failure in shape.
@@ -120,6 +134,7 @@ def _endpoint(handle: Handler) -> Callable[[Request], Awaitable[Response]]:
             authorization = request.headers.get("authorization", "")
             caller = await auth.authenticate(state, authorization, client=peer.host if peer else None)
             outcome.tenant = caller.tenant_slug
+            outcome.tally.tenant_id, outcome.tally.key_id = caller.tenant_id, caller.key_id
             limit = caller.plan.max_inflight_requests
             release = state.inflight_cap.take(caller.tenant_id, limit)
             if release is None:
@@ -148,6 +163,9 @@ def _endpoint(handle: Handler) -> Callable[[Request], Awaitable[Response]]:
             return NobodyToAnswer()  # gone before its request was read
         except NotReady as refused:
             outcome.adapter = refused.adapter_name
+            if not outcome.tally.adapter_name:
+                outcome.tally.adapter_name = refused.adapter_name
+                outcome.tally.adapter_id, outcome.tally.revision = refused.adapter_id, refused.revision
             NOT_READY.labels(outcome.tenant, refused.adapter_name).inc()
             response = error_response(refused)
         except GatewayError as refused:
@@ -161,11 +179,13 @@ def _endpoint(handle: Handler) -> Callable[[Request], Awaitable[Response]]:
             raise
         response = _finish(state, response, outcome, started)
         if release is None:
+            _meter(state, outcome, response.status_code, started)
             return response
         slot_release, sent = release, response
 
         def done() -> None:
             slot_release()
+            _meter(state, outcome, sent.status_code, started)  # a stream's tokens are known once it has ended
             if (ended := getattr(sent, "ended", None)) is not None:
                 STREAMS_ENDED.labels(outcome.tenant, ended).inc()
                 log.info("gateway: ended a stream of tenant %s (%s)", outcome.tenant, ended)
@@ -184,9 +204,18 @@ def _inference(path: str) -> Handler:
         ref = parse_model(model)
         resolution = await resolve.resolve(state, caller.tenant_id, ref, model)
         outcome.adapter = resolution.adapter_name
+        tally = outcome.tally
+        tally.adapter_id, tally.adapter_name = resolution.adapter_id, resolution.adapter_name
+        tally.revision = resolution.revision_number
         try:
             response, outcome.upstream_s = await proxy.forward(
-                state, path=path, body=data, resolution=resolution, model=model, tenant_id=caller.tenant_id
+                state,
+                path=path,
+                body=data,
+                resolution=resolution,
+                model=model,
+                tenant_id=caller.tenant_id,
+                tally=tally,
             )
         except NotReady:
             resolve.forget(state, caller.tenant_id, ref)

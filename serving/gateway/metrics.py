@@ -52,3 +52,8 @@ NODE_BUSY = Counter(
     "Requests answered 503 node_busy: every upstream slot of the node stayed taken for MINT_GATEWAY_NODE_WAIT_S.",
     ["node"],
 )
+TOKENS = Counter(
+    "mint_gateway_tokens_total",
+    "Tokens the nodes reported for answered requests, by tenant, adapter and kind (prompt or completion).",
+    ["tenant", "adapter", "kind"],
+)

@@ -20,6 +20,7 @@ from starlette.responses import Response
 
 from serving.gateway import GatewayError, policy
 from serving.gateway.fairslots import NodeBusy
+from serving.gateway.metering import Tally
 from serving.gateway.metrics import NODE_BUSY, UPSTREAM_ERRORS
 from serving.gateway.resolve import NotReady, Resolution, Target
 from serving.gateway.responses import EventStream, error_response, json_response
@@ -86,6 +87,7 @@ async def forward(
     resolution: Resolution,
     model: str,
     tenant_id: int,
+    tally: Tally | None = None,
 ) -> tuple[Response, float]:
     """Send a completion request to a ready node and relay its answer, or raise a 502/503/504 `GatewayError`.
 
@@ -111,6 +113,11 @@ async def forward(
     slots = state.node_slots
     nodes = state.nodes
     suspect = nodes.suspect if nodes.any_suspect() else None
+    tally = tally if tally is not None else Tally()
+    # Metering needs a stream's usage: asked of vLLM when the client did not, and then kept from the client.
+    hide_usage = bool(body.get("stream")) and not _asks_usage(body)
+    if hide_usage:
+        body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
     payload = json.dumps({**body, "model": resolution.lora_name}, ensure_ascii=False).encode()
     tried: set[int] = set()
     lost = False  # a node answered 404: it does not hold the adapter (any more)
@@ -172,8 +179,17 @@ async def forward(
             lost = True
             continue
         state.usage.record(placement_id=target.placement_id)
+        tally.node = target.node_name
         try:
-            response = await _relay(upstream, release=release, target=target, resolution=resolution, model=model)
+            response = await _relay(
+                upstream,
+                release=release,
+                target=target,
+                resolution=resolution,
+                model=model,
+                tally=tally,
+                hide_usage=hide_usage,
+            )
         except BaseException:
             release()
             await upstream.aclose()
@@ -194,12 +210,32 @@ async def forward(
     )
 
 
+def _asks_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
 async def _relay(
-    upstream: UpstreamResponse, *, release: Callable[[], None], target: Target, resolution: Resolution, model: str
+    upstream: UpstreamResponse,
+    *,
+    release: Callable[[], None],
+    target: Target,
+    resolution: Resolution,
+    model: str,
+    tally: Tally,
+    hide_usage: bool,
 ) -> Response:
     lora = resolution.lora_name
     if upstream.status == 200 and upstream.content_type.startswith("text/event-stream"):
-        relay = _SSERelay(upstream, release=release, lora=lora, model=model, node_name=target.node_name)
+        relay = _SSERelay(
+            upstream,
+            release=release,
+            lora=lora,
+            model=model,
+            node_name=target.node_name,
+            tally=tally,
+            hide_usage=hide_usage,
+        )
         return EventStream(
             relay.events(),
             finish=relay.finish,
@@ -224,6 +260,8 @@ async def _relay(
         except ValueError:
             UPSTREAM_ERRORS.labels(target.node_name).inc()
             raise GatewayError(502, "upstream_error", "The serving node answered with malformed JSON.") from None
+        if isinstance(data, dict):
+            tally.add_usage(data.get("usage"))
         return json_response(_rewrite(data, lora=lora, model=model), status)
     if status in _CALLER_ERRORS:
         message = _upstream_message(content) or "The serving node refused the request."
@@ -278,13 +316,23 @@ class _SSERelay:
     """
 
     def __init__(
-        self, upstream: UpstreamResponse, *, release: Callable[[], None], lora: str, model: str, node_name: str
+        self,
+        upstream: UpstreamResponse,
+        *,
+        release: Callable[[], None],
+        lora: str,
+        model: str,
+        node_name: str,
+        tally: Tally,
+        hide_usage: bool,
     ):
         self._upstream = upstream
         self._release = release
         self._lora = lora
         self._model = model
         self._node_name = node_name
+        self._tally = tally
+        self._hide_usage = hide_usage  # the usage chunk was asked for metering, not by the client
         self._finished = False
 
     async def events(self) -> AsyncIterator[bytes]:
@@ -296,12 +344,13 @@ class _SSERelay:
                 for raw in _lines(buffer):
                     line = raw.decode("utf-8", errors="replace")
                     if line:
-                        event.append(self._line(line))
+                        if (kept := self._line(line)) is not None:
+                            event.append(kept)
                     elif event:  # a blank line ends an event: send it whole
                         yield ("\n".join(event) + "\n\n").encode()
                         event = []
-            if rest := bytes(buffer).rstrip(b"\r"):
-                event.append(self._line(rest.decode("utf-8", errors="replace")))
+            if (rest := bytes(buffer).rstrip(b"\r")) and (kept := self._line(rest.decode("utf-8", errors="replace"))):
+                event.append(kept)
             if event:
                 yield ("\n".join(event) + "\n\n").encode()
         except UpstreamError as exc:
@@ -313,7 +362,8 @@ class _SSERelay:
         finally:
             await self.finish()
 
-    def _line(self, line: str) -> str:
+    def _line(self, line: str) -> str | None:
+        """The line as the client gets it, or None for the usage chunk the client did not ask for."""
         if not line.startswith("data:"):
             return line
         payload = line[5:].strip()
@@ -323,6 +373,10 @@ class _SSERelay:
             data = json.loads(payload)
         except ValueError:
             return line.replace(self._lora, self._model)
+        if isinstance(data, dict) and data.get("usage"):
+            self._tally.add_usage(data["usage"])
+            if self._hide_usage and not data.get("choices"):
+                return None
         data = _rewrite(data, lora=self._lora, model=self._model)
         return "data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 

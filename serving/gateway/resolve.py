@@ -117,11 +117,11 @@ class AliasNotLive:
 
 
 class NotReady(GatewayError):
-    """503 adapter_not_ready; carries the adapter name for metrics."""
+    """503 adapter_not_ready; carries the adapter (and the revision, when one was resolved) for metrics."""
 
-    def __init__(self, message: str, *, adapter_name: str):
+    def __init__(self, message: str, *, adapter_name: str, adapter_id: int = 0, revision: int = 0):
         super().__init__(503, "adapter_not_ready", message, headers={"Retry-After": str(not_ready_retry_after())})
-        self.adapter_name = adapter_name
+        self.adapter_name, self.adapter_id, self.revision = adapter_name, adapter_id, revision
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,6 +233,8 @@ async def resolve(state: GatewayState, tenant_id: int, ref: ModelRef, model: str
             f"Revision r{found.revision_number} of adapter {found.adapter_name!r} is not loaded yet; "
             "it is being prepared, retry shortly.",
             adapter_name=found.adapter_name,
+            adapter_id=found.adapter_id,
+            revision=found.revision_number,
         )
     return found
 

@@ -25,6 +25,7 @@ from serving.gateway import auth, resolve
 from serving.gateway.caches import SHARED_MISSES, TENANT_MISSES, TENANT_SHARE, RefreshingCache
 from serving.gateway.fairslots import FairSlots
 from serving.gateway.inflight import InflightCap
+from serving.gateway.metering import Meter
 from serving.gateway.nodehealth import NodeHealth
 from serving.gateway.ratelimit import RateLimiter
 from serving.gateway.upstream import Upstream
@@ -109,6 +110,7 @@ class GatewayState:
     upstream: Upstream
     rate_limit: RateLimiter
     usage: Usage
+    meter: Meter  # tokens, latency and status of every answered request, per minute (serving/gateway/metering.py)
     keys: RefreshingCache = field(init=False)  # token SHA-256 → Caller, or the refusal to repeat
     routes: RefreshingCache = field(init=False)  # (tenant id, ModelRef) → Resolution, or why there is none
     model_lists: RefreshingCache = field(init=False)  # tenant id → its servable model ids
@@ -167,6 +169,7 @@ class GatewayState:
             ),
             rate_limit=RateLimiter(background),
             usage=Usage(background, db),
+            meter=Meter(background, db),
         )
 
     def cache_ttl(self) -> float:
@@ -216,5 +219,9 @@ class GatewayState:
         """At the application's shutdown: let background work finish, close every client and the threads."""
         await self.inflight_cap.aclose()  # before the drain: its sync runs for as long as slots are held
         await self.background.drain()
+        try:
+            await self.db.run(self.meter.flush)  # a clean shutdown loses no metered request
+        except Exception:
+            log.exception("gateway: the last metering flush failed; its counts are lost")
         await self.aclose()
         self.db.shutdown()

@@ -4,6 +4,7 @@
 - `placement`: placement requests, admission and pacing, prewarm bookkeeping, eviction, reconcile.
 - `capacity`: the rules those follow: pinned-revision quotas, aliases per adapter, fair shares.
 - `nodes`: registering nodes and recording their state.
+- `usage`: metered usage, added up per minute, hour and day; its retention.
 
 Dependencies inside run one way: aliases → placement → capacity → (models, selectors); tasks to enqueue.
 """
@@ -37,6 +38,7 @@ from serving.services.placement import (
     prewarm_pacing_delay,
     ready_count,
 )
+from serving.services.usage import usage_add, usage_of_warmup, usage_purge
 
 __all__ = [
     "activation_cancel",
@@ -66,4 +68,7 @@ __all__ = [
     "ready_count",
     "revision_activate",
     "revision_rollback",
+    "usage_add",
+    "usage_of_warmup",
+    "usage_purge",
 ]

@@ -121,6 +121,9 @@ def answer_of(sent: dict, *, chat: bool) -> FakeAnswer:
             }
             for word in ("Hel", "lo", "!")
         ]
+        if (sent.get("stream_options") or {}).get("include_usage"):  # vLLM's last chunk: the totals, no choices
+            usage = {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+            chunks.append({**chunks[-1], "choices": [], "usage": usage})
         text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
         return FakeAnswer(200, content_type="text/event-stream", content=text.encode())
     usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}

@@ -14,6 +14,7 @@ from django.db import connections
 from serving.gateway import proxy, resolve
 from serving.gateway.asgi import with_gateway
 from serving.gateway.caches import RefreshingCache
+from serving.gateway.metering import Tally
 from serving.gateway.resolve import ModelRef
 from serving.gateway.state import Background, GatewayState
 from serving.models import ServingNode
@@ -175,7 +176,9 @@ def test_events_split_across_reads_and_crlf_line_ends_are_relayed_whole():
 
     closed = []
     upstream = FakeAnswer(200, content_type="text/event-stream", chunks=chunks, on_close=lambda: closed.append(1))
-    relay = proxy._SSERelay(upstream, release=lambda: None, lora="t1-a1-r1", model="bot", node_name="n")
+    relay = proxy._SSERelay(
+        upstream, release=lambda: None, lora="t1-a1-r1", model="bot", node_name="n", tally=Tally(), hide_usage=True
+    )
 
     async def scenario():
         return [event async for event in relay.events()]

@@ -10,7 +10,7 @@ import pytest
 from adapters.models import AdapterRevision
 from mint_site.events import epoch_us
 from serving import services, tasks
-from serving.models import Placement, Priority, lora_name
+from serving.models import Placement, Priority, UsageRecord, lora_name
 from serving.vllm import VllmError
 from tests.adapters.fixtures import uploads_of
 from tests.serving.conftest import place
@@ -35,7 +35,10 @@ def exported(tenant_a, adapter_a, good_adapter_dir, artifact_root, django_captur
 def engine():
     with mock.patch("serving.tasks.VllmClient") as factory:
         client = factory.return_value.__enter__.return_value
-        client.complete.return_value = " hello"
+        client.complete.return_value = {
+            "choices": [{"text": " hello"}],
+            "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
+        }
         yield client
 
 
@@ -51,6 +54,11 @@ def test_prewarm_fetches_verifies_loads_and_warms(node, exported, engine):
     placement.refresh_from_db()
     assert placement.state == "ready"
     assert placement.load_ms > 0 and placement.warm_ms >= 0 and placement.ready_at is not None
+    # The warm-up is MinT's own traffic: metered apart, never billed to the tenant.
+    warmups = UsageRecord.objects.filter(period="minute")
+    assert [(u.kind, u.tenant_id, u.revision, u.node, u.prompt_tokens, u.completion_tokens) for u in warmups] == [
+        ("warmup", exported.adapter.tenant_id, exported.number, node.name, 2, 1)
+    ]
 
 
 def test_each_placement_event_carries_the_change_it_reports_in_order(node, exported, engine):
