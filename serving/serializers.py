@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -207,3 +210,120 @@ class DrainProgressSerializer(serializers.Serializer):
     state = serializers.CharField()
     left = serializers.IntegerField(help_text="Placements still on the node (served until ready elsewhere).")
     waiting = serializers.ListField(child=serializers.CharField(), help_text="Revisions with no room elsewhere yet.")
+
+
+# ---------------------------------------------------------------- usage (serving.selectors.usage)
+
+
+@extend_schema_field({"oneOf": [{"type": "string", "format": "date"}, {"type": "string", "format": "date-time"}]})
+class InstantField(serializers.Field):
+    """An ISO-8601 date (midnight UTC) or date-time (UTC without an offset; `Z` or an offset otherwise)."""
+
+    default_error_messages = {
+        "invalid": "expected an ISO-8601 date (2026-01-31) or date-time (2026-01-31T12:00:00Z) in UTC.",
+        "out_of_range": "must be between 1970 and 9000.",
+    }
+
+    def to_internal_value(self, data):
+        text = str(data).strip()
+        try:
+            at = parse_datetime(text) if "T" in text or " " in text else None
+            day = parse_date(text) if at is None else None
+        except ValueError:  # well-formed but impossible, e.g. 2026-02-30
+            self.fail("invalid")
+        if at is None and day is None:
+            self.fail("invalid")
+        if at is None:
+            at = datetime(day.year, day.month, day.day, tzinfo=UTC)
+        elif at.tzinfo is None:
+            at = at.replace(tzinfo=UTC)
+        if not 1970 <= at.year < 9000:
+            self.fail("out_of_range")
+        return at.astimezone(UTC)
+
+    def to_representation(self, value):
+        return value.isoformat()
+
+
+class UsageQuerySerializer(serializers.Serializer):
+    """The usage API's query: `from`, `to`, `group_by`, `kind`, and `tenant` (platform staff)."""
+
+    to = InstantField(required=False, help_text="End of the range (exclusive); default now.")
+    group_by = serializers.CharField(
+        required=False,
+        default="adapter",
+        help_text=f"One or two of {', '.join(selectors.usage.USAGE_DIMENSIONS)}, comma-separated (e.g. `day,adapter`).",
+    )
+    kind = serializers.ChoiceField(
+        choices=list(selectors.usage.USAGE_KINDS),
+        default="inference",
+        help_text="`inference` (what the tenant is billed for), `warmup` (MinT's own prewarm traffic), or `all`.",
+    )
+    tenant = serializers.SlugField(
+        required=False, help_text="Platform staff: one tenant's usage only (others: their own tenant, or 404)."
+    )
+
+    def get_fields(self):
+        fields = super().get_fields()
+        # `from` is a Python keyword: added here rather than as a class attribute.
+        fields = {
+            "from": InstantField(required=False, help_text="Start of the range; default 24 h before `to`."),
+            **fields,
+        }
+        return fields
+
+    def validate_group_by(self, value: str) -> list[str]:
+        return [part.strip() for part in value.split(",") if part.strip()]
+
+
+class UsageCountsSerializer(serializers.Serializer):
+    """What a group (or the whole range) used. Latencies in ms, from the summed histogram (null: no requests)."""
+
+    requests = serializers.IntegerField()
+    errors = serializers.IntegerField(help_text="Requests answered with a status of 400 or more.")
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    total_tokens = serializers.IntegerField()
+    latency_p50_ms = serializers.FloatField(
+        allow_null=True, help_text="Interpolated inside its histogram bucket; see the API's description."
+    )
+    latency_p95_ms = serializers.FloatField(allow_null=True)
+    latency_mean_ms = serializers.FloatField(allow_null=True)
+
+
+class UsageRowSerializer(UsageCountsSerializer):
+    """One group: the fields its `group_by` names (the answer's `columns`), then its counts."""
+
+    tenant = serializers.CharField(required=False, help_text="Platform staff's answers: the row's tenant.")
+    adapter = serializers.CharField(required=False, allow_null=True, help_text="null: no adapter was named.")
+    revision = serializers.CharField(required=False, allow_null=True, help_text="`r<n>`; null: none resolved.")
+    key = serializers.CharField(
+        required=False, allow_null=True, help_text="The key's prefix; null: no key, or a key since deleted."
+    )
+    key_id = serializers.IntegerField(required=False, allow_null=True, help_text="null: no key (MinT's own).")
+    day = serializers.DateField(required=False, help_text="The day (UTC).")
+    hour = serializers.DateTimeField(required=False, help_text="The hour's start (UTC).")
+    node = serializers.CharField(required=False, allow_null=True)
+    status = serializers.IntegerField(required=False, help_text="The HTTP status the gateway answered.")
+
+
+class UsageReportSerializer(serializers.Serializer):
+    """serving.selectors.UsageReport, as the usage API shows it (for the schema)."""
+
+    tenant = serializers.CharField(allow_null=True, help_text="The tenant read; null: every tenant (staff).")
+    from_ = serializers.DateTimeField(help_text="The first instant covered: `from` rounded up to the period.")
+    to = serializers.DateTimeField(help_text="The end of what is covered (exclusive): `to` rounded up.")
+    period = serializers.ChoiceField(
+        choices=["minute", "hour", "day"], help_text="The rows summed (one period per answer)."
+    )
+    kind = serializers.ChoiceField(choices=list(selectors.usage.USAGE_KINDS))
+    group_by = serializers.ListField(child=serializers.CharField())
+    columns = serializers.ListField(child=serializers.CharField(), help_text="The group fields of each row.")
+    rows = UsageRowSerializer(many=True)
+    totals = UsageCountsSerializer()
+    truncated = serializers.BooleanField(help_text="More groups than `max_groups`: the first ones are shown.")
+    max_groups = serializers.IntegerField()
+
+    def get_fields(self):
+        fields = super().get_fields()
+        return {("from" if name == "from_" else name): value for name, value in fields.items()}

@@ -11,4 +11,5 @@ urlpatterns = [
     path("nodes/", apis.ServingNodeListCreateApi.as_view(), name="nodes"),
     path("nodes/<str:name>/drain/", apis.ServingNodeDrainApi.as_view(), name="node-drain"),
     path("nodes/<str:name>/undrain/", apis.ServingNodeUndrainApi.as_view(), name="node-undrain"),
+    path("usage/", apis.UsageApi.as_view(), name="usage"),
 ]

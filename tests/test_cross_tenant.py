@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from datetime import timedelta
 
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
 
 from adapters.models import Adapter, AdapterRevision, BaseModel
+from serving.models import UsagePeriod, UsageRecord
 from tenants.api_base import TenantApi
-from tenants.models import Tenant
+from tenants.models import ApiKey, Tenant
 from tests.conftest import ALL_SCOPES, TenantWorld
 
 pytestmark = pytest.mark.django_db
@@ -32,6 +35,22 @@ def b_revision(b: TenantWorld) -> AdapterRevision:
         adapter=adapter, number=1, defaults={"state": "approved", "source_uri": "x"}
     )
     return revision
+
+
+def b_usage(b: TenantWorld, revision: AdapterRevision, *, key: ApiKey) -> None:
+    """Tenant B's metered use of its revision with its key, a minute ago (what `GET /api/v1/usage/` reads)."""
+    UsageRecord.objects.create(
+        period=UsagePeriod.MINUTE,
+        start=timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=1),
+        tenant=b.tenant,
+        key_id=key.id,
+        adapter_id=revision.adapter_id,
+        adapter_name=revision.adapter.name,
+        revision=revision.number,
+        node="globex-node",
+        status=200,
+        requests=1,
+    )
 
 
 # How to name one of tenant B's objects for each URL parameter.
@@ -68,6 +87,7 @@ def test_routes_are_found():
     routes = dict(tenant_routes())
     assert "/api/v1/keys/<str:prefix>/" in routes
     assert "/api/v1/audit/" in routes
+    assert "/api/v1/usage/" in routes
     assert "/api/v1/adapters/<str:name>/revisions/<int:number>/approve/" in routes
 
 
@@ -105,7 +125,8 @@ def test_object_routes_answer_404_for_another_tenants_objects(tenant_a, tenant_b
 
 def test_list_routes_never_show_another_tenants_data(tenant_a, tenant_b):
     b_key, _ = tenant_b.key("pipeline")
-    b_revision(tenant_b)
+    revision = b_revision(tenant_b)
+    b_usage(tenant_b, revision, key=b_key)
     client = tenant_a.client_as("owner")
     secrets_of_b = {b_key.prefix, "globex"}
     for route, view in tenant_routes():

@@ -1,7 +1,8 @@
 """Reads of the serving plane, for its own services, the REST API, the gateway and the dashboard.
 
 Aliases are serving state (what each name of an adapter serves now and should serve next), so
-everything that shows or routes by an alias reads it here.
+everything that shows or routes by an alias reads it here. Metered usage, summed per group for the
+usage API and the dashboard, is read in `serving.selectors.usage`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from serving.models import (
     PrewarmTurn,
     ServingNode,
 )
+from serving.selectors import usage as usage  # metered usage: serving.selectors.usage.usage_report, …
 
 
 class PinRole(IntEnum):
