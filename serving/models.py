@@ -262,7 +262,10 @@ class UsageRecord(models.Model):
             ),
             models.CheckConstraint(condition=Q(period__in=UsagePeriod.values), name="usage_record_period_valid"),
         ]
-        indexes = [models.Index(fields=["tenant", "period", "start"], name="usage_tenant_period_start")]
+        indexes = [
+            models.Index(fields=["tenant", "period", "start"], name="usage_tenant_period_start"),
+            models.Index(fields=["period", "start"], name="usage_period_start"),  # staff's all-tenant reads, purge
+        ]
 
     def __str__(self) -> str:
         return f"{self.tenant_id} {self.period} {self.start:%Y-%m-%d %H:%M}: {self.requests} requests"
