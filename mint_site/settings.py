@@ -388,6 +388,8 @@ MINT_USAGE_HOUR_RETENTION_DAYS = env_int("MINT_USAGE_HOUR_RETENTION_DAYS", 93, m
 
 # API keys: how often last_used_at may be written for one key.
 MINT_KEY_TOUCH_INTERVAL_S = env_int("MINT_KEY_TOUCH_INTERVAL_S", 60, minimum=1)
+# API keys: the most adapters one key's allow-list may name (tenants/services.py, api_key_create).
+MINT_KEY_MAX_ADAPTERS = env_int("MINT_KEY_MAX_ADAPTERS", 100, minimum=1)
 
 LOGGING = {
     "version": 1,

@@ -198,6 +198,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "last_used_at",
         "expires_at",
         "revoked_at",
+        "adapters",
+        "max_tokens_per_minute",
+        "monthly_token_budget",
     ]
     fields = ["name", *readonly_fields]
     actions = ["revoke"]

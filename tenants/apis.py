@@ -53,7 +53,20 @@ class ApiKeyListCreateApi(TenantApi):
     @extend_schema(
         request=ApiKeyCreateSerializer,
         responses={201: ApiKeyCreatedSerializer},
-        examples=[OpenApiExample("pipeline key", value={"name": "trainer", "scopes": ["pipeline"]}, request_only=True)],
+        examples=[
+            OpenApiExample("pipeline key", value={"name": "trainer", "scopes": ["pipeline"]}, request_only=True),
+            OpenApiExample(
+                "inference key for two adapters, with a budget",
+                value={
+                    "name": "support-frontend",
+                    "scopes": ["inference"],
+                    "adapters": ["support-bot", "triage"],
+                    "max_tokens_per_minute": 20000,
+                    "monthly_token_budget": 5000000,
+                },
+                request_only=True,
+            ),
+        ],
     )
     def post(self, request):
         payload = ApiKeyCreateSerializer(data=request.data)

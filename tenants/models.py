@@ -88,6 +88,21 @@ class Tenant(models.Model):
             "and the platform default, are clamped to it."
         ),
     )
+    # Tokens (serving/gateway/budgets.py): counted after the fact from what the nodes report, so a limit is checked
+    # when a request arrives against the tokens of the requests already answered.
+    max_tokens_per_minute = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text=(
+            "Gateway tokens (prompt + completion) per minute, across gateway processes; 0: no limit "
+            "(rate_limit_rpm and max_request_tokens still bound them)."
+        ),
+    )
+    monthly_token_budget = models.PositiveBigIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Gateway tokens (prompt + completion) per calendar month (UTC); 0: no budget.",
+    )
     four_eyes = models.BooleanField(
         default=True, help_text="Nobody approves a revision they registered (or that a key they created registered)."
     )
@@ -147,9 +162,33 @@ class ApiKey(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Limits of the key's own, within its tenant's (both apply): set when the key is made, never changed after.
+    adapters = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Names of the adapters the key may call through the gateway; empty: all of the tenant's.",
+    )
+    max_tokens_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Gateway tokens per minute of this key; empty: only the tenant's limit."
+    )
+    monthly_token_budget = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Gateway tokens per calendar month (UTC) of this key; empty: only the tenant's.",
+    )
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "-id"], name="apikey_tenant_recent")]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(max_tokens_per_minute__isnull=True) | models.Q(max_tokens_per_minute__gte=1),
+                name="apikey_max_tokens_per_minute_min",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(monthly_token_budget__isnull=True) | models.Q(monthly_token_budget__gte=1),
+                name="apikey_monthly_token_budget_min",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.tenant}/{self.name} (mint_{self.prefix}_…)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -141,6 +142,79 @@ def _clean_scopes(scopes: Iterable[str]) -> list[str]:
     return cleaned
 
 
+# The rule of adapter names (adapters/serializers.py, serving/gateway/resolve.py): tenants cannot import adapters.
+_ADAPTER_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+
+
+def _clean_adapters(names: Iterable[str]) -> list[str]:
+    """A key's allow-list: adapter names, each in the adapters' own form, at most MINT_KEY_MAX_ADAPTERS of them.
+
+    Names are not looked up: tenants know nothing of adapters, and a key may be made before the adapter it is
+    for. A name that names nothing grants nothing (the gateway answers 404, as for any absent model).
+    """
+    if isinstance(names, str) or not isinstance(names, Iterable):
+        raise MintError("adapters must be a list of adapter names.", detail={"adapters": ["must be a list"]})
+    names = list(names)
+    if any(not isinstance(name, str) for name in names):
+        raise MintError("adapters must be a list of adapter names.", detail={"adapters": ["must be strings"]})
+    cleaned = sorted({name.strip() for name in names})
+    limit = settings.MINT_KEY_MAX_ADAPTERS
+    if len(cleaned) > limit:
+        raise MintError(
+            f"adapters: a key may name at most {limit} adapters ({len(cleaned)} given).",
+            code="too_many_adapters",
+            detail={"adapters": [f"at most {limit} names"]},
+        )
+    bad = [name for name in cleaned if not _ADAPTER_NAME.fullmatch(name)]
+    if bad:
+        shown = ", ".join(repr(name[:70]) for name in bad[:5])
+        raise MintError(
+            f"adapters: {shown} {'is' if len(bad) == 1 else 'are'} not adapter names (lower-case letters, digits, "
+            "'.', '_' and '-', starting with a letter or digit, at most 64 characters).",
+            code="invalid_adapter_name",
+            detail={"adapters": [f"not an adapter name: {name[:70]!r}" for name in bad[:20]]},
+        )
+    return cleaned
+
+
+# A key's own token limits, beside the tenant's plan field each narrows.
+KEY_TOKEN_LIMITS = ("max_tokens_per_minute", "monthly_token_budget")
+
+
+def _clean_token_limits(*, tenant: Tenant, limits: Mapping[str, Any]) -> dict[str, int | None]:
+    """A key's token limits: each empty (only the tenant's applies) or a whole number from 1 to the tenant's.
+
+    A key only narrows its tenant's plan: it cannot be given more than the tenant has (where the tenant has a
+    limit). Both are checked at the gateway, so a plan lowered later still binds keys made before.
+    """
+    cleaned: dict[str, int | None] = {}
+    errors: dict[str, list[str]] = {}
+    for name in KEY_TOKEN_LIMITS:
+        raw = limits.get(name)
+        if raw is None or raw == "":
+            cleaned[name] = None
+            continue
+        if isinstance(raw, bool):
+            errors[name] = ["must be a whole number"]
+            continue
+        try:
+            value = ApiKey._meta.get_field(name).clean(raw, None)
+        except ValidationError as exc:
+            errors[name] = exc.messages
+            continue
+        plan = getattr(tenant, name)
+        if value < 1:
+            errors[name] = ["must be at least 1 (leave it empty for no limit of the key's own)"]
+        elif plan and value > plan:
+            errors[name] = [f"must be at most the tenant's {name} ({plan})"]
+        else:
+            cleaned[name] = value
+    if errors:
+        message = "; ".join(f"{name}: {' '.join(messages)}" for name, messages in errors.items())
+        raise MintError(message, code="invalid_request", detail=errors)
+    return cleaned
+
+
 @transaction.atomic
 def api_key_create(
     *,
@@ -150,8 +224,16 @@ def api_key_create(
     created_by: AbstractBaseUser | None,
     by: Actor,
     expires_at: datetime | None = None,
+    adapters: Iterable[str] = (),
+    max_tokens_per_minute: int | None = None,
+    monthly_token_budget: int | None = None,
 ) -> tuple[ApiKey, str]:
-    """Create a key and return it with its token. The token exists only in this return value."""
+    """Create a key and return it with its token. The token exists only in this return value.
+
+    `adapters` lists the adapters the key may call through the gateway (empty: all of the tenant's);
+    `max_tokens_per_minute` and `monthly_token_budget` are the key's own limits within its tenant's. All three
+    are fixed for the key's life: a key with other limits is a new key.
+    """
     clean = _clean_scopes(scopes)
     if expires_at is not None and expires_at <= timezone.now():
         raise MintError(
@@ -159,6 +241,11 @@ def api_key_create(
             code="invalid_request",
             detail={"expires_at": ["must be in the future"]},
         )
+    allowed = _clean_adapters(adapters)
+    limits = _clean_token_limits(
+        tenant=tenant,
+        limits={"max_tokens_per_minute": max_tokens_per_minute, "monthly_token_budget": monthly_token_budget},
+    )
     token, prefix, key_hash = new_token()
     key = ApiKey.objects.create(
         tenant=tenant,
@@ -168,13 +255,21 @@ def api_key_create(
         scopes=clean,
         created_by=created_by,
         expires_at=expires_at,
+        adapters=allowed,
+        **limits,
     )
     audit_record(
         tenant=tenant,
         actor=by,
         action="api_key.create",
         target=f"api_key:{prefix}",
-        after={"name": name, "scopes": clean, "expires_at": expires_at.isoformat() if expires_at else None},
+        after={
+            "name": name,
+            "scopes": clean,
+            "expires_at": expires_at.isoformat() if expires_at else None,
+            "adapters": allowed,
+            **limits,
+        },
     )
     return key, token
 
@@ -257,6 +352,8 @@ TENANT_UPDATABLE_FIELDS = (
     "max_choices",
     "max_logprobs",
     "max_structured_output_bytes",
+    "max_tokens_per_minute",
+    "monthly_token_budget",
 )
 
 

@@ -33,6 +33,8 @@ _TENANT_FIELDS = (
     "max_choices",
     "max_logprobs",
     "max_structured_output_bytes",
+    "max_tokens_per_minute",
+    "monthly_token_budget",
 )
 _SEEN = "_keys_fields_seen"
 

@@ -31,6 +31,8 @@ PLAN_AND_SWITCHES = {
     "max_choices": 2,
     "max_logprobs": 1,
     "max_structured_output_bytes": 0,
+    "max_tokens_per_minute": 30000,
+    "monthly_token_budget": 10_000_000_000,
     "four_eyes": False,
     "is_active": False,
     "name": "Acme Renamed",

@@ -21,6 +21,13 @@ class Command(BaseCommand):
         create.add_argument("--name", default="cli")
         create.add_argument("--user", default=None, help="The person the key acts for (four-eyes).")
         create.add_argument("--expires-days", type=int, default=None)
+        create.add_argument(
+            "--adapters", default="", help="Comma-separated adapter names the key may call (default: all of them)."
+        )
+        create.add_argument("--max-tokens-per-minute", type=int, default=None, help="The key's own tokens per minute.")
+        create.add_argument(
+            "--monthly-token-budget", type=int, default=None, help="The key's own tokens per calendar month (UTC)."
+        )
         revoke = sub.add_parser("revoke", help="Revoke a key by its prefix.")
         revoke.add_argument("prefix")
         lst = sub.add_parser("list", help="List a tenant's keys.")
@@ -37,7 +44,9 @@ class Command(BaseCommand):
         except MintError as exc:
             raise CommandError(exc.message) from exc
 
-    def _create(self, *, tenant, scopes, name, user, expires_days, **_):
+    def _create(
+        self, *, tenant, scopes, name, user, expires_days, adapters, max_tokens_per_minute, monthly_token_budget, **_
+    ):
         owner = get_user(user) if user else None
         expires_at = timezone.now() + timedelta(days=expires_days) if expires_days else None
         key, token = services.api_key_create(
@@ -47,9 +56,12 @@ class Command(BaseCommand):
             created_by=owner,
             by=Actor(user=owner),
             expires_at=expires_at,
+            adapters=[a for a in adapters.split(",") if a.strip()],
+            max_tokens_per_minute=max_tokens_per_minute,
+            monthly_token_budget=monthly_token_budget,
         )
         self.stderr.write(
-            f"Created key {key.prefix} ({', '.join(key.scopes)}) for {key.tenant.slug}. "
+            f"Created key {key.prefix} ({', '.join(key.scopes)}) for {key.tenant.slug}{_limits(key)}. "
             "Store the token now: it is not shown again."
         )
         self.stdout.write(token)
@@ -64,4 +76,19 @@ class Command(BaseCommand):
     def _list(self, tenant: str):
         for key in selectors.api_key_list(tenant=get_tenant(tenant)).order_by("id"):
             used = key.last_used_at.isoformat() if key.last_used_at else "never"
-            self.stdout.write(f"{key.prefix}\t{key.name}\t{','.join(key.scopes)}\t{key.state}\tlast used {used}")
+            limits = _limits(key, sep="\t")
+            self.stdout.write(
+                f"{key.prefix}\t{key.name}\t{','.join(key.scopes)}\t{key.state}\tlast used {used}{limits}"
+            )
+
+
+def _limits(key, *, sep: str = ", ") -> str:
+    """The key's allow-list and token limits, those it has."""
+    parts = []
+    if key.adapters:
+        parts.append(f"adapters {','.join(key.adapters)}")
+    if key.max_tokens_per_minute is not None:
+        parts.append(f"{key.max_tokens_per_minute} tokens/min")
+    if key.monthly_token_budget is not None:
+        parts.append(f"{key.monthly_token_budget} tokens/month")
+    return "".join(sep + part for part in parts)
