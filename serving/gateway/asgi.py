@@ -59,6 +59,7 @@ class Outcome:
     adapter: str = UNKNOWN
     upstream_s: float = 0.0
     tally: Tally = field(default_factory=Tally)
+    caller: Caller | None = None  # whose token limits the tally counts against (serving/gateway/budgets.py)
 
 
 Handler = Callable[[GatewayState, bytes, Caller, Outcome, dict[str, Any]], Awaitable[Response]]
@@ -103,23 +104,25 @@ def _finish(state: GatewayState, response: Response, outcome: Outcome, started: 
 
 
 def _meter(state: GatewayState, outcome: Outcome, status: int, started: float) -> None:
-    """Count the answered request (its tenant known) in the process's meter, with its time to the answer's end."""
+    """Count the answered request (its tenant known) in the process's meter, with its time to the answer's end,
+    and its tokens against its tenant's and key's token limits (now that they are known: after the answer)."""
+    tally = outcome.tally
     state.meter.record(
-        outcome.tally,
-        status=status,
-        seconds=time.perf_counter() - started,
-        labels=(outcome.tenant, outcome.adapter),
+        tally, status=status, seconds=time.perf_counter() - started, labels=(outcome.tenant, outcome.adapter)
     )
     state.meter.maybe_flush()
+    if outcome.caller is not None:
+        state.tokens.spend(outcome.caller, tally.prompt_tokens + tally.completion_tokens)
 
 
-def _endpoint(handle: Handler) -> Callable[[Request], Awaitable[Response]]:
-    """A route's endpoint: read the body, authenticate, take an in-flight slot, rate-limit, run `handle`, answer
-    every failure in shape.
+def _endpoint(handle: Handler, *, spends_tokens: bool = False) -> Callable[[Request], Awaitable[Response]]:
+    """A route's endpoint: read the body, authenticate, take an in-flight slot, check the token limits (routes
+    that `spends_tokens`), rate-limit, run `handle`, answer every failure in shape.
 
     The tenant's in-flight slot (serving/gateway/inflight.py) is taken right after authentication and let go
     only once the answer has been sent (`Held`): a stream holds it until it ends or its client goes away, and
-    every other path (errors, refusals, a cancelled task) gives it back too.
+    every other path (errors, refusals, a cancelled task) gives it back too. The token limits
+    (serving/gateway/budgets.py) are checked in memory; a request they refuse is not counted by the rate limit.
     """
 
     async def endpoint(request: Request) -> Response:
@@ -133,7 +136,7 @@ def _endpoint(handle: Handler) -> Callable[[Request], Awaitable[Response]]:
             peer = request.client
             authorization = request.headers.get("authorization", "")
             caller = await auth.authenticate(state, authorization, client=peer.host if peer else None)
-            outcome.tenant = caller.tenant_slug
+            outcome.tenant, outcome.caller = caller.tenant_slug, caller
             outcome.tally.tenant_id, outcome.tally.key_id = caller.tenant_id, caller.key_id
             limit = caller.plan.max_inflight_requests
             release = state.inflight_cap.take(caller.tenant_id, limit)
@@ -146,6 +149,8 @@ def _endpoint(handle: Handler) -> Callable[[Request], Awaitable[Response]]:
                     "retry when one has finished.",
                     headers={"Retry-After": "1"},
                 )
+            if spends_tokens:
+                state.tokens.check(caller)  # 429 tokens_per_minute_exceeded / budget_exhausted
             retry_after = state.rate_limit.hit(caller.tenant_id, caller.rate_limit_rpm)
             if retry_after is not None:
                 RATE_LIMITED.labels(caller.tenant_slug).inc()
@@ -202,6 +207,8 @@ def _inference(path: str) -> Handler:
         data = policy.with_plan_defaults(path, data, caller.plan)
         model = data.get("model")
         ref = parse_model(model)
+        if not caller.may_call(ref.adapter):  # outside the key's allow-list: as if it did not exist
+            raise resolve.model_not_found(model)
         resolution = await resolve.resolve(state, caller.tenant_id, ref, model)
         outcome.adapter = resolution.adapter_name
         tally = outcome.tally
@@ -229,8 +236,14 @@ def _model_object(model_id: str, created: int, caller: Caller) -> dict[str, Any]
     return {"id": model_id, "object": "model", "created": created, "owned_by": caller.tenant_slug}
 
 
-async def _models(state: GatewayState, body: bytes, caller: Caller, outcome: Outcome, _: dict) -> Response:
+async def _callable_models(state: GatewayState, caller: Caller) -> list[resolve.ModelEntry]:
+    """The tenant's servable models that the key's allow-list lets it call."""
     entries = await resolve.model_list(state, caller.tenant_id)
+    return [e for e in entries if caller.may_call(e.id.partition(":")[0])]
+
+
+async def _models(state: GatewayState, body: bytes, caller: Caller, outcome: Outcome, _: dict) -> Response:
+    entries = await _callable_models(state, caller)
     return json_response({"object": "list", "data": [_model_object(e.id, e.created, caller) for e in entries]})
 
 
@@ -239,7 +252,7 @@ async def _model_detail(state: GatewayState, body: bytes, caller: Caller, outcom
     if not model:  # `/v1/models/`: no model named
         raise _unknown_endpoint("/v1/models/")
     parse_model(model)
-    for entry in await resolve.model_list(state, caller.tenant_id):
+    for entry in await _callable_models(state, caller):
         if entry.id == model:
             return json_response(_model_object(entry.id, entry.created, caller))
     raise resolve.model_not_found(model)
@@ -272,8 +285,12 @@ def gateway_routes() -> Router:
         routes=[
             Route("/models", _endpoint(_models), methods=["GET"]),
             Route("/models/{model:path}", _endpoint(_model_detail), methods=["GET"]),
-            Route("/completions", _endpoint(_inference("/v1/completions")), methods=["POST"]),
-            Route("/chat/completions", _endpoint(_inference("/v1/chat/completions")), methods=["POST"]),
+            Route("/completions", _endpoint(_inference("/v1/completions"), spends_tokens=True), methods=["POST"]),
+            Route(
+                "/chat/completions",
+                _endpoint(_inference("/v1/chat/completions"), spends_tokens=True),
+                methods=["POST"],
+            ),
         ],
         redirect_slashes=False,
     )

@@ -50,6 +50,8 @@ class GatewayPlan:
     max_choices: int = 4
     max_logprobs: int = 5
     max_structured_output_bytes: int = 4096
+    max_tokens_per_minute: int = 0  # 0: no limit (serving/gateway/budgets.py)
+    monthly_token_budget: int = 0  # 0: no budget
 
     @classmethod
     def of(cls, tenant) -> GatewayPlan:
@@ -61,7 +63,9 @@ class Caller:
     """What the gateway needs to know about a live key, without holding ORM objects across requests.
 
     `capabilities` are the key's scopes narrowed to its creator's role when it was authenticated; an
-    `api_key.changed` event drops the entry when that role (or anything else here) changes.
+    `api_key.changed` event drops the entry when that role (or anything else here) changes. `adapters` is the
+    key's allow-list (empty: every adapter of its tenant); the token limits are the key's own (None: only its
+    tenant's plan applies).
     """
 
     key_id: int
@@ -72,6 +76,9 @@ class Caller:
     tenant_id: int
     tenant_slug: str
     plan: GatewayPlan = GatewayPlan()
+    adapters: frozenset[str] = frozenset()
+    max_tokens_per_minute: int | None = None
+    monthly_token_budget: int | None = None
 
     @property
     def rate_limit_rpm(self) -> int:
@@ -80,6 +87,10 @@ class Caller:
     @property
     def can_infer(self) -> bool:
         return Capability.INFERENCE in self.capabilities
+
+    def may_call(self, adapter_name: str) -> bool:
+        """Whether the key's allow-list lets it call this adapter (any, when the list is empty)."""
+        return not self.adapters or adapter_name in self.adapters
 
 
 @dataclass(frozen=True)
@@ -109,6 +120,9 @@ def load_key(token: str) -> Caller | Refusal:
         tenant_id=key.tenant_id,
         tenant_slug=key.tenant.slug,
         plan=GatewayPlan.of(key.tenant),
+        adapters=frozenset(key.adapters or ()),
+        max_tokens_per_minute=key.max_tokens_per_minute,
+        monthly_token_budget=key.monthly_token_budget,
     )
 
 

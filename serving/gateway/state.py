@@ -22,6 +22,7 @@ from django.db import close_old_connections
 from limits.aio.storage import RedisStorage as AsyncRedisStorage
 
 from serving.gateway import auth, resolve
+from serving.gateway.budgets import TokenLimits
 from serving.gateway.caches import SHARED_MISSES, TENANT_MISSES, TENANT_SHARE, RefreshingCache
 from serving.gateway.fairslots import FairSlots
 from serving.gateway.inflight import InflightCap
@@ -118,6 +119,7 @@ class GatewayState:
     inflight_cap: InflightCap = field(init=False)  # each tenant's requests in flight, shared through Redis
     node_slots: FairSlots = field(init=False)  # each node's upstream slots, shared fairly between tenants
     nodes: NodeHealth = field(init=False)  # nodes this process failed to reach lately (failover)
+    tokens: TokenLimits = field(init=False)  # tokens per minute and month of tenants and keys (budgets.py)
     inflight: Counter[int] = field(default_factory=Counter)  # requests in flight per placement id
     key_lookups: dict[str, asyncio.Future] = field(default_factory=dict)  # token SHA-256 → its lookup in flight
     lookups_by_client: Counter[str] = field(default_factory=Counter)  # key lookups in flight per client address
@@ -148,6 +150,7 @@ class GatewayState:
         self.inflight_cap = InflightCap(self.background, self.rate_limit.client)
         self.node_slots = FairSlots(capacity=self.node_slot_count)
         self.nodes = NodeHealth(self._report_unreachable)
+        self.tokens = TokenLimits(self.background, self.rate_limit.client, self.db)
 
     def _report_unreachable(self, node_name: str) -> None:
         """Ask the control plane to probe a node this process could not reach (in the background)."""

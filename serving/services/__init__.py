@@ -5,6 +5,7 @@
 - `capacity`: the rules those follow: pinned-revision quotas, aliases per adapter, fair shares.
 - `nodes`: registering nodes and recording their state.
 - `usage`: metered usage, added up per minute, hour and day; its retention.
+- `budgets`: a month's tokens from the database (to rebuild a budget counter), budget events at 80 % and 100 %.
 
 Dependencies inside run one way: aliases → placement → capacity → (models, selectors); tasks to enqueue.
 """
@@ -19,6 +20,7 @@ from serving.services.aliases import (
     revision_activate,
     revision_rollback,
 )
+from serving.services.budgets import usage_budget_crossed, usage_month_tokens
 from serving.services.nodes import node_register, node_report_unreachable, node_set_state
 from serving.services.placement import (
     admit,
@@ -69,6 +71,8 @@ __all__ = [
     "revision_activate",
     "revision_rollback",
     "usage_add",
+    "usage_budget_crossed",
+    "usage_month_tokens",
     "usage_of_warmup",
     "usage_purge",
 ]
