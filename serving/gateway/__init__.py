@@ -21,8 +21,12 @@ Where things are:
   (OpenAI's fields only).
 - `inflight.py`: the tenant's cap on requests in flight, counted across gateway processes (Redis leases).
 - `fairslots.py`: each node's upstream slots, shared fairly between tenants.
-- `proxy.py`: picking a target, forwarding, renaming the model both ways, relaying streams.
+- `proxy.py`: picking a target, failing over to another replica, forwarding, renaming the model both ways,
+  relaying streams.
+- `nodehealth.py`: nodes this process failed to reach lately (tried last, reported for a probe).
 - `upstream.py`: the pooled HTTP client to the nodes, on the keep-alive transport of `transport.py`.
+- `metering.py`: what each request used (tokens, latency, status), counted per minute and flushed in batches.
+- `budgets.py`: tokens per minute and monthly token budgets, counted after each answer, synced through Redis.
 - `ratelimit.py`, `usage.py`, `feed.py` (live events drop what they make stale), `metrics.py`.
 
 This module holds the error every refusal is raised as. It imports nothing from Django at module level.
