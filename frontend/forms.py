@@ -140,3 +140,13 @@ class AuditFilterForm(forms.Form):
         if since and until and since > until:
             raise forms.ValidationError("The “From” date is after the “To” date.")
         return data
+
+
+USAGE_RANGE_CHOICES = [("hour", "Last hour"), ("day", "Last day"), ("month", "Last 30 days")]
+
+
+class UsageFilterForm(forms.Form):
+    """The usage page's switches: the range, and one adapter or the whole tenant (the view checks the name)."""
+
+    range = forms.ChoiceField(label="Range", choices=USAGE_RANGE_CHOICES, required=False)
+    adapter = forms.CharField(label="Adapter", max_length=64, required=False)

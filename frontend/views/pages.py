@@ -1,4 +1,4 @@
-"""Read-only pages: overview, adapter detail, a revision's page, nodes, audit log (and its CSV export).
+"""Read-only pages: overview, adapter detail, a revision's page, nodes, audit log and usage (and their CSV exports).
 
 `?fragment=<name>` renders one live section only.
 """
@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import csv
-import json
+import io
 from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlencode
 
@@ -18,9 +18,12 @@ from django.utils import timezone
 
 from adapters import services as adapter_services
 from frontend import selectors
-from frontend.forms import AdapterFilterForm, AuditFilterForm, RevisionFilterForm, form_errors
+from frontend.forms import AdapterFilterForm, AuditFilterForm, RevisionFilterForm, UsageFilterForm, form_errors
+from frontend.selectors import usage as usage_selectors
 from frontend.views.base import page
+from mint_site.csv_cells import csv_cell
 from serving.models import Alias
+from serving.selectors.usage import COUNT_COLUMNS
 from tenants.access import Capability
 
 FRAGMENTS = {
@@ -31,6 +34,7 @@ FRAGMENTS = {
         "room": "frontend/partials/room.html",  # a revision's page only: the warning before activating it
     },
     "nodes": {"nodes": "frontend/partials/nodes.html"},
+    "usage": {"charts": "frontend/partials/usage_charts.html"},
 }
 
 
@@ -99,6 +103,10 @@ def adapter_detail(request: HttpRequest, name: str, number: int | None = None) -
     adapter = selectors.adapter_get(tenant=viewer.tenant, name=name)
     if adapter is None:
         raise Http404("No such adapter.")
+    if request.GET.get("fragment") == "usage":
+        # The usage panel, fetched by the page's script (so the page itself costs no usage query).
+        usage = usage_selectors.usage_view(tenant=viewer.tenant, range_name="day", adapter=adapter.name)
+        return render(request, "frontend/partials/adapter_usage.html", {"adapter": adapter, "usage": usage})
     aliases = selectors.aliases_of(adapter)
     form = RevisionFilterForm(request.GET)
     state = _filters(form).get("state", "") if number is None else ""
@@ -172,12 +180,6 @@ class _Echo:
         return value
 
 
-def _cell(value) -> str:
-    """A CSV cell a spreadsheet will not run as a formula (a tenant's names may start with = + - @)."""
-    text = "" if value is None else value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
-
-
 EXPORT_BATCH_LINES = 500
 
 
@@ -207,9 +209,9 @@ def audit_export(request: HttpRequest) -> HttpResponse:
             yield writer.writerow(
                 [
                     event.at.isoformat(),
-                    *(_cell(v) for v in (event.actor, event.action, event.target)),
-                    _cell(event.before),
-                    _cell(event.after),
+                    *(csv_cell(v) for v in (event.actor, event.action, event.target)),
+                    csv_cell(event.before),
+                    csv_cell(event.after),
                 ]
             )
 
@@ -219,4 +221,70 @@ def audit_export(request: HttpRequest) -> HttpResponse:
     content = _async_batches(lines()) if isinstance(request, ASGIRequest) else lines()
     response = StreamingHttpResponse(content, content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="audit-{tenant.slug}-{stamp}.csv"'
+    return response
+
+
+def _usage_choice(request: HttpRequest) -> tuple[str, str, list[str]]:
+    """The range and adapter the usage page's switches name, and the tenant's adapter names; another tenant's
+    adapter, or one that does not exist, is not found."""
+    form = UsageFilterForm(request.GET)
+    if not form.is_valid():
+        raise Http404(form_errors(form))
+    names = usage_selectors.usage_adapter_names(tenant=request.viewer.tenant)
+    adapter = form.cleaned_data["adapter"]
+    if adapter and adapter not in names:
+        raise Http404("No such adapter.")
+    return form.cleaned_data["range"] or usage_selectors.DEFAULT_RANGE, adapter, names
+
+
+@page()
+def usage(request: HttpRequest) -> HttpResponse:
+    """The tenant's metered usage over the last hour, day or 30 days (`?range=`), of one adapter (`?adapter=`) or
+    all: charts over time (requests, tokens, latency, errors with 503 and 429), and a table per adapter and revision
+    with totals, which is also what the CSV download holds. `?fragment=charts` re-reads the data and the tables."""
+    range_name, adapter, names = _usage_choice(request)
+    view = usage_selectors.usage_view(tenant=request.viewer.tenant, range_name=range_name, adapter=adapter)
+    query = urlencode({"range": range_name, **({"adapter": adapter} if adapter else {})})
+    context = {
+        "usage": view,
+        "chart_data": view.chart_json(),
+        "range_name": range_name,
+        "ranges": usage_selectors.USAGE_RANGES.values(),
+        "adapter": adapter,
+        "adapter_names": names,
+        "query": query,
+        "live_page": "usage",
+    }
+    return _render(request, "usage", "frontend/usage.html", context)
+
+
+USAGE_CSV_COLUMNS = ("adapter", "revision", *COUNT_COLUMNS, "status_503", "status_429")
+
+
+@page()
+def usage_export(request: HttpRequest) -> HttpResponse:
+    """The usage page's table (per adapter and revision, the same range and adapter) as CSV: no totals line, so a
+    column sums to the total; names are formula-safe (`mint_site.csv_cells`)."""
+    range_name, adapter, _ = _usage_choice(request)
+    tenant = request.viewer.tenant
+    view = usage_selectors.usage_view(tenant=tenant, range_name=range_name, adapter=adapter, series=False)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow(USAGE_CSV_COLUMNS)
+    for line in view.lines:
+        counts = line.counts.as_json()
+        writer.writerow(
+            [
+                csv_cell(line.adapter),
+                csv_cell(line.revision),
+                *(counts[c] for c in COUNT_COLUMNS),
+                line.unavailable,
+                line.limited,
+            ]
+        )
+    response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
+    name = f"usage-{tenant.slug}{'-' + adapter if adapter else ''}-{view.start:%Y%m%dT%H%M}-{view.end:%Y%m%dT%H%M}"
+    response["Content-Disposition"] = f'attachment; filename="{name}.csv"'
+    response["X-Mint-Usage-Period"] = view.period
+    response["X-Mint-Usage-Truncated"] = "true" if view.truncated else "false"
     return response

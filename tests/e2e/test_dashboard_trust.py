@@ -131,6 +131,7 @@ def pages_of(web: str) -> list[str]:
         f"{web}/nodes/",
         f"{web}/audit/",
         f"{web}/keys/",
+        f"{web}/usage/",
     ]
 
 

@@ -9,7 +9,10 @@
  *    data-adapter, if any, names the event's adapter) is re-fetched from the server
  *    (`?fragment=<name>`) and replaced, so the whole row is right, not just its badge.
  * Re-fetches of one section never overlap, and an answer that an event overtook is fetched again.
- * Sections that no event covers (an activation made through the API sends none) also carry data-refresh.
+ * Sections that no event covers (an activation made through the API sends none) also carry data-refresh;
+ * a section marked data-load is fetched once as the page opens (what the page itself does not read). Each
+ * replaced section gets a `mint:fragment` DOM event (usage.js redraws its charts from the new data).
+ * A usage.budget event (a monthly token budget at 80 % or 100 %) shows a banner in #flash.
  * The socket reconnects with capped, jittered exponential backoff; #live shows whether the page is live.
  *
  * The result of an action shows next to the control that was used, in its slot `#result-<anchor>` (a live
@@ -106,6 +109,7 @@
     }
     tick();
     overflowing(section);
+    section.dispatchEvent(new CustomEvent("mint:fragment", { bubbles: true }));
   }
 
   // Where focus was, in words that survive a re-render: its id, else what it is and what it leads to.
@@ -148,7 +152,10 @@
     // A stable key for each <details> so that an open confirmation survives a refresh.
     Array.prototype.forEach.call(root.querySelectorAll("details"), function (d) {
       var form = d.querySelector("form");
-      if (!form) return;
+      if (!form) {
+        if (d.id) d.setAttribute("data-key-of", "#" + d.id); // a table to read, opened by the person
+        return;
+      }
       // Several forms share an action (activate, roll back): the alias and revision they name tell them apart.
       var extra = ["alias", "revision"].map(function (name) {
         var input = form.querySelector('input[type=hidden][name="' + name + '"]');
@@ -216,8 +223,44 @@
     table.hidden = false;
   }
 
+  // ------------------------------------------------------------ budget banner
+
+  function number(n) {
+    return typeof n === "number" ? n.toLocaleString("en") : String(n);
+  }
+
+  // A monthly token budget reached 80 % (warning) or 100 % (exhausted): say so at the top of the page, once per
+  // budget (the newer state replaces the older). Another tenant's event reaches staff without its numbers: skipped.
+  function budgetBanner(event) {
+    var flash = document.getElementById("flash");
+    if (!flash || typeof event.budget !== "number") return;
+    var who = event.scope === "key" && event.key ? "Key mint_" + event.key + "_…'s" : "The tenant's";
+    var text =
+      who + " monthly token budget for " + event.month + " is " + (event.state === "exhausted" ? "used up" : event.threshold + " % used") +
+      ": " + number(event.used) + " of " + number(event.budget) + " tokens." +
+      (event.state === "exhausted" ? " Requests get 429 budget_exhausted until " : " It resets ") +
+      String(event.resets_at || "").replace("T", " ").replace(/(:\d\d)(\.\d+)?(\+00:00|Z)$/, "$1 UTC") + ".";
+    var id = "budget-" + (event.scope || "tenant") + "-" + (event.key || "");
+    var item = document.getElementById(id);
+    if (!item) {
+      var list = flash.querySelector("ul.messages");
+      if (!list) {
+        list = document.createElement("ul");
+        list.className = "messages";
+        flash.appendChild(list);
+      }
+      item = document.createElement("li");
+      item.id = id;
+      list.appendChild(item);
+    }
+    item.className = event.state === "exhausted" ? "msg-error" : "msg-warning";
+    item.setAttribute("data-budget-alert", event.state);
+    item.textContent = text;
+  }
+
   function onEvent(event) {
     if (!event || !event.type || event.type === "pong") return;
+    if (event.type === "usage.budget") budgetBanner(event);
     patch(event);
     Array.prototype.forEach.call(document.querySelectorAll("[data-fragment]"), function (section) {
       if (matches(section, event)) refresh(section);
@@ -461,6 +504,7 @@
     setInterval(tick, 1000);
     copyButtons();
     uploads();
+    Array.prototype.forEach.call(document.querySelectorAll("[data-fragment][data-load]"), refresh);
     Array.prototype.forEach.call(document.querySelectorAll("[data-fragment][data-refresh]"), function (section) {
       setInterval(function () {
         if (!document.hidden) refresh(section);

@@ -1,6 +1,7 @@
 """Reads for the dashboard pages. Every function takes the tenant, so nothing of another tenant is ever loaded.
 
-Each page's queries are fixed in number, whatever the number of rows (the view tests pin them).
+Each page's queries are fixed in number, whatever the number of rows (the view tests pin them). The usage page's
+reads are in `frontend.selectors.usage`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 
 from django.core.paginator import Page, Paginator
-from django.db.models import Case, Count, IntegerField, Prefetch, Q, QuerySet, Value, When
+from django.db.models import Avg, Case, Count, IntegerField, Prefetch, Q, QuerySet, Value, When
 from django.utils import timezone
 
 from adapters import selectors as adapter_selectors
@@ -228,6 +229,8 @@ class NodeRow:
     queued: int
     loading: int
     own: list[Placement]  # the viewing tenant's placements on this node (none for a platform-only view)
+    load_ms: float | None = None  # mean phase-1 (fetch, verify, load) time of the node's placements, every tenant's
+    warm_ms: float | None = None  # mean phase-2 (warm-up completion) time
 
     @property
     def cpu_percent(self) -> int:
@@ -241,7 +244,8 @@ class NodeRow:
 def node_rows(*, tenant: Tenant | None, platform: bool = False) -> list[NodeRow]:
     """Nodes with their three tiers: all of them for staff (`platform`), else those serving the tenant's base models.
 
-    Counts cover every tenant (they are capacity, not names); the placements listed are the tenant's own (2 queries).
+    Counts and mean load and warm times cover every tenant (they are capacity, not names); the placements listed
+    are the tenant's own (2 queries).
     """
     recent = timezone.now() - ACTIVE_WINDOW
     nodes = ServingNode.objects.select_related("base_model").annotate(
@@ -252,6 +256,8 @@ def node_rows(*, tenant: Tenant | None, platform: bool = False) -> list[NodeRow]
         ),
         queued=Count("placements", filter=Q(placements__state=PlacementState.QUEUED)),
         loading=Count("placements", filter=Q(placements__state__in=ACTIVE_STATES)),
+        load_ms_avg=Avg("placements__load_ms"),  # NULL (not loaded yet) is left out of the mean
+        warm_ms_avg=Avg("placements__warm_ms"),
     )
     if not platform:
         if tenant is None:
@@ -276,6 +282,8 @@ def node_rows(*, tenant: Tenant | None, platform: bool = False) -> list[NodeRow]
             queued=n.queued,
             loading=n.loading,
             own=own.get(n.id, []),
+            load_ms=n.load_ms_avg,
+            warm_ms=n.warm_ms_avg,
         )
         for n in nodes
     ]
