@@ -283,7 +283,8 @@ class UsageApi(TenantApi):
     `range_too_long`). One period's rows are read (`period` in the answer: minute rows for up to 2 days while
     they are kept, hour rows while those are, day rows otherwise), and a row counts when its period starts in
     [from, to): the answer's `from`/`to` are the bounds rounded up to it. `group_by`: one or two of adapter,
-    revision, key, day, hour, node, status (default adapter). `kind`: inference (default; billed), warmup
+    revision, key, day, hour, minute (minute rows only), node, status (default adapter); `adapter`: one adapter
+    only. `kind`: inference (default; billed), warmup
     (MinT's own prewarm traffic, never billed) or all. Each row: its group fields, requests, errors (status ≥
     400), prompt/completion/total tokens, latency p50/p95 (interpolated linearly inside the latency histogram's
     bucket, as Prometheus does; in the last bucket, its lower bound 30000) and mean; `totals` covers the whole
@@ -364,6 +365,7 @@ class UsageApi(TenantApi):
             end=params.get("to"),
             group_by=params["group_by"],
             kind=params["kind"],
+            adapter=params.get("adapter"),
         )
         response = Response(report.as_json())
         if request.accepted_renderer.format == "csv":

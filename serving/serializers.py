@@ -246,7 +246,7 @@ class InstantField(serializers.Field):
 
 
 class UsageQuerySerializer(serializers.Serializer):
-    """The usage API's query: `from`, `to`, `group_by`, `kind`, and `tenant` (platform staff)."""
+    """The usage API's query: `from`, `to`, `group_by`, `kind`, `adapter`, and `tenant` (platform staff)."""
 
     to = InstantField(required=False, help_text="End of the range (exclusive); default now.")
     group_by = serializers.CharField(
@@ -261,6 +261,11 @@ class UsageQuerySerializer(serializers.Serializer):
     )
     tenant = serializers.SlugField(
         required=False, help_text="Platform staff: one tenant's usage only (others: their own tenant, or 404)."
+    )
+    adapter = serializers.RegexField(
+        r"^[a-z0-9][a-z0-9._-]{0,63}$",
+        required=False,
+        help_text="One adapter's usage only, by name (a name of no adapter: nothing to count).",
     )
 
     def get_fields(self):

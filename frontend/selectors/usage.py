@@ -2,18 +2,13 @@
 30 days, as a time series (for the charts) and per adapter and revision (the table and the CSV).
 
 Every number comes from `serving.selectors.usage.usage_report`, which picks the rows' period (minute, hour or
-day, `usage_period`) and sums them in SQL; nothing here adds rows up again, it only puts the report's groups in
-buckets. The report groups by at most two dimensions, so:
+day, `usage_period`) and sums them in SQL (one adapter's rows only, when one is chosen); here the report's
+groups are only put in buckets: the series is one report by (time, status), so 503 and 429 per bucket come from
+it, the last hour by minute summed into 5-minute buckets, the day by hour, 30 days by day; the table is one
+report by (revision, status).
 
-- the time series of the whole tenant is grouped by (time, status): 503 and 429 per bucket come from it;
-- the time series of one adapter is grouped by (time, adapter) and keeps that adapter's rows: its errors per bucket
-  are there, its 503 and 429 are not (None), only in the table, grouped by (revision, status).
-
-The report's finest time dimension is the hour, so the last hour is read as HOUR_SLICES reports of 5 minutes
-each (one query each) instead of one query; the day is one report by hour, 30 days one by day.
-
-Queries: the series (1, or HOUR_SLICES for the last hour), the table (1), each one more when the report had more
-than `max_groups` groups (it then sums the totals); the adapter's name is checked by the caller.
+Queries: the series (1), the table (1), each one more when the report had more than `max_groups` groups (it
+then sums the totals); the adapter's name is checked by the caller.
 """
 
 from __future__ import annotations
@@ -43,11 +38,11 @@ class UsageRange:
     per: str  # a bucket in words: "hour"
     span: timedelta
     bucket: timedelta
-    dimension: str | None  # the report's time dimension; None: one report per HOUR_SLICE
+    dimension: str  # the report's time dimension (its rows are summed into the range's buckets)
 
 
 USAGE_RANGES = {
-    "hour": UsageRange("hour", "the last hour", "5 minutes", timedelta(hours=1), HOUR_SLICE, None),
+    "hour": UsageRange("hour", "the last hour", "5 minutes", timedelta(hours=1), HOUR_SLICE, "minute"),
     "day": UsageRange("day", "the last day", "hour", timedelta(days=1), timedelta(hours=1), "hour"),
     "month": UsageRange("month", "the last 30 days", "day", timedelta(days=30), timedelta(days=1), "day"),
 }
@@ -81,8 +76,8 @@ class UsagePoint:
 
     start: datetime
     counts: UsageCounts
-    unavailable: int | None  # None: not known per bucket (one adapter's series)
-    limited: int | None
+    unavailable: int
+    limited: int
 
 
 @dataclass(frozen=True)
@@ -102,7 +97,6 @@ class UsageView:
     def chart_json(self) -> dict[str, Any]:
         """The series as the charts read it (usage.js): x in Unix seconds, one list per measure (null: none)."""
         points = self.points
-        per_bucket = not self.adapter  # one adapter's 503 and 429 are not known per bucket
         return {
             "range": self.range.name,
             "label": self.range.label,
@@ -120,8 +114,8 @@ class UsageView:
             "latency_p50_ms": [p.counts.latency_p50_ms for p in points],
             "latency_p95_ms": [p.counts.latency_p95_ms for p in points],
             "errors": [p.counts.errors for p in points],
-            "unavailable": [p.unavailable for p in points] if per_bucket else None,
-            "limited": [p.limited for p in points] if per_bucket else None,
+            "unavailable": [p.unavailable for p in points],
+            "limited": [p.limited for p in points],
             "totals": {
                 **self.totals.counts.as_json(),
                 "unavailable": self.totals.unavailable,
@@ -149,45 +143,38 @@ def _status_split(counts: UsageCounts, status: int | None) -> tuple[int, int]:
     )
 
 
-def _report(tenant: Tenant, *, start: datetime, end: datetime, group_by: tuple[str, ...], now: datetime) -> UsageReport:
-    return serving_usage.usage_report(tenant=tenant, start=start, end=end, group_by=group_by, now=now)
+def _report(
+    tenant: Tenant, *, start: datetime, end: datetime, group_by: tuple[str, ...], adapter: str, now: datetime
+) -> UsageReport:
+    return serving_usage.usage_report(
+        tenant=tenant, start=start, end=end, group_by=group_by, adapter=adapter or None, now=now
+    )
 
 
-def _point(start: datetime, rows: Iterable[serving_usage.UsageRow], *, adapter: str) -> UsagePoint:
-    """One bucket from a report's rows: the adapter's rows (by adapter), or every status's (by status)."""
+def _point(start: datetime, rows: Iterable[serving_usage.UsageRow]) -> UsagePoint:
+    """One bucket from a report's rows (one per status)."""
     counts, unavailable, limited = UsageCounts(), 0, 0
     for row in rows:
-        if adapter and row.group.get("adapter") != adapter:
-            continue
         counts += row.counts
-        if not adapter:
-            n503, n429 = _status_split(row.counts, row.group.get("status"))
-            unavailable, limited = unavailable + n503, limited + n429
-    return UsagePoint(start, counts, None if adapter else unavailable, None if adapter else limited)
+        n503, n429 = _status_split(row.counts, row.group.get("status"))
+        unavailable, limited = unavailable + n503, limited + n429
+    return UsagePoint(start, counts, unavailable, limited)
 
 
 def _series(
     tenant: Tenant, chosen: UsageRange, *, adapter: str, start: datetime, end: datetime, now: datetime
 ) -> tuple[list[UsagePoint], bool]:
-    """The series over [start, end) in the range's buckets, empty buckets included (zeros), and whether a report
-    was truncated."""
-    split = ("adapter",) if adapter else ("status",)
-    if chosen.dimension is None:
-        points, truncated = [], False
-        for i in range(HOUR_SLICES):
-            lo = start + i * HOUR_SLICE
-            report = _report(tenant, start=lo, end=lo + HOUR_SLICE, group_by=split, now=now)
-            truncated |= report.truncated
-            points.append(_point(lo, report.rows, adapter=adapter))
-        return points, truncated
-    report = _report(tenant, start=start, end=end, group_by=(chosen.dimension, *split), now=now)
+    """The series over [start, end) in the range's buckets, empty buckets included (zeros), and whether the
+    report was truncated: one report by (time, status), of the adapter's rows only when one is chosen."""
+    report = _report(tenant, start=start, end=end, group_by=(chosen.dimension, "status"), adapter=adapter, now=now)
     by_bucket: dict[datetime, list[serving_usage.UsageRow]] = {}
     for row in report.rows:
-        by_bucket.setdefault(_bucket_start(chosen.dimension, row.group[chosen.dimension]), []).append(row)
+        at = _floor(_bucket_start(chosen.dimension, row.group[chosen.dimension]), chosen.bucket)
+        by_bucket.setdefault(at, []).append(row)
     points = []
     at = _floor(report.start, chosen.bucket)
     while at < report.end:
-        points.append(_point(at, by_bucket.get(at, ()), adapter=adapter))
+        points.append(_point(at, by_bucket.get(at, ())))
         at += chosen.bucket
     return points, report.truncated
 
@@ -196,18 +183,16 @@ def _lines(
     tenant: Tenant, *, adapter: str, start: datetime, end: datetime, now: datetime
 ) -> tuple[list[UsageLine], UsageLine, UsageReport]:
     """Per adapter and revision (their statuses folded in), their totals, and the report they come from."""
-    report = _report(tenant, start=start, end=end, group_by=("revision", "status"), now=now)
+    report = _report(tenant, start=start, end=end, group_by=("revision", "status"), adapter=adapter, now=now)
     lines: dict[tuple[str | None, str | None], UsageLine] = {}
     for row in report.rows:
         name, revision = row.group.get("adapter"), row.group.get("revision")
-        if adapter and name != adapter:
-            continue
         n503, n429 = _status_split(row.counts, row.group.get("status"))
         line = UsageLine(name, revision, row.counts, n503, n429)
         found = lines.get((name, revision))
         lines[(name, revision)] = line if found is None else found + line
     found_lines = list(lines.values())
-    if adapter or not report.truncated:
+    if not report.truncated:
         totals = sum(found_lines, UsageLine(None, None, UsageCounts()))
     else:  # groups were left off: the report's own totals cover them (their 503/429 are not known)
         shown = sum(found_lines, UsageLine(None, None, UsageCounts()))
@@ -225,7 +210,7 @@ def usage_view(
     """
     chosen = USAGE_RANGES[range_name]
     now = now or timezone.now()
-    if chosen.dimension is None:
+    if chosen.name == "hour":
         # Whole slices ending at the next slice boundary: the current minutes are in the last one.
         end = _floor(now, HOUR_SLICE) + HOUR_SLICE
         start = end - HOUR_SLICE * HOUR_SLICES

@@ -27,7 +27,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db.models import F, Q, QuerySet, Sum
-from django.db.models.functions import TruncDay, TruncHour
+from django.db.models.functions import TruncDay, TruncHour, TruncMinute
 from django.utils import timezone
 
 from mint_site.errors import MintError
@@ -36,7 +36,8 @@ from tenants.models import ApiKey, Tenant
 
 # What `group_by` may name (one or two of them). `revision` groups by adapter and revision: a revision number
 # alone names nothing.
-USAGE_DIMENSIONS = ("adapter", "revision", "key", "day", "hour", "node", "status")
+USAGE_DIMENSIONS = ("adapter", "revision", "key", "day", "hour", "minute", "node", "status")
+_TIME_DIMENSIONS = ("day", "hour", "minute")
 USAGE_KINDS = (UsageKind.INFERENCE.value, UsageKind.WARMUP.value, "all")
 USAGE_MAX_RANGE_DAYS = 400
 USAGE_MAX_GROUPS = 10_000
@@ -51,6 +52,7 @@ _COLUMNS = {
     "key": ("key", "key_id"),
     "day": ("day",),
     "hour": ("hour",),
+    "minute": ("minute",),
     "node": ("node",),
     "status": ("status",),
 }
@@ -63,6 +65,7 @@ _GROUP_EXPRESSIONS = {
     "key_id": lambda: F("key_id"),
     "day": lambda: TruncDay("start", tzinfo=UTC),
     "hour": lambda: TruncHour("start", tzinfo=UTC),
+    "minute": lambda: TruncMinute("start", tzinfo=UTC),
     "node": lambda: F("node"),
     "status": lambda: F("status"),
 }
@@ -263,8 +266,15 @@ def _dimensions(group_by: tuple[str, ...] | list[str], period: str) -> tuple[str
         raise refuse(f"unknown dimension {unknown[0]!r}; one or two of {', '.join(USAGE_DIMENSIONS)}.")
     if not 1 <= len(dims) <= 2 or len(set(dims)) != len(dims):
         raise refuse(f"name one or two different dimensions (comma-separated), not {','.join(dims) or 'none'}.")
-    if {"day", "hour"} <= set(dims):
-        raise refuse("group by day or by hour, not both.")
+    if len(set(dims) & set(_TIME_DIMENSIONS)) > 1:
+        raise refuse("group by one of day, hour or minute, not two.")
+    if "minute" in dims and period != UsagePeriod.MINUTE:
+        raise refuse(
+            f"minute rows are read for a range of at most {USAGE_MINUTE_RANGE.days} days that starts within the last "
+            f"{settings.MINT_USAGE_MINUTE_RETENTION_DAYS} (MINT_USAGE_MINUTE_RETENTION_DAYS); this one is read from "
+            f"{period} rows: group by hour or day, or ask for a shorter, later range.",
+            code="group_by_unavailable",
+        )
     if "hour" in dims and period == UsagePeriod.DAY:
         raise refuse(
             f"hour rows are kept {settings.MINT_USAGE_HOUR_RETENTION_DAYS} days (MINT_USAGE_HOUR_RETENTION_DAYS) "
@@ -274,10 +284,14 @@ def _dimensions(group_by: tuple[str, ...] | list[str], period: str) -> tuple[str
     return dims
 
 
-def _records(*, tenant: Tenant | None, period: str, start: datetime, end: datetime, kind: str) -> QuerySet:
+def _records(
+    *, tenant: Tenant | None, period: str, start: datetime, end: datetime, kind: str, adapter: str | None
+) -> QuerySet:
     records = UsageRecord.objects.filter(period=period, start__gte=start, start__lt=end)
     if tenant is not None:
         records = records.filter(tenant=tenant)
+    if adapter is not None:
+        records = records.filter(adapter_name=adapter)
     if kind != "all":
         records = records.filter(kind=kind)
     return records
@@ -296,7 +310,7 @@ def _key_prefixes(ids: set[int], *, tenant: Tenant | None) -> dict[int, tuple[in
 def _group_value(name: str, value: Any) -> Any:
     if name == "day":
         return value.astimezone(UTC).date().isoformat()
-    if name == "hour":
+    if name in ("hour", "minute"):
         return instant_json(value)
     if name == "revision":
         return f"r{value}" if value else None
@@ -313,16 +327,19 @@ def usage_report(
     end: datetime | None = None,
     group_by: tuple[str, ...] | list[str] = ("adapter",),
     kind: str = UsageKind.INFERENCE,
+    adapter: str | None = None,
     now: datetime | None = None,
     max_groups: int = USAGE_MAX_GROUPS,
 ) -> UsageReport:
     """Usage of `tenant` over [start, end) (default: the last 24 h) per group of `group_by`, of one `kind`
-    (`inference`, what the tenant is billed for, by default; `warmup`, MinT's own; or `all`).
+    (`inference`, what the tenant is billed for, by default; `warmup`, MinT's own; or `all`), of one adapter
+    (by name) or all.
 
     `platform=True` is the view of platform staff (the caller checks who may have it): each row names its
     tenant, and `tenant=None` reads every tenant (it needs `platform`). Refusals are `MintError`s naming the
     field: `to` not after `from`, a range past USAGE_MAX_RANGE_DAYS (`range_too_long`), an unknown `group_by`,
-    or `hour` where only day rows cover the range (`group_by_unavailable`). Queries: see the module's docstring.
+    or `hour` (`minute`) where only day (hour) rows cover the range (`group_by_unavailable`). Queries: see the
+    module's docstring.
     """
     if tenant is None and not platform:
         raise ValueError("usage_report: name a tenant, or ask for the platform view (platform=True)")
@@ -342,7 +359,7 @@ def usage_report(
         grouped.append("tenant_id")  # a key is named only by its own tenant's rows
     aliases = {f"g_{name}": _GROUP_EXPRESSIONS[name]() for name in grouped}
 
-    records = _records(tenant=tenant, period=period, start=start, end=end, kind=kind)
+    records = _records(tenant=tenant, period=period, start=start, end=end, kind=kind, adapter=adapter)
     found = list(records.values(**aliases).annotate(**_sums()).order_by(*aliases)[: max_groups + 1])
     truncated = len(found) > max_groups
     found = found[:max_groups]

@@ -290,6 +290,30 @@ def test_hour_groups_are_refused_where_only_day_rows_cover_the_range(tenant_a):
     assert "group_by" in error["detail"] and "93" in error["message"]
 
 
+def test_minutes_group_minute_rows_and_are_refused_over_hour_rows(tenant_a):
+    at = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=10)
+    meter(tenant_a.tenant, at, [30] * 2, prompt=4)
+    meter(tenant_a.tenant, at + timedelta(minutes=1), [30], prompt=2)
+    owner = tenant_a.client_as("owner")
+
+    body = get(owner, group_by="minute", **{"from": z(at - timedelta(minutes=5))}).json()
+    assert [(row["minute"], row["requests"], row["prompt_tokens"]) for row in body["rows"]] == [
+        (z(at), 2, 4),
+        (z(at + timedelta(minutes=1)), 1, 2),
+    ]
+
+    refused = get(owner, group_by="minute", **{"from": z(at - timedelta(days=5))})
+    assert refused.status_code == 400 and error_of(refused)["code"] == "group_by_unavailable"
+
+
+def test_one_adapter_only(tenant_a, traffic):
+    body = get(tenant_a.client_as("viewer"), adapter="summarizer", group_by="status").json()
+
+    assert [(row["status"], row["requests"]) for row in body["rows"]] == [(200, 1)]
+    assert body["totals"]["requests"] == 1
+    assert get(tenant_a.client_as("viewer"), adapter="Not A Name").status_code == 400
+
+
 # ---------------------------------------------------------------- bounded input
 
 
@@ -303,6 +327,7 @@ def test_hour_groups_are_refused_where_only_day_rows_cover_the_range(tenant_a):
         ({"group_by": "model"}, "group_by"),
         ({"group_by": "adapter,node,status"}, "group_by"),
         ({"group_by": "day,hour"}, "group_by"),
+        ({"group_by": "hour,minute"}, "group_by"),
         ({"group_by": "node,node"}, "group_by"),
         ({"kind": "billed"}, "kind"),
     ],
