@@ -111,6 +111,25 @@ class ApiKeyCreateForm(forms.Form):
         help_text="UTC; leave empty for a key that never expires.",
     )
 
+    adapters = forms.CharField(
+        label="Adapters it may call",
+        required=False,
+        max_length=8000,
+        help_text="Comma-separated adapter names; leave empty for all of the tenant's.",
+    )
+    max_tokens_per_minute = forms.IntegerField(
+        label="Tokens per minute", required=False, min_value=1, help_text="Its own limit within the tenant's; optional."
+    )
+    monthly_token_budget = forms.IntegerField(
+        label="Monthly token budget",
+        required=False,
+        min_value=1,
+        help_text="Its own budget within the tenant's; optional.",
+    )
+
+    def clean_adapters(self) -> list[str]:
+        return [name.strip() for name in self.cleaned_data.get("adapters", "").split(",") if name.strip()]
+
     def clean_expires_at(self):
         expires_at = self.cleaned_data.get("expires_at")
         if expires_at is not None and expires_at <= timezone.now():

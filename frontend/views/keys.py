@@ -21,6 +21,7 @@ NEW_TOKEN_KEY = "mint_new_token"
 
 # A form with errors travels the same way to the page that shows them (post/redirect/get, also on errors).
 KEY_FORM_KEY = "mint_key_form"
+KEY_LIMIT_FIELDS = ("adapters", "max_tokens_per_minute", "monthly_token_budget")
 
 
 @page(Capability.MANAGE_KEYS, post=Capability.MANAGE_KEYS)
@@ -38,6 +39,9 @@ def api_keys(request: HttpRequest) -> HttpResponse:
                     name=form.cleaned_data["name"],
                     scopes=form.cleaned_data["scopes"],
                     expires_at=form.cleaned_data["expires_at"],
+                    adapters=form.cleaned_data["adapters"],
+                    max_tokens_per_minute=form.cleaned_data["max_tokens_per_minute"],
+                    monthly_token_budget=form.cleaned_data["monthly_token_budget"],
                     created_by=request.user,
                     by=viewer.access.actor,
                 )
@@ -48,6 +52,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
                     "name": request.POST.get("name", ""),
                     "scopes": request.POST.getlist("scopes"),
                     "expires_at": request.POST.get("expires_at", ""),
+                    **{name: request.POST.get(name, "") for name in KEY_LIMIT_FIELDS},
                 },
             }
             messages.error(request, form_errors(form), extra_tags=anchor_tag("create-key"))
@@ -64,7 +69,12 @@ def api_keys(request: HttpRequest) -> HttpResponse:
     form = ApiKeyCreateForm(kept["data"]) if kept else ApiKeyCreateForm()
     if kept:
         form.is_valid()  # shows the errors again, next to their fields
-    context = {"form": form, "keys": keys, "new_token": request.session.pop(NEW_TOKEN_KEY, None)}
+    context = {
+        "form": form,
+        "keys": keys,
+        "new_token": request.session.pop(NEW_TOKEN_KEY, None),
+        "limit_fields": KEY_LIMIT_FIELDS,
+    }
     return render(request, "frontend/keys.html", context)
 
 

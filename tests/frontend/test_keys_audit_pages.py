@@ -28,6 +28,41 @@ def test_owner_creates_a_key_and_sees_its_token_once(tenant_a):
     assert key.scopes == ["deploy", "pipeline"] and key.created_by == tenant_a.users["owner"]
 
 
+def test_a_key_is_made_with_its_adapters_and_token_limits(tenant_a):
+    client = page_client(tenant_a.users["owner"])
+    form = {
+        "name": "bot-only",
+        "scopes": ["inference"],
+        "adapters": "support-bot, triage",
+        "max_tokens_per_minute": "2000",
+        "monthly_token_budget": "500000",
+    }
+    response = client.post("/keys/", form, follow=True)
+
+    key = ApiKey.objects.get(tenant=tenant_a.tenant, name="bot-only")
+    assert (key.adapters, key.max_tokens_per_minute, key.monthly_token_budget) == (
+        ["support-bot", "triage"],
+        2000,
+        500000,
+    )
+    assert "adapters: support-bot, triage" in response.content.decode()
+
+
+def test_a_bad_key_limit_is_named_and_nothing_is_made(tenant_a):
+    client = page_client(tenant_a.users["owner"])
+    response = client.post(
+        "/keys/",
+        {"name": "x", "scopes": ["inference"], "adapters": "Not A Name", "max_tokens_per_minute": "0"},
+        follow=True,
+    )
+
+    assert "Ensure this value is greater than or equal to 1." in response.content.decode()
+    assert not ApiKey.objects.filter(tenant=tenant_a.tenant, name="x").exists()
+    again = client.post("/keys/", {"name": "x", "scopes": ["inference"], "adapters": "Not A Name"}, follow=True)
+    assert "not adapter names" in again.content.decode()  # the service's refusal, next to the form
+    assert not ApiKey.objects.filter(tenant=tenant_a.tenant, name="x").exists()
+
+
 def test_invalid_key_form_shows_errors(tenant_a):
     response = page_client(tenant_a.users["owner"]).post("/keys/", {"name": ""}, follow=True)
     assert response.redirect_chain == [("/keys/#result-create-key", 302)]  # post/redirect/get, errors too
