@@ -21,6 +21,7 @@ BENCHMARKS = [
     "noisy_neighbour_control",
     "noisy_neighbour_serving",
     "failover",
+    "metering",
 ]
 DOCS = BASE_DIR / "docs" / "benchmarks.md"
 
@@ -57,6 +58,7 @@ TITLES = {
     "noisy_neighbour_control": "Noisy neighbour on the control plane",
     "noisy_neighbour_serving": "Noisy neighbour on the serving plane",
     "failover": "Failover on two hosts",
+    "metering": "Metering under load",
 }
 
 

@@ -273,6 +273,37 @@ def plot_failover(d: dict, plt) -> Any:
     return fig
 
 
+def plot_metering(d: dict, plt) -> Any:
+    """Left: counted ÷ seen for requests, prompt and completion tokens. Right: the flush lags' histogram."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    names = [("requests", "requests"), ("prompt", "prompt tokens"), ("completion", "completion tokens")]
+    values = [number(get(d, f"{key}_ratio")) or 0 for key, _ in names]
+    left.bar([label for _, label in names], values, color="tab:blue")
+    left.axhline(1.0, color="red", linestyle="--", linewidth=1, label="target: exactly 1.0")
+    for i, value in enumerate(values):
+        left.text(i, value, f"{value:.6f}", ha="center", va="bottom", fontsize=9)
+    left.set_ylim(0, 1.2)
+    left.set_ylabel("counted ÷ seen by the clients")
+    left.legend(fontsize=8, loc="lower right")
+    left.set_title("Metered ÷ client-seen, 16 concurrent clients", fontsize=10)
+    histogram = get(d, "flush_lag_histogram", default={}) or {}
+    width, counts = number(histogram.get("bucket_s")) or 1.0, histogram.get("counts") or []
+    right.bar([i * width for i in range(len(counts))], counts, width=width, align="edge", color="tab:green")
+    interval, p95 = number(get(d, "flush_interval_s")), number(get(d, "flush_lag_p95_s"))
+    if interval is not None:
+        right.axvline(interval, color="grey", linestyle=":", linewidth=1, label=f"flush interval {interval:g} s")
+    if p95 is not None:
+        right.axvline(p95, color="black", linestyle="--", linewidth=1, label=f"p95 {p95:.2f} s")
+    target = number(get(d, "target.flush_lag_p95_s"))
+    if target is not None:
+        right.axvline(target, color="red", linestyle="--", linewidth=1, label=f"target p95 ≤ {target:g} s")
+    right.set_xlabel("seconds from a request's end to its count in the rows")
+    right.set_ylabel("requests")
+    right.legend(fontsize=8)
+    right.set_title(f"Flush lag ({fmt(get(d, 'flush_lag.measured'), digits=0)} requests)", fontsize=10)
+    return fig
+
+
 PLOTS: dict[str, Callable[[dict, Any], Any]] = {
     "registration": plot_registration,
     "gateway_overhead": plot_gateway_overhead,
@@ -282,6 +313,7 @@ PLOTS: dict[str, Callable[[dict, Any], Any]] = {
     "noisy_neighbour_control": plot_noisy_neighbour_control,
     "noisy_neighbour_serving": plot_noisy_neighbour_serving,
     "failover": plot_failover,
+    "metering": plot_metering,
 }
 
 

@@ -320,6 +320,56 @@ def rows_failover(d: dict) -> list[Row]:
     ]
 
 
+def rows_metering(d: dict) -> list[Row]:
+    interval = number(get(d, "flush_interval_s"))
+    lag, lag_target = get(d, "flush_lag_p95_s"), get(d, "target.flush_lag_p95_s")
+    quiet = get(d, "quiet_tail", default={}) or {}
+    written = quiet.get("written_without_a_request")
+    seen, counted = get(d, "seen", default={}) or {}, get(d, "counted", default={}) or {}
+
+    def exact(key: str) -> Row:
+        value = get(d, f"{key}_ratio")
+        what = {"requests": "requests", "prompt": "prompt tokens", "completion": "completion tokens"}[key]
+        field = "requests" if key == "requests" else f"{key}_tokens"
+        figure = f"{what} counted ÷ seen by the clients ({fmt(counted.get(field))} ÷ {fmt(seen.get(field))})"
+        v = number(value)
+        return Row(figure, MISSING if v is None else f"{v:.6f}", "= 1.0", None if v is None else v == 1.0)
+
+    pending = quiet.get("still_pending_after_wait")
+    return [
+        exact("prompt"),
+        exact("completion"),
+        exact("requests"),
+        Row(
+            f"flush lag p95: request end → in the rows (flush every {fmt(interval)} s)",
+            lag,
+            f"≤ {fmt(lag_target)} s",
+            None if number(lag_target) is None else check(lag, "<=", number(lag_target)),
+            unit=" s",
+        ),
+        Row(
+            "flush lag p50 / max",
+            f"{fmt(get(d, 'flush_lag.p50_ms'))} / {fmt(get(d, 'flush_lag.max_ms'))} ms",
+            "",
+            None,
+        ),
+        Row(
+            f"last requests before a quiet spell in the rows with no request after them "
+            f"(waited {fmt(quiet.get('waited_s'))} s)",
+            "yes" if written else (MISSING if written is None else f"no: {fmt(pending, digits=0)} pending"),
+            "yes",
+            None if written is None else bool(written),
+        ),
+        Row(
+            "16 clients: requests/s, latency p50 / p95",
+            f"{fmt(get(d, 'requests_per_second'))}/s, {fmt(get(d, 'request_latency.p50_ms'))} / "
+            f"{fmt(get(d, 'request_latency.p95_ms'))} ms",
+            "",
+            None,
+        ),
+    ]
+
+
 ROWS: dict[str, Callable[[dict], list[Row]]] = {
     "registration": rows_registration,
     "gateway_overhead": rows_gateway_overhead,
@@ -330,6 +380,7 @@ ROWS: dict[str, Callable[[dict], list[Row]]] = {
     "noisy_neighbour_control": rows_noisy_neighbour_control,
     "noisy_neighbour_serving": rows_noisy_neighbour_serving,
     "failover": rows_failover,
+    "metering": rows_metering,
 }
 
 
