@@ -14,7 +14,9 @@ lifespan, serving/gateway/state.py); a crash loses at most one flush interval of
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import contextlib
 import logging
 import threading
 import time
@@ -75,6 +77,8 @@ class Meter:
         self._minutes: dict[int, datetime] = {}
         self._last_flush = time.monotonic()
         self._flushing = False
+        self._timer: asyncio.TimerHandle | None = None  # a flush due later, for counts no later request flushes
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _minute(self, now: float) -> datetime:
         index = int(now // 60)
@@ -129,13 +133,30 @@ class Meter:
             return len(self._counts)
 
     def maybe_flush(self) -> None:
-        """Schedule a flush on the running loop if the interval has passed and none is running."""
+        """Schedule a flush on the running loop if the interval has passed and none is running; with counts
+        pending and the interval not over, make sure one comes when it is, even if no request follows."""
+        self._loop = asyncio.get_running_loop()
         with self._lock:
-            if self._flushing or not self._counts or time.monotonic() - self._last_flush < flush_interval():
+            if self._flushing or not self._counts:
+                return
+            wait = flush_interval() - (time.monotonic() - self._last_flush)
+            if wait > 0:
+                if self._timer is None:
+                    self._timer = self._loop.call_later(wait, self._timer_fired)
                 return
             self._flushing = True
             self._last_flush = time.monotonic()
         self._background.spawn(self._db.run(self._flush_in_thread), name="gateway metering flush")
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self.maybe_flush()
+
+    def cancel_timer(self) -> None:
+        """At shutdown: the last flush is the lifespan's (GatewayState.shutdown)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _flush_in_thread(self) -> None:
         try:
@@ -145,6 +166,11 @@ class Meter:
         finally:
             with self._lock:
                 self._flushing = False
+                again = bool(self._counts)
+            if again and self._loop is not None:
+                # Counted while this flush ran: their flush is due one interval from now, requests or not.
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (shutdown flushes them)
+                    self._loop.call_soon_threadsafe(self.maybe_flush)
 
     def flush(self) -> int:
         """Add every pending count to the database now (in a thread that may use the ORM); rows written."""

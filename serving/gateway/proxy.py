@@ -375,8 +375,10 @@ class _SSERelay:
             return line.replace(self._lora, self._model)
         if isinstance(data, dict) and data.get("usage"):
             self._tally.add_usage(data["usage"])
-            if self._hide_usage and not data.get("choices"):
-                return None
+            if self._hide_usage:
+                if not data.get("choices"):
+                    return None
+                del data["usage"]  # continuous_usage_stats without include_usage: vLLM itself would send none
         data = _rewrite(data, lora=self._lora, model=self._model)
         return "data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 

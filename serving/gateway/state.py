@@ -222,6 +222,7 @@ class GatewayState:
         """At the application's shutdown: let background work finish, close every client and the threads."""
         await self.inflight_cap.aclose()  # before the drain: its sync runs for as long as slots are held
         await self.background.drain()
+        self.meter.cancel_timer()
         try:
             await self.db.run(self.meter.flush)  # a clean shutdown loses no metered request
         except Exception:

@@ -121,7 +121,11 @@ def answer_of(sent: dict, *, chat: bool) -> FakeAnswer:
             }
             for word in ("Hel", "lo", "!")
         ]
-        if (sent.get("stream_options") or {}).get("include_usage"):  # vLLM's last chunk: the totals, no choices
+        options = sent.get("stream_options") or {}
+        if options.get("include_usage"):  # vLLM's last chunk: the totals, no choices
+            if options.get("continuous_usage_stats"):  # and each chunk its running count
+                for i, chunk in enumerate(chunks, 1):
+                    chunk["usage"] = {"prompt_tokens": 3, "completion_tokens": i, "total_tokens": 3 + i}
             usage = {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
             chunks.append({**chunks[-1], "choices": [], "usage": usage})
         text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"

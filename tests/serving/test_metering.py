@@ -4,7 +4,9 @@ nothing counted twice, nothing lost on a failed flush or a clean shutdown."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -80,6 +82,38 @@ def test_a_stream_that_asked_for_usage_gets_it(world):
     assert usage[0]["model"] == "support-bot"
     flush(world)
     assert [(r.prompt_tokens, r.completion_tokens) for r in rows()] == [(3, 3)]
+
+
+def test_continuous_usage_without_include_usage_shows_the_client_no_usage(world):
+    answer = complete(world, world.token, stream=True, stream_options={"continuous_usage_stats": True})
+
+    events = data_events(answer)
+    assert events and all("usage" not in e for e in events)  # as vLLM would answer this client
+    flush(world)
+    assert [(r.prompt_tokens, r.completion_tokens) for r in rows()] == [(3, 3)]
+
+
+def test_counts_are_written_one_interval_later_when_no_request_follows(world, settings):
+    """The flush is due on a timer too: the last requests before a quiet spell are not left in memory."""
+    settings.MINT_GATEWAY_USAGE_FLUSH_S = 0.3
+    time.sleep(0.3)  # the state is older than one interval
+    meter, tally = world.state.meter, Tally(tenant_id=world.tenant_a.tenant.id)
+
+    async def scenario() -> int:
+        meter.record(tally, status=200, seconds=0.01)
+        meter.maybe_flush()  # due (the state is older than the interval): flushed now, the interval restarts
+        await world.state.background.drain()
+        meter.record(tally, status=200, seconds=0.01)
+        meter.maybe_flush()  # not due yet: a timer is set, and no request follows
+        for _ in range(40):
+            await asyncio.sleep(0.05)
+            await world.state.background.drain()
+            if not meter.pending():
+                break
+        return meter.pending()
+
+    assert async_to_sync(scenario)() == 0
+    assert [r.requests for r in rows()] == [2]
 
 
 def test_refusals_are_counted_by_status_and_revision(world):
