@@ -1,8 +1,10 @@
 """Metering: what every request through the gateway used (tokens, latency, status), for billing and charts.
 
 A request fills its `Tally` as it is handled (the caller's tenant and key, the revision its model resolved to,
-the node that answered, the tokens vLLM's `usage` reported; for a stream, the usage vLLM sends last, which the
-gateway asks for when the client did not and then keeps from it). When the answer has been sent, `Meter.record`
+the node that answered, the tokens vLLM's `usage` reported; for a stream, the usage vLLM sends last, and until
+then the running usage it sends on every chunk: the gateway asks for both whatever the client asked, and keeps
+from the client what it did not ask for, so a stream that ends before its last chunk, because the client left
+or a limit or the node ended it, is billed what it streamed). When the answer has been sent, `Meter.record`
 adds it to a per-minute count in memory: a dict update under a lock, nothing else on the request's path.
 A background flush, at most every MINT_GATEWAY_USAGE_FLUSH_S, adds the counts to their minute, hour and day rows
 in PostgreSQL (`serving.services.usage_add`, one transaction of additive upserts) from a database thread.
@@ -20,7 +22,7 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -51,16 +53,43 @@ class Tally:
     node: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # A stream's running usage (vLLM's continuous_usage_stats): choice index → (prompt, completion) tokens so far.
+    running: dict[int, tuple[int, int]] = field(default_factory=dict)
+    final: bool = False  # the totals were seen (an answer's `usage`, a stream's last chunk): running counts no more
 
     def add_usage(self, usage: Any) -> None:
-        """Take vLLM's `usage` object (the last one seen wins: a stream's final chunk has the totals)."""
-        if not isinstance(usage, dict):
-            return
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if isinstance(prompt, int) and prompt >= 0:
+        """Take vLLM's totals: a completion's `usage`, or a stream's last chunk (no choices)."""
+        prompt, completion = _tokens(usage)
+        if prompt is not None:
             self.prompt_tokens = prompt
-        if isinstance(completion, int) and completion >= 0:
+        if completion is not None:
             self.completion_tokens = completion
+        self.final = self.final or prompt is not None or completion is not None
+
+    def add_running_usage(self, usage: Any, *, index: Any, choices_per_prompt: int = 1) -> None:
+        """Take one stream chunk's running usage: its prompt's tokens and its choice's so far. Until the totals
+        come, the tally is the sum over choices (each prompt's tokens once: choice `index` answers prompt
+        `index // choices_per_prompt`, as vLLM numbers them), so a stream that ends before its last chunk is
+        billed what it streamed."""
+        prompt, completion = _tokens(usage)
+        if self.final or not isinstance(index, int) or prompt is None or completion is None:
+            return
+        self.running[index] = (prompt, completion)
+        prompts: dict[int, int] = {}
+        for i, (p, _) in self.running.items():
+            prompts[i // max(1, choices_per_prompt)] = p
+        self.prompt_tokens = sum(prompts.values())
+        self.completion_tokens = sum(c for _, c in self.running.values())
+
+
+def _tokens(usage: Any) -> tuple[int | None, int | None]:
+    if not isinstance(usage, dict):
+        return None, None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return (
+        prompt if isinstance(prompt, int) and prompt >= 0 else None,
+        completion if isinstance(completion, int) and completion >= 0 else None,
+    )
 
 
 def flush_interval() -> float:

@@ -114,10 +114,15 @@ async def forward(
     nodes = state.nodes
     suspect = nodes.suspect if nodes.any_suspect() else None
     tally = tally if tally is not None else Tally()
-    # Metering needs a stream's usage: asked of vLLM when the client did not, and then kept from the client.
-    hide_usage = bool(body.get("stream")) and not _asks_usage(body)
-    if hide_usage:
-        body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
+    # Metering needs a stream's usage: its totals (the last chunk) and, for a stream that ends before them (the
+    # client left, a time limit, the node broke off), the running usage of every chunk. Both are asked of vLLM
+    # whatever the client asked, and what it did not ask for is kept from it.
+    hide_usage = show_running = False
+    if body.get("stream"):
+        asked = body.get("stream_options") or {}
+        hide_usage = not asked.get("include_usage")
+        show_running = not hide_usage and bool(asked.get("continuous_usage_stats"))
+        body = {**body, "stream_options": {**asked, "include_usage": True, "continuous_usage_stats": True}}
     payload = json.dumps({**body, "model": resolution.lora_name}, ensure_ascii=False).encode()
     tried: set[int] = set()
     lost = False  # a node answered 404: it does not hold the adapter (any more)
@@ -189,6 +194,8 @@ async def forward(
                 model=model,
                 tally=tally,
                 hide_usage=hide_usage,
+                show_running=show_running,
+                choices_per_prompt=body.get("n") or 1,
             )
         except BaseException:
             release()
@@ -210,11 +217,6 @@ async def forward(
     )
 
 
-def _asks_usage(body: dict[str, Any]) -> bool:
-    options = body.get("stream_options")
-    return isinstance(options, dict) and bool(options.get("include_usage"))
-
-
 async def _relay(
     upstream: UpstreamResponse,
     *,
@@ -224,6 +226,8 @@ async def _relay(
     model: str,
     tally: Tally,
     hide_usage: bool,
+    show_running: bool,
+    choices_per_prompt: int,
 ) -> Response:
     lora = resolution.lora_name
     if upstream.status == 200 and upstream.content_type.startswith("text/event-stream"):
@@ -235,6 +239,8 @@ async def _relay(
             node_name=target.node_name,
             tally=tally,
             hide_usage=hide_usage,
+            show_running=show_running,
+            choices_per_prompt=choices_per_prompt,
         )
         return EventStream(
             relay.events(),
@@ -325,6 +331,8 @@ class _SSERelay:
         node_name: str,
         tally: Tally,
         hide_usage: bool,
+        show_running: bool,
+        choices_per_prompt: int,
     ):
         self._upstream = upstream
         self._release = release
@@ -332,7 +340,9 @@ class _SSERelay:
         self._model = model
         self._node_name = node_name
         self._tally = tally
-        self._hide_usage = hide_usage  # the usage chunk was asked for metering, not by the client
+        self._hide_usage = hide_usage  # the last chunk's totals were asked for metering, not by the client
+        self._show_running = show_running  # the client asked for every chunk's running usage too
+        self._choices_per_prompt = choices_per_prompt
         self._finished = False
 
     async def events(self) -> AsyncIterator[bytes]:
@@ -374,11 +384,18 @@ class _SSERelay:
         except ValueError:
             return line.replace(self._lora, self._model)
         if isinstance(data, dict) and data.get("usage"):
-            self._tally.add_usage(data["usage"])
-            if self._hide_usage:
-                if not data.get("choices"):
+            choices = data.get("choices")
+            if not choices:  # the last chunk: the totals
+                self._tally.add_usage(data["usage"])
+                if self._hide_usage:
                     return None
-                del data["usage"]  # continuous_usage_stats without include_usage: vLLM itself would send none
+            else:  # a chunk's running usage: its prompt's tokens and its choice's so far
+                first = choices[0] if isinstance(choices, list) and isinstance(choices[0], dict) else {}
+                self._tally.add_running_usage(
+                    data["usage"], index=first.get("index"), choices_per_prompt=self._choices_per_prompt
+                )
+                if not self._show_running:
+                    del data["usage"]  # as vLLM answers a client that did not ask for it
         data = _rewrite(data, lora=self._lora, model=self._model)
         return "data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 

@@ -65,7 +65,8 @@ def test_a_stream_is_metered_from_the_usage_chunk_the_client_did_not_ask_for(wor
 
     assert answer.status == 200 and answer.streaming
     sent = world.vllm.calls[-1][2]
-    assert sent["stream_options"] == {"include_usage": True}  # asked of vLLM for metering
+    # asked of vLLM for metering: the totals, and each chunk's running count (for a stream cut before the totals)
+    assert sent["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     events = data_events(answer)
     assert events and all("usage" not in e for e in events)  # and kept from the client
     assert "".join(e["choices"][0]["text"] for e in events) == "Hello!"
