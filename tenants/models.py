@@ -103,6 +103,11 @@ class Tenant(models.Model):
         db_default=0,
         help_text="Gateway tokens (prompt + completion) per calendar month (UTC); 0: no budget.",
     )
+    # Every gateway request is metered per key (serving/gateway/metering.py), so live keys bound the usage rows a
+    # minute one tenant can write into the table every tenant shares.
+    max_api_keys = models.PositiveIntegerField(
+        default=100, db_default=100, help_text="API keys this tenant may hold live (not revoked, not expired)."
+    )
     four_eyes = models.BooleanField(
         default=True, help_text="Nobody approves a revision they registered (or that a key they created registered)."
     )

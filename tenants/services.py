@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import Case, DateTimeField, Q, Value, When
 from django.utils import timezone
 
-from mint_site.errors import Conflict, MintError
+from mint_site.errors import Conflict, MintError, QuotaExceeded
 from mint_site.events import live_event
 from tenants.access import Actor
 from tenants.keys import new_token, touch_due
@@ -242,6 +242,7 @@ def api_key_create(
             detail={"expires_at": ["must be in the future"]},
         )
     allowed = _clean_adapters(adapters)
+    _check_key_quota(tenant)
     limits = _clean_token_limits(
         tenant=tenant,
         limits={"max_tokens_per_minute": max_tokens_per_minute, "monthly_token_budget": monthly_token_budget},
@@ -272,6 +273,20 @@ def api_key_create(
         },
     )
     return key, token
+
+
+def _check_key_quota(tenant: Tenant) -> None:
+    """Refuse a key past the plan's `max_api_keys` live ones; the tenant's row lock serialises the count."""
+    locked = Tenant.objects.select_for_update().get(id=tenant.id)
+    now = timezone.now()
+    live = ApiKey.objects.filter(tenant=locked, revoked_at__isnull=True).exclude(expires_at__lte=now).count()
+    if live >= locked.max_api_keys:
+        raise QuotaExceeded(
+            f"Tenant {locked.slug} already has {live} live API keys, its limit (max_api_keys={locked.max_api_keys}); "
+            "revoke one first.",
+            code="key_quota_exceeded",
+            detail={"quota": "max_api_keys", "limit": locked.max_api_keys},
+        )
 
 
 @transaction.atomic
@@ -354,6 +369,7 @@ TENANT_UPDATABLE_FIELDS = (
     "max_structured_output_bytes",
     "max_tokens_per_minute",
     "monthly_token_budget",
+    "max_api_keys",
 )
 
 

@@ -177,7 +177,15 @@ def test_events_split_across_reads_and_crlf_line_ends_are_relayed_whole():
     closed = []
     upstream = FakeAnswer(200, content_type="text/event-stream", chunks=chunks, on_close=lambda: closed.append(1))
     relay = proxy._SSERelay(
-        upstream, release=lambda: None, lora="t1-a1-r1", model="bot", node_name="n", tally=Tally(), hide_usage=True
+        upstream,
+        release=lambda: None,
+        lora="t1-a1-r1",
+        model="bot",
+        node_name="n",
+        tally=Tally(),
+        hide_usage=True,
+        show_running=False,
+        choices_per_prompt=1,
     )
 
     async def scenario():

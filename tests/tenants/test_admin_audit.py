@@ -33,6 +33,7 @@ PLAN_AND_SWITCHES = {
     "max_structured_output_bytes": 0,
     "max_tokens_per_minute": 30000,
     "monthly_token_budget": 10_000_000_000,
+    "max_api_keys": 25,
     "four_eyes": False,
     "is_active": False,
     "name": "Acme Renamed",
