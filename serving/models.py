@@ -201,6 +201,7 @@ class UsageKind(models.TextChoices):
 
     INFERENCE = "inference", "Inference (billed)"
     WARMUP = "warmup", "Warm-up (MinT's own, not billed)"
+    EVALUATION = "evaluation", "Evaluation (MinT's own, not billed)"
 
 
 class UsagePeriod(models.TextChoices):

@@ -108,6 +108,17 @@ class Tenant(models.Model):
     max_api_keys = models.PositiveIntegerField(
         default=100, db_default=100, help_text="API keys this tenant may hold live (not revoked, not expired)."
     )
+    # Evaluation suites (adapters: suites, results, the approve gate; serving: the runner).
+    max_evaluation_cases = models.PositiveIntegerField(
+        default=200, db_default=200, help_text="Cases one evaluation suite of this tenant may hold."
+    )
+    max_evaluation_tokens = models.PositiveIntegerField(
+        default=128, db_default=128, help_text="Largest max_tokens one evaluation case may ask."
+    )
+    # Webhooks: endpoints subscribed to lifecycle events, delivered by the control workers.
+    max_webhook_endpoints = models.PositiveIntegerField(
+        default=10, db_default=10, help_text="Webhook endpoints this tenant may have."
+    )
     four_eyes = models.BooleanField(
         default=True, help_text="Nobody approves a revision they registered (or that a key they created registered)."
     )

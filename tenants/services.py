@@ -370,6 +370,9 @@ TENANT_UPDATABLE_FIELDS = (
     "max_tokens_per_minute",
     "monthly_token_budget",
     "max_api_keys",
+    "max_evaluation_cases",
+    "max_evaluation_tokens",
+    "max_webhook_endpoints",
 )
 
 
