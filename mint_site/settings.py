@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "tenants",
     "adapters",
     "serving",
+    "webhooks",
     "frontend",
 ]
 
@@ -380,11 +381,23 @@ CELERY_BEAT_SCHEDULE = {
     "uploads-collect": {"task": "adapters.tasks.uploads_collect", "schedule": 3600.0},
     "idempotency-purge": {"task": "tenants.tasks.idempotency_purge", "schedule": 3600.0},
     "usage-purge": {"task": "serving.tasks.usage_purge", "schedule": 3600.0},
+    # Each delivery queues its own attempts; this only catches one whose message was lost (and purges old ones).
+    "webhooks-sweep": {"task": "webhooks.tasks.webhooks_sweep", "schedule": 60.0},
 }
 # Metered usage (serving/gateway/metering.py): per-minute rows are kept this many days, per-hour rows this many;
 # per-day rows are kept for good.
 MINT_USAGE_MINUTE_RETENTION_DAYS = env_int("MINT_USAGE_MINUTE_RETENTION_DAYS", 7, minimum=1)
 MINT_USAGE_HOUR_RETENTION_DAYS = env_int("MINT_USAGE_HOUR_RETENTION_DAYS", 93, minimum=1)
+
+# Webhooks (webhooks/): attempts per delivery, the first retry's delay (doubling, at most an hour), one attempt's
+# whole time and the response bytes read, how long deliveries are kept. Receivers on loopback, private,
+# link-local and reserved addresses are refused unless MINT_WEBHOOK_ALLOW_PRIVATE (tests, a closed network).
+MINT_WEBHOOK_MAX_ATTEMPTS = env_int("MINT_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
+MINT_WEBHOOK_BACKOFF_S = env_float("MINT_WEBHOOK_BACKOFF_S", 10.0, minimum=0)
+MINT_WEBHOOK_TIMEOUT_S = env_float("MINT_WEBHOOK_TIMEOUT_S", 5.0, minimum=0.1)
+MINT_WEBHOOK_MAX_RESPONSE_BYTES = env_int("MINT_WEBHOOK_MAX_RESPONSE_BYTES", 64 * 1024, minimum=0)
+MINT_WEBHOOK_RETENTION_DAYS = env_int("MINT_WEBHOOK_RETENTION_DAYS", 30, minimum=1)
+MINT_WEBHOOK_ALLOW_PRIVATE = env_bool("MINT_WEBHOOK_ALLOW_PRIVATE", False)
 
 # API keys: how often last_used_at may be written for one key.
 MINT_KEY_TOUCH_INTERVAL_S = env_int("MINT_KEY_TOUCH_INTERVAL_S", 60, minimum=1)

@@ -17,5 +17,6 @@ urlpatterns = [
     path("api/v1/", include("tenants.urls")),
     path("api/v1/", include("adapters.urls")),
     path("api/v1/", include("serving.urls")),
+    path("api/v1/", include("webhooks.urls")),
     path("", include("frontend.urls")),  # the dashboard; last, so the routes above win
 ]

@@ -22,6 +22,7 @@ class Capability(StrEnum):
     REGISTER = "register"  # create adapters, register revisions, request approval
     DECIDE = "decide"  # approve, reject, activate, roll back
     MANAGE_KEYS = "manage_keys"  # create, list and revoke API keys
+    MANAGE_WEBHOOKS = "manage_webhooks"  # create, change and delete webhook endpoints; ping, redeliver
     INFERENCE = "inference"  # the OpenAI-compatible gateway
 
 
@@ -32,7 +33,14 @@ ROLE_CAPABILITIES: dict[str, frozenset[Capability]] = {
     Role.DEVELOPER: frozenset({Capability.READ, Capability.REGISTER, Capability.INFERENCE}),
     Role.APPROVER: frozenset({Capability.READ, Capability.REGISTER, Capability.DECIDE, Capability.INFERENCE}),
     Role.OWNER: frozenset(
-        {Capability.READ, Capability.REGISTER, Capability.DECIDE, Capability.MANAGE_KEYS, Capability.INFERENCE}
+        {
+            Capability.READ,
+            Capability.REGISTER,
+            Capability.DECIDE,
+            Capability.MANAGE_KEYS,
+            Capability.MANAGE_WEBHOOKS,
+            Capability.INFERENCE,
+        }
     ),
 }
 

@@ -19,9 +19,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # For each app: the apps its code must not name, in imports or in strings.
 MUST_NOT_NAME = {
-    "tenants": ("adapters", "serving", "frontend", "devtools"),
-    "adapters": ("serving", "frontend", "devtools", "mint_vllm_plugin"),
-    "serving": ("frontend", "devtools"),
+    "tenants": ("adapters", "serving", "webhooks", "frontend", "devtools"),
+    "adapters": ("serving", "webhooks", "frontend", "devtools", "mint_vllm_plugin"),
+    "serving": ("frontend", "devtools", "webhooks"),
+    "webhooks": ("adapters", "serving", "frontend", "devtools"),
 }
 
 

@@ -54,7 +54,13 @@ def test_every_role_may_run_inference_and_nothing_else_changed():
         Role.VIEWER: {Capability.READ},
         Role.DEVELOPER: {Capability.READ, Capability.REGISTER},
         Role.APPROVER: {Capability.READ, Capability.REGISTER, Capability.DECIDE},
-        Role.OWNER: {Capability.READ, Capability.REGISTER, Capability.DECIDE, Capability.MANAGE_KEYS},
+        Role.OWNER: {
+            Capability.READ,
+            Capability.REGISTER,
+            Capability.DECIDE,
+            Capability.MANAGE_KEYS,
+            Capability.MANAGE_WEBHOOKS,
+        },
     }
 
 
