@@ -17,6 +17,7 @@ from adapters.serializers import (
     AdapterCreateSerializer,
     AdapterDetailSerializer,
     AdapterSerializer,
+    ApproveSerializer,
     BaseModelSerializer,
     DecisionSerializer,
     RevisionDetailSerializer,
@@ -304,9 +305,25 @@ class _RevisionDecisionApi(_RevisionActionApi):
 
 
 class RevisionApproveApi(_RevisionDecisionApi):
-    """pending_approval → approved. Four-eyes: not by whoever registered it (nor a key they created)."""
+    """pending_approval → approved. Four-eyes: not by whoever registered it (nor a key they created).
+
+    The evaluation gate (adapter with a suite and a policy): 409 `evaluation_pending`, `evaluation_failed` or
+    `evaluation_unavailable` unless `override_reason` says why to approve anyway (audited).
+    """
 
     decide = services.revision_approve
+
+    @extend_schema(request=ApproveSerializer, responses={200: RevisionDetailSerializer})
+    def post(self, request, name: str, number: int):
+        payload = ApproveSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        revision = services.revision_approve(
+            revision=self.get_revision(name, number),
+            by=request.access.actor,
+            comment=payload.validated_data["comment"],
+            override_reason=payload.validated_data["override_reason"],
+        )
+        return Response(RevisionDetailSerializer(self.get_revision(name, revision.number)).data)
 
 
 class RevisionRejectApi(_RevisionDecisionApi):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from django.db.models import Count, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
-from adapters.models import Adapter, AdapterRevision, BaseModel, RevisionState
+from adapters.models import Adapter, AdapterRevision, BaseModel, Evaluation, EvaluationSuite, RevisionState
 from mint_site.errors import MintError
 from tenants.models import Tenant
 
@@ -84,3 +84,49 @@ def revision_get(*, adapter: Adapter, number: int) -> AdapterRevision | None:
 
 def latest_revisions(*, adapter: Adapter, limit: int = 5) -> list[AdapterRevision]:
     return list(revision_list(adapter=adapter).order_by("-number")[:limit])
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def suite_list(*, adapter: Adapter) -> QuerySet[EvaluationSuite]:
+    """An adapter's suites without their cases (the list shows counts), for cursor pages by `-id`."""
+    return EvaluationSuite.objects.filter(adapter=adapter).defer("cases").select_related("created_by", "created_by_key")
+
+
+def suite_get(*, adapter: Adapter, version: int) -> EvaluationSuite | None:
+    return (
+        EvaluationSuite.objects.filter(adapter=adapter, version=version)
+        .select_related("created_by", "created_by_key")
+        .first()
+    )
+
+
+def revision_evaluation(*, revision: AdapterRevision) -> Evaluation | None:
+    """The revision's evaluation on its adapter's newest suite (the one the gate reads), or None."""
+    suite = EvaluationSuite.objects.filter(adapter_id=revision.adapter_id).order_by("-version").first()
+    if suite is None:
+        return None
+    return (
+        Evaluation.objects.filter(revision=revision, suite=suite)
+        .select_related("suite", "baseline_revision", "revision__adapter")
+        .first()
+    )
+
+
+def revision_evaluations(*, revision: AdapterRevision) -> QuerySet[Evaluation]:
+    """Every evaluation of the revision, newest suite first."""
+    return (
+        Evaluation.objects.filter(revision=revision)
+        .select_related("suite", "baseline_revision", "revision__adapter")
+        .order_by("-suite__version")
+    )
+
+
+def evaluation_by_id(evaluation_id: int) -> Evaluation | None:
+    """For the runner (serving): the evaluation with its revision, adapter, tenant and suite."""
+    return (
+        Evaluation.objects.select_related("revision__adapter__tenant", "revision__adapter__base_model", "suite")
+        .filter(id=evaluation_id)
+        .first()
+    )

@@ -6,7 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from adapters import dispatch
-from adapters.models import Adapter, AdapterRevision, Approval, BaseModel
+from adapters.models import Adapter, AdapterRevision, Approval, BaseModel, Evaluation, EvaluationSuite
 from adapters.services.transitions import RETRYABLE_FAILURE_CODES
 
 ADAPTER_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -197,3 +197,79 @@ class RevisionNumberField(serializers.Field):
 
 class DecisionSerializer(serializers.Serializer):
     comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+
+
+class ApproveSerializer(DecisionSerializer):
+    override_reason = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        max_length=2000,
+        help_text="Approve although the evaluation gate refuses (409 evaluation_*): why. Audited.",
+    )
+
+
+class EvaluationSuiteSerializer(serializers.ModelSerializer):
+    uploaded_by = serializers.SerializerMethodField()
+
+    class Meta:
+        model = EvaluationSuite
+        fields = ["version", "case_count", "size_bytes", "uploaded_by", "created_at"]
+
+    def get_uploaded_by(self, suite: EvaluationSuite) -> str | None:
+        if suite.created_by_key is not None:
+            return f"key:{suite.created_by_key.prefix}"
+        return suite.created_by.get_username() if suite.created_by else None
+
+
+class EvaluationSuiteDetailSerializer(EvaluationSuiteSerializer):
+    class Meta(EvaluationSuiteSerializer.Meta):
+        fields = [*EvaluationSuiteSerializer.Meta.fields, "cases"]
+
+
+class EvaluationPolicySerializer(serializers.Serializer):
+    min_score = serializers.FloatField(
+        source="evaluation_min_score", allow_null=True, required=False, default=None, min_value=0, max_value=1
+    )
+    no_regression = serializers.BooleanField(source="evaluation_no_regression", required=False, default=False)
+
+
+class EvaluationSerializer(serializers.ModelSerializer):
+    revision = serializers.SerializerMethodField()
+    suite = serializers.IntegerField(source="suite.version", read_only=True)
+    baseline_revision = serializers.SerializerMethodField()
+    delta = serializers.SerializerMethodField()
+    cases = serializers.IntegerField(source="case_count", read_only=True)
+
+    class Meta:
+        model = Evaluation
+        fields = [
+            "id",
+            "revision",
+            "suite",
+            "state",
+            "score",
+            "cases_passed",
+            "cases",
+            "baseline_revision",
+            "baseline_score",
+            "delta",
+            "reason",
+            "case_results",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+
+    def get_revision(self, evaluation: Evaluation) -> str:
+        return f"r{evaluation.revision.number}"
+
+    def get_baseline_revision(self, evaluation: Evaluation) -> str | None:
+        return _label(evaluation.baseline_revision)
+
+    @extend_schema_field(serializers.FloatField(allow_null=True))
+    def get_delta(self, evaluation: Evaluation) -> float | None:
+        """Score minus the live revision's, when both are known."""
+        if evaluation.score is None or evaluation.baseline_score is None:
+            return None
+        return evaluation.score - evaluation.baseline_score

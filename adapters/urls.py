@@ -1,6 +1,6 @@
 from django.urls import path
 
-from adapters import apis
+from adapters import apis, evaluation_apis
 
 # Adapters themselves (list, create, detail) and their aliases are routed by serving.urls.
 urlpatterns = [
@@ -21,4 +21,24 @@ urlpatterns = [
         "adapters/<str:name>/revisions/<int:number>/reject/", apis.RevisionRejectApi.as_view(), name="revision-reject"
     ),
     path("adapters/<str:name>/revisions/<int:number>/retry/", apis.RevisionRetryApi.as_view(), name="revision-retry"),
+    path(
+        "adapters/<str:name>/revisions/<int:number>/evaluation/",
+        evaluation_apis.RevisionEvaluationApi.as_view(),
+        name="revision-evaluation",
+    ),
+    path(
+        "adapters/<str:name>/evaluation-suites/",
+        evaluation_apis.EvaluationSuiteListUploadApi.as_view(),
+        name="evaluation-suites",
+    ),
+    path(
+        "adapters/<str:name>/evaluation-suites/<int:version>/",
+        evaluation_apis.EvaluationSuiteDetailApi.as_view(),
+        name="evaluation-suite-detail",
+    ),
+    path(
+        "adapters/<str:name>/evaluation-policy/",
+        evaluation_apis.EvaluationPolicyApi.as_view(),
+        name="evaluation-policy",
+    ),
 ]

@@ -344,6 +344,16 @@ MINT_HEARTBEAT_S = env_int("MINT_HEARTBEAT_S", 5, minimum=1)
 # A placement that failed every attempt is not queued again by cold requests before this many seconds
 # (an activation or rollback, a person's choice, queues it again at once).
 MINT_PLACEMENT_FAILED_BACKOFF_S = env_int("MINT_PLACEMENT_FAILED_BACKOFF_S", 300, minimum=0)
+# The evaluation gate (adapters/suites.py, serving/services/evaluation.py): a suite's bytes, one line's bytes, one
+# regex's bytes and RE2 memory; one evaluation's whole time (placement included), its default max_tokens per case
+# (never above the plan's max_evaluation_tokens), and the answer characters kept per case.
+MINT_EVALUATION_MAX_SUITE_BYTES = env_int("MINT_EVALUATION_MAX_SUITE_BYTES", 1024 * 1024, minimum=1024)
+MINT_EVALUATION_MAX_LINE_BYTES = env_int("MINT_EVALUATION_MAX_LINE_BYTES", 16 * 1024, minimum=256)
+MINT_EVALUATION_MAX_PATTERN_BYTES = env_int("MINT_EVALUATION_MAX_PATTERN_BYTES", 1024, minimum=16)
+MINT_EVALUATION_REGEX_MAX_MEM = env_int("MINT_EVALUATION_REGEX_MAX_MEM", 1024 * 1024, minimum=64 * 1024)
+MINT_EVALUATION_TIMEOUT_S = env_int("MINT_EVALUATION_TIMEOUT_S", 600, minimum=5)
+MINT_EVALUATION_DEFAULT_MAX_TOKENS = env_int("MINT_EVALUATION_DEFAULT_MAX_TOKENS", 32, minimum=1)
+MINT_EVALUATION_EXCERPT_CHARS = env_int("MINT_EVALUATION_EXCERPT_CHARS", 300, minimum=16)
 # The gateway (serving/gateway/): how long routes and keys are cached (live events refresh routes
 # sooner), how often usage is written, upstream timeouts.
 MINT_GATEWAY_CACHE_S = env_float("MINT_GATEWAY_CACHE_S", 1.0, minimum=0)

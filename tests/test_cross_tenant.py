@@ -16,7 +16,7 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
-from adapters.models import Adapter, AdapterRevision, BaseModel
+from adapters.models import Adapter, AdapterRevision, BaseModel, EvaluationSuite
 from serving.models import UsagePeriod, UsageRecord
 from tenants.api_base import TenantApi
 from tenants.models import ApiKey, Tenant
@@ -53,11 +53,20 @@ def b_usage(b: TenantWorld, revision: AdapterRevision, *, key: ApiKey) -> None:
     )
 
 
+def b_suite(b: TenantWorld) -> EvaluationSuite:
+    """Tenant B's evaluation suite v1 on `globex-only-bot` (made once)."""
+    suite, _ = EvaluationSuite.objects.get_or_create(
+        adapter=b_revision(b).adapter, version=1, defaults={"cases": [], "case_count": 0}
+    )
+    return suite
+
+
 # How to name one of tenant B's objects for each URL parameter.
 B_OBJECT: dict[str, Callable[[TenantWorld], str]] = {
     "prefix": lambda b: b.key("pipeline")[0].prefix,
     "name": lambda b: b_revision(b).adapter.name,
     "number": lambda b: str(b_revision(b).number),
+    "version": lambda b: str(b_suite(b).version),
 }
 
 PARAM = re.compile(r"<(?:(?P<converter>[^>:]+):)?(?P<name>[^>]+)>")

@@ -3,10 +3,22 @@
 - `registration`: creating adapters and setting their replicas, registering revisions (uploads, storage quotas,
   the fair queue).
 - `transitions`: validation and export bookkeeping (called by tasks), delivery counts, approval, retry.
+- `evaluation`: evaluation suites, the gate's policy, evaluation states (set by serving's runner), the verdict.
 
 Activation, rollback and aliases are serving state: serving.services.
 """
 
+from adapters.services.evaluation import (
+    Verdict,
+    adapter_set_evaluation_policy,
+    evaluation_finish,
+    evaluation_note,
+    evaluation_request,
+    evaluation_start,
+    evaluation_unavailable,
+    evaluation_verdict,
+    suite_upload,
+)
 from adapters.services.registration import (
     DuplicateRevision,
     IncompleteUpload,
@@ -38,9 +50,17 @@ __all__ = [
     "RETRYABLE_FAILURE_CODES",
     "DuplicateRevision",
     "IncompleteUpload",
+    "Verdict",
     "adapter_create",
+    "adapter_set_evaluation_policy",
     "adapter_set_replicas",
     "check_storage_quota",
+    "evaluation_finish",
+    "evaluation_note",
+    "evaluation_request",
+    "evaluation_start",
+    "evaluation_unavailable",
+    "evaluation_verdict",
     "export_is_complete",
     "revision_approve",
     "revision_delivery_returned",
@@ -56,5 +76,6 @@ __all__ = [
     "revision_restore_export",
     "revision_retries",
     "revision_retry",
+    "suite_upload",
     "uploads_digest",
 ]

@@ -20,6 +20,7 @@ from django.utils import timezone
 from adapters import dispatch, store, tasks
 from adapters.models import AdapterRevision, Approval
 from adapters.models import RevisionState as S
+from adapters.services import evaluation
 from mint_site.errors import Conflict, Forbidden, InvalidTransition, MintError
 from mint_site.events import epoch_us, live_event
 from tenants.access import Actor
@@ -195,6 +196,7 @@ def revision_mark_exported(*, revision: AdapterRevision, staging: str, policy_re
             deliveries=0,
         )
         Tenant.objects.filter(id=revision.adapter.tenant_id).update(stored_bytes=F("stored_bytes") + export_bytes)
+        evaluation.evaluation_request_on_export(revision=revision)  # the runner (serving) is told on commit
         dispatch.dispatch_on_commit()  # its place in the control queue is free
     return True
 
@@ -259,7 +261,13 @@ def _registered_by(revision: AdapterRevision, actor: Actor) -> bool:
 
 
 def _decide(
-    *, revision: AdapterRevision, by: Actor, decision: str, comment: str, reason_required: bool = False
+    *,
+    revision: AdapterRevision,
+    by: Actor,
+    decision: str,
+    comment: str,
+    reason_required: bool = False,
+    override_reason: str = "",
 ) -> AdapterRevision:
     if revision.adapter.tenant.four_eyes and by.key is not None and by.key.created_by_id is None:
         # Four-eyes counts people. Two ownerless keys are not two people (one operator may hold both), so a
@@ -282,13 +290,27 @@ def _decide(
             detail={"comment": ["A reason is required to reject."]},
         )
     to = S.APPROVED if decision == Approval.Decision.APPROVED else S.REJECTED
+    extra_after: dict[str, Any] = {"comment": comment}
+    if to == S.APPROVED and _state_of(revision) == S.PENDING_APPROVAL:
+        # The evaluation gate (adapters.services.evaluation): checked once the revision can be decided at all.
+        verdict = evaluation.evaluation_verdict(revision)
+        if verdict.gated:
+            extra_after["evaluation"] = verdict.record()
+        if verdict.code is not None:
+            if not override_reason.strip():
+                raise Conflict(
+                    f"{verdict.message} Approve with an override_reason to decide without it (audited).",
+                    code=verdict.code,
+                    detail=verdict.record() | {"reason": verdict.evaluation.reason if verdict.evaluation else ""},
+                )
+            extra_after["override_reason"] = override_reason.strip()
     _transition(
         revision,
         to=to,
         sources=[S.PENDING_APPROVAL],
         by=by,
         action="approve" if to == S.APPROVED else "reject",
-        extra_after={"comment": comment},
+        extra_after=extra_after,
         decided_at=timezone.now(),
     )
     person = by.person if by.person is not None and by.person.pk is not None else None
@@ -299,9 +321,22 @@ def _decide(
 
 
 @transaction.atomic
-def revision_approve(*, revision: AdapterRevision, by: Actor, comment: str = "") -> AdapterRevision:
-    """Approve a pending revision. Four-eyes: the registrant (or a key they created) cannot approve."""
-    return _decide(revision=revision, by=by, decision=Approval.Decision.APPROVED, comment=comment)
+def revision_approve(
+    *, revision: AdapterRevision, by: Actor, comment: str = "", override_reason: str = ""
+) -> AdapterRevision:
+    """Approve a pending revision. Four-eyes: the registrant (or a key they created) cannot approve.
+
+    With an evaluation suite and policy on the adapter, the evaluation must meet it (409 `evaluation_pending`,
+    `evaluation_failed`, `evaluation_unavailable`) unless `override_reason` says why not; the audit event
+    records the evaluation and the override.
+    """
+    return _decide(
+        revision=revision,
+        by=by,
+        decision=Approval.Decision.APPROVED,
+        comment=comment,
+        override_reason=override_reason,
+    )
 
 
 @transaction.atomic
