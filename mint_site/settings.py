@@ -339,6 +339,15 @@ MINT_PREWARM_ATTEMPTS = env_int("MINT_PREWARM_ATTEMPTS", 3, minimum=1)
 MINT_PREWARM_TIMEOUT_S = env_int("MINT_PREWARM_TIMEOUT_S", 300, minimum=10)
 MINT_ALIAS_READY_REPLICAS = env_int("MINT_ALIAS_READY_REPLICAS", 1, minimum=1)  # ready nodes before a flip
 MINT_ROLLBACK_GRACE_S = env_int("MINT_ROLLBACK_GRACE_S", 900, minimum=0)  # previous revision stays loaded
+# Canary rollout (serving/services/canary.py): the automatic abort's rule, and how the gateway counts.
+MINT_CANARY_ERROR_MARGIN = env_float("MINT_CANARY_ERROR_MARGIN", 0.05, minimum=0)
+MINT_CANARY_MIN_REQUESTS = env_int("MINT_CANARY_MIN_REQUESTS", 100, minimum=1)
+MINT_CANARY_LATENCY_MARGIN = env_float("MINT_CANARY_LATENCY_MARGIN", 0.0, minimum=0)  # 0: latency rule off
+MINT_CANARY_LATENCY_WINDOW_S = env_int("MINT_CANARY_LATENCY_WINDOW_S", 30, minimum=1)
+MINT_CANARY_LATENCY_WINDOWS = env_int("MINT_CANARY_LATENCY_WINDOWS", 5, minimum=1)
+MINT_CANARY_FLUSH_S = env_float("MINT_CANARY_FLUSH_S", 0.25, minimum=0.01)  # gateway → Redis counters
+MINT_CANARY_USER_MAX_CHARS = env_int("MINT_CANARY_USER_MAX_CHARS", 256, minimum=1)  # of `user`, hashed
+MINT_CANARY_COUNTER_TTL_S = env_int("MINT_CANARY_COUNTER_TTL_S", 7 * 86400, minimum=60)
 MINT_NODE_FILE_GRACE_S = env_int("MINT_NODE_FILE_GRACE_S", 300, minimum=0)  # node files kept after unload
 MINT_HEARTBEAT_S = env_int("MINT_HEARTBEAT_S", 5, minimum=1)
 # A placement that failed every attempt is not queued again by cold requests before this many seconds

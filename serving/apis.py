@@ -36,6 +36,7 @@ from serving.serializers import (
     AdapterDetailSerializer,
     AdapterSerializer,
     AliasSerializer,
+    CanaryActionSerializer,
     CancelSerializer,
     DrainProgressSerializer,
     DrainSerializer,
@@ -103,7 +104,10 @@ class AdapterActivateApi(catalog.AdapterApiMixin, TenantApi):
     @extend_schema(
         request=ActivateSerializer,
         responses={200: ActivationResultSerializer},
-        examples=[OpenApiExample("activate", value={"revision": "r4"}, request_only=True)],
+        examples=[
+            OpenApiExample("activate", value={"revision": "r4"}, request_only=True),
+            OpenApiExample("canary at 10 %", value={"revision": "r4", "canary_percent": 10}, request_only=True),
+        ],
     )
     def post(self, request, name: str):
         adapter = self.get_adapter(name)
@@ -111,7 +115,11 @@ class AdapterActivateApi(catalog.AdapterApiMixin, TenantApi):
         payload.is_valid(raise_exception=True)
         revision = self._revision(adapter, payload.validated_data["revision"])
         alias = services.revision_activate(
-            adapter=adapter, revision=revision, by=request.access.actor, alias=payload.validated_data["alias"]
+            adapter=adapter,
+            revision=revision,
+            by=request.access.actor,
+            alias=payload.validated_data["alias"],
+            canary_percent=payload.validated_data.get("canary_percent"),
         )
         return Response(ActivationResultSerializer(alias).data)
 
@@ -161,6 +169,41 @@ class AdapterCancelApi(AdapterActivateApi):
         payload.is_valid(raise_exception=True)
         alias = services.activation_cancel(
             adapter=adapter, alias_name=payload.validated_data["alias"], by=request.access.actor
+        )
+        return Response(AliasSerializer(alias).data)
+
+
+class AdapterPromoteApi(AdapterActivateApi):
+    """Flip an alias to its canary's revision (the previous one is kept through the rollback grace). 409
+    `no_canary` when it runs none."""
+
+    @extend_schema(request=CanaryActionSerializer, responses={200: AliasSerializer})
+    def post(self, request, name: str):
+        adapter = self.get_adapter(name)
+        payload = CanaryActionSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        alias = services.canary_promote(adapter=adapter, by=request.access.actor, alias=payload.validated_data["alias"])
+        return Response(AliasSerializer(alias).data)
+
+
+class AdapterAbortApi(AdapterActivateApi):
+    """Drop an alias's canary (0 %): every request goes to its live revision, the candidate's placements are
+    released. 409 `no_canary` when it runs none."""
+
+    @extend_schema(
+        request=CanaryActionSerializer,
+        responses={200: AliasSerializer},
+        examples=[OpenApiExample("abort", value={"reason": "p95 too high"}, request_only=True)],
+    )
+    def post(self, request, name: str):
+        adapter = self.get_adapter(name)
+        payload = CanaryActionSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        alias = services.canary_abort(
+            adapter=adapter,
+            by=request.access.actor,
+            alias=payload.validated_data["alias"],
+            reason=payload.validated_data["reason"],
         )
         return Response(AliasSerializer(alias).data)
 

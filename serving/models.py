@@ -49,12 +49,32 @@ class Alias(models.Model):
         "A new activation of another revision ends it, so an alias pins at most one revision besides its target.",
     )
     rollback_pending = models.BooleanField(default=False, help_text="The desired revision is a rollback.")
+    # A canary (serving/services/canary.py): `canary_percent` % of the alias's requests go to `canary_revision`
+    # once it is ready, the rest to `revision`; promote flips the alias to it, abort drops it.
+    canary_revision = models.ForeignKey(
+        AdapterRevision, null=True, blank=True, on_delete=models.PROTECT, related_name="canary_aliases"
+    )
+    canary_percent = models.PositiveSmallIntegerField(null=True, blank=True)
+    canary_started_at = models.DateTimeField(null=True, blank=True, help_text="When the canary was asked for.")
+    canary_ready_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the canary began taking its share (ready on its replica count)."
+    )
+    canary_by = models.CharField(max_length=200, blank=True)
     updated_by = models.CharField(max_length=200, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         # Moved here from adapters (migrations adapters 0004 and serving 0003); the table was renamed with it.
-        constraints = [models.UniqueConstraint(fields=["adapter", "name"], name="alias_adapter_name_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["adapter", "name"], name="alias_adapter_name_unique"),
+            models.CheckConstraint(
+                condition=(
+                    Q(canary_revision__isnull=True, canary_percent__isnull=True)
+                    | Q(canary_revision__isnull=False, canary_percent__gte=1, canary_percent__lte=50)
+                ),
+                name="alias_canary_percent_valid",
+            ),
+        ]
         verbose_name_plural = "aliases"
 
     def __str__(self) -> str:

@@ -54,8 +54,23 @@ class PendingActivationSerializer(serializers.Serializer):
     rollback = serializers.BooleanField()
 
 
+class CanarySerializer(serializers.Serializer):
+    """An alias's canary (serving/services/canary.py), as the API shows it (for the schema)."""
+
+    revision = serializers.CharField()
+    percent = serializers.IntegerField()
+    started_at = serializers.DateTimeField()
+    routing = serializers.BooleanField(help_text="Ready on its replica count: it takes its share of requests.")
+    by = serializers.CharField()
+    counts = serializers.DictField(
+        allow_null=True,
+        help_text="Per arm (`candidate`, `live`): requests, errors, error_rate, p50_ms (from the gateway's counters).",
+    )
+
+
 class AliasSerializer(serializers.ModelSerializer):
     revision = serializers.SerializerMethodField()
+    canary = serializers.SerializerMethodField(help_text="The canary the alias runs, or null.")
     desired_revision = serializers.SerializerMethodField()
     desired_placements = serializers.SerializerMethodField(
         help_text="Where the desired revision is being placed, while it is not live: state and why it waits."
@@ -74,12 +89,30 @@ class AliasSerializer(serializers.ModelSerializer):
             "desired_placements",
             "pending",
             "rollback_pending",
+            "canary",
             "updated_by",
             "updated_at",
         ]
 
     def get_revision(self, alias: Alias) -> str | None:
         return _label(alias.revision)
+
+    with_counts = True  # the counters cost a Redis read per alias: the adapter's own page only
+
+    @extend_schema_field(CanarySerializer(allow_null=True))
+    def get_canary(self, alias: Alias) -> dict | None:
+        from serving.services import canary_counts
+
+        if alias.canary_revision_id is None:
+            return None
+        return {
+            "revision": _label(alias.canary_revision),
+            "percent": alias.canary_percent,
+            "started_at": serializers.DateTimeField().to_representation(alias.canary_started_at),
+            "routing": alias.canary_ready_at is not None,
+            "by": alias.canary_by,
+            "counts": canary_counts(alias=alias) if self.with_counts else None,
+        }
 
     def get_desired_revision(self, alias: Alias) -> str | None:
         return _label(alias.desired_revision)
@@ -117,6 +150,8 @@ class AliasSummarySerializer(AliasSerializer):
     adapter's own page, `GET /api/v1/adapters/<name>/`, has them), so that a list costs the same however many
     activations of the tenant are pending."""
 
+    with_counts = False
+
     class Meta(AliasSerializer.Meta):
         fields = [f for f in AliasSerializer.Meta.fields if f != "pending"]
 
@@ -150,6 +185,18 @@ class AdapterDetailSerializer(CatalogAdapterDetailSerializer):
 class ActivateSerializer(serializers.Serializer):
     revision = RevisionNumberField()
     alias = serializers.RegexField(ALIAS_NAME, required=False, default=Alias.PRODUCTION)
+    canary_percent = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=50,
+        help_text="Start a canary instead: this share (1 to 50 %) of the alias's requests goes to the revision.",
+    )
+
+
+class CanaryActionSerializer(serializers.Serializer):
+    alias = serializers.RegexField(ALIAS_NAME, required=False, default=Alias.PRODUCTION)
+    reason = serializers.CharField(required=False, default="", allow_blank=True, max_length=500)
 
 
 class CancelSerializer(serializers.Serializer):

@@ -37,20 +37,26 @@ class PinRole(IntEnum):
     LIVE = 0  # an alias serves it now
     DESIRED = 1  # an alias waits to flip to it
     PREVIOUS = 2  # an alias served it before, and may roll back to it until previous_pinned_until
+    CANARY = 3  # an alias sends a share of its requests to it (serving/services/canary.py)
 
 
 def pinned_roles(*, base_model_id: int | None = None, now=None) -> dict[int, tuple[int, PinRole]]:
     """Pinned revisions with their tenant and the first role (`PinRole`) any alias gives them: live and desired
-    alias targets, and the previous live one until its rollback grace ends, of one base model or all."""
+    alias targets, the previous live one until its rollback grace ends, and canaries, of one base model or all."""
     now = now or timezone.now()
     aliases = Alias.objects.all()
     if base_model_id is not None:
         aliases = aliases.filter(adapter__base_model_id=base_model_id)
     pins: dict[int, tuple[int, PinRole]] = {}
-    for live, desired, previous, until, tenant_id in aliases.values_list(
-        "revision_id", "desired_revision_id", "previous_revision_id", "previous_pinned_until", "adapter__tenant_id"
+    for live, desired, previous, until, canary, tenant_id in aliases.values_list(
+        "revision_id",
+        "desired_revision_id",
+        "previous_revision_id",
+        "previous_pinned_until",
+        "canary_revision_id",
+        "adapter__tenant_id",
     ):
-        held = (live, desired, previous if until is not None and until >= now else None)
+        held = (live, desired, previous if until is not None and until >= now else None, canary)
         for role, revision_id in zip(PinRole, held, strict=True):
             if revision_id and (revision_id not in pins or role < pins[revision_id][1]):
                 pins[revision_id] = (tenant_id, role)
@@ -74,7 +80,7 @@ def protected_revision_ids(*, now=None) -> set[int]:
 def with_aliases(adapters: QuerySet[Adapter], *, previous: bool = False, placements: bool = False) -> QuerySet[Adapter]:
     """`adapters` with their aliases (and the revisions they name) prefetched as `adapter.aliases.all()`, and
     with `placements`, where each desired revision is being placed."""
-    related = ["revision", "desired_revision"] + (["previous_revision"] if previous else [])
+    related = ["revision", "desired_revision", "canary_revision"] + (["previous_revision"] if previous else [])
     aliases = Alias.objects.select_related(*related).order_by("name")
     if placements:
         aliases = aliases.prefetch_related("desired_revision__placements__node")
@@ -85,6 +91,13 @@ def live_revision(*, adapter: Adapter, alias_name: str) -> AdapterRevision | Non
     """The revision an alias of `adapter` serves now, or None (no such alias, or it never flipped)."""
     alias = Alias.objects.filter(adapter=adapter, name=alias_name).select_related("revision").first()
     return alias.revision if alias is not None else None
+
+
+def routing_alias(*, adapter: Adapter, alias_name: str) -> Alias | None:
+    """An alias with the revisions the gateway routes it to: the live one and its canary's candidate (one query)."""
+    return (
+        Alias.objects.filter(adapter=adapter, name=alias_name).select_related("revision", "canary_revision").first()
+    )
 
 
 def live_aliases(*, tenant_id: int) -> QuerySet[Alias]:
@@ -117,7 +130,12 @@ def alias_for_converge(alias_id: int) -> Alias | None:
     desired revision)."""
     return (
         Alias.objects.select_related(
-            "adapter__base_model", "adapter__tenant", "revision", "desired_revision__adapter", "previous_revision"
+            "adapter__base_model",
+            "adapter__tenant",
+            "revision",
+            "desired_revision__adapter",
+            "previous_revision",
+            "canary_revision__adapter",
         )
         .filter(id=alias_id)
         .first()

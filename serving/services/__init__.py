@@ -2,6 +2,7 @@
 
 - `aliases`: activation, its cancellation, rollback, the flip once a revision is ready, convergence, replicas.
 - `placement`: placement requests, admission and pacing, prewarm bookkeeping, eviction, reconcile.
+- `canary`: a share of an alias's requests to a candidate revision; promote, abort, its counters' rule.
 - `capacity`: the rules those follow: pinned-revision quotas, aliases per adapter, fair shares.
 - `nodes`: registering nodes and recording their state.
 - `usage`: metered usage, added up per minute, hour and day; its retention.
@@ -21,6 +22,7 @@ from serving.services.aliases import (
     revision_rollback,
 )
 from serving.services.budgets import usage_budget_crossed, usage_month_tokens
+from serving.services.canary import canary_abort, canary_abort_auto, canary_counts, canary_promote, canary_start
 from serving.services.nodes import node_register, node_report_unreachable, node_set_state
 from serving.services.placement import (
     admit,
@@ -49,6 +51,11 @@ __all__ = [
     "admit_after_pause",
     "alias_converge",
     "alias_flip",
+    "canary_abort",
+    "canary_abort_auto",
+    "canary_counts",
+    "canary_promote",
+    "canary_start",
     "converge_aliases",
     "drain_step",
     "eviction_victim",

@@ -22,7 +22,7 @@ from mint_site.errors import Conflict, InvalidTransition, NotFound
 from mint_site.events import epoch_us, live_event
 from serving import selectors, tasks
 from serving.models import Alias, NodeState, Placement, PlacementState, Priority
-from serving.services import capacity
+from serving.services import canary, capacity
 from serving.services import placement as placements
 from tenants.access import Actor
 from tenants.services import audit_record
@@ -101,9 +101,19 @@ def _set_desired(target: Alias, revision: AdapterRevision, *, rollback: bool, by
 
 @transaction.atomic
 def revision_activate(
-    *, adapter: Adapter, revision: AdapterRevision, by: Actor, alias: str = Alias.PRODUCTION
+    *,
+    adapter: Adapter,
+    revision: AdapterRevision,
+    by: Actor,
+    alias: str = Alias.PRODUCTION,
+    canary_percent: int | None = None,
 ) -> Alias:
-    """Make `revision` the desired target of `alias`. The alias flips when the serving plane has it ready."""
+    """Make `revision` the desired target of `alias`. The alias flips when the serving plane has it ready.
+
+    With `canary_percent` the alias does not flip: `revision` becomes its canary (`canary.canary_start`). While a
+    canary runs, a plain activation is refused (409 `canary_active`: promote or abort it first)."""
+    if canary_percent is not None:
+        return canary.canary_start(adapter=adapter, revision=revision, percent=canary_percent, by=by, alias=alias)
     if revision.state != RevisionState.APPROVED:
         raise InvalidTransition(
             f"r{revision.number} is {revision.state}; only approved revisions can be activated.",
@@ -111,6 +121,11 @@ def revision_activate(
         )
     _check_capacity(adapter, alias, revision)
     target = _locked_alias(adapter, alias, create=True)
+    if target.canary_revision_id is not None:
+        raise Conflict(
+            f"{adapter.name}:{alias} runs a canary of {_label(target.canary_revision)}; promote or abort it first.",
+            code="canary_active",
+        )
     _set_desired(target, revision, rollback=False, by=by)
     transaction.on_commit(lambda: tasks.alias_converge.delay(alias_id=target.id))
     return target
@@ -142,6 +157,9 @@ def revision_rollback(
             f"r{goal.number} is {goal.state}; rollback needs an approved revision.", detail={"state": goal.state}
         )
     _check_capacity(adapter, alias, goal)
+    if target.canary_revision_id is not None:  # a rollback is the way out of anything: it ends the canary too
+        target.adapter = adapter
+        canary.abort_locked(target, by=by, reason=f"rollback to r{goal.number}")
     _set_desired(target, goal, rollback=True, by=by)
     adapter_services.revision_ensure_export(revision=goal)
     transaction.on_commit(lambda: tasks.alias_converge.delay(alias_id=target.id))
@@ -275,6 +293,8 @@ def converge_aliases(*, revision: AdapterRevision) -> list[Alias]:
     flipped = []
     if placements.ready_count(revision) < revision.adapter.replica_count:
         return flipped
+    for alias in Alias.objects.filter(canary_revision=revision, canary_ready_at=None).select_related("adapter"):
+        canary.canary_ready(alias=alias)
     for alias in Alias.objects.filter(desired_revision=revision).exclude(revision=revision).select_related("adapter"):
         try:
             flipped.append(alias_flip(adapter=alias.adapter, revision=revision, alias=alias.name))
@@ -304,6 +324,12 @@ def alias_converge(*, alias: Alias) -> None:
     until = alias.previous_pinned_until
     if until is not None and until >= timezone.now():
         _top_up(alias.previous_revision, count)
+    candidate = alias.canary_revision
+    if candidate is not None:
+        if placements.ready_count(candidate) >= count:
+            canary.canary_ready(alias=alias)
+        else:
+            placements.placement_request(revision=candidate, priority=Priority.ACTIVATION, replicas=count)
 
 
 def _top_up(revision: AdapterRevision | None, count: int) -> None:

@@ -43,11 +43,15 @@ QUOTA_CODE = "serving_quota_exceeded"
 def _aliases_on(*, tenant_id: int, base_model_id: int) -> list[tuple[int, str, int | None]]:
     """(alias id, `adapter:alias`, the revision it serves once converged) for a tenant's aliases on a base model."""
     rows = Alias.objects.filter(adapter__tenant_id=tenant_id, adapter__base_model_id=base_model_id).values_list(
-        "id", "name", "adapter__name", "desired_revision_id", "revision_id"
+        "id", "name", "adapter__name", "desired_revision_id", "revision_id", "canary_revision_id"
     )
-    return [
-        (alias_id, f"{adapter_name}:{name}", desired or live) for alias_id, name, adapter_name, desired, live in rows
+    found = [
+        (alias_id, f"{adapter_name}:{name}", desired or live) for alias_id, name, adapter_name, desired, live, _ in rows
     ]
+    # A canary's candidate is pinned beside the live revision (serving/services/canary.py). Under the alias's id
+    # negated: an activation of that alias (`instead`) replaces what it serves, not its canary.
+    found += [(-alias_id, f"{a}:{n} (canary)", canary) for alias_id, n, a, _, _, canary in rows if canary]
+    return found
 
 
 def _targets(
@@ -79,6 +83,21 @@ def check_pin(*, adapter: Adapter, alias: Alias | None, revision: AdapterRevisio
     after = _targets(aliases, instead=(alias.id if alias else 0, revision.id))
     if len(after) <= tenant.max_ready_revisions or len(after) <= len(before):
         return
+    _refuse_pin(adapter, before)
+
+
+def check_canary_pin(*, adapter: Adapter, revision: AdapterRevision) -> None:
+    """Refuse (429) a canary of `revision` past the tenant's pinned-revision quota: the candidate is pinned beside
+    what the alias serves. The caller holds the tenant's row lock."""
+    tenant = adapter.tenant
+    before = _targets(_aliases_on(tenant_id=tenant.id, base_model_id=adapter.base_model_id))
+    if revision.id in before or len(before) + 1 <= tenant.max_ready_revisions:
+        return
+    _refuse_pin(adapter, before)
+
+
+def _refuse_pin(adapter: Adapter, before: dict[int, list[str]]) -> None:
+    tenant = adapter.tenant
     numbers = dict(AdapterRevision.objects.filter(id__in=before).values_list("id", "number"))
     listed = "; ".join(f"r{numbers[rid]} for {', '.join(names)}" for rid, names in sorted(before.items()))
     raise QuotaExceeded(

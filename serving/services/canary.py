@@ -1,0 +1,430 @@
+"""Canary rollout: an alias sends a share of its requests to a candidate revision, and is promoted or aborted.
+
+`canary_start` (activation with `canary_percent`, 1 to 50) keeps the alias's live revision as it is and names the
+candidate `Alias.canary_revision`: it is pinned (placed at activation priority on the adapter's replica count,
+counted by the pinned-revision quota) and, once ready on that many up nodes (`canary_ready`), the gateway sends
+`canary_percent` % of the alias's requests to it (serving/gateway/canary.py: by a hash of the caller's `user`,
+else at random). `canary_promote` flips the alias to it (the usual flip: the previous revision is kept through
+the rollback grace); `canary_abort` drops it (0 %) and releases its placements like a cancelled activation.
+
+While a canary runs, the gateway counts requests, errors and latency per arm in Redis (`counter_key`), shared by
+every gateway process; after each flush it checks `breach` and, on a breach, calls `canary_abort_auto`, which is
+idempotent (the canary it names, by its start, is aborted once; a later one is never touched). Errors are what
+the candidate's nodes caused: 5xx answers, timeouts, connection failures, and requests its share picked while
+none of its placements was routable; a caller's 4xx is counted as a request, never as an error.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from adapters.models import Adapter, AdapterRevision, RevisionState
+from mint_site.errors import Conflict, InvalidTransition, MintError, NotFound
+from mint_site.events import epoch_us, live_event
+from serving import tasks
+from serving.models import LATENCY_BOUNDS_MS, Alias
+from serving.services import capacity
+from serving.services import placement as placements
+from tenants.access import Actor
+from tenants.services import audit_record
+
+log = logging.getLogger(__name__)
+
+MAX_PERCENT = 50  # also the database's check (alias_canary_percent_valid)
+CANDIDATE, LIVE = "c", "l"  # the arms, as counter fields name them
+EVENT = "canary.state"
+
+
+def _label(revision: AdapterRevision | None) -> str | None:
+    return f"r{revision.number}" if revision is not None else None
+
+
+def _target(alias: Alias) -> str:
+    return f"alias:{alias.adapter.name}:{alias.name}"
+
+
+def _event(alias: Alias, state: str, *, revision: AdapterRevision | None, percent: int | None, **fields) -> None:
+    live_event(
+        tenant_id=alias.adapter.tenant_id,
+        type=EVENT,
+        id=alias.id,
+        state=state,
+        adapter=alias.adapter.name,
+        alias=alias.name,
+        revision=_label(revision),
+        percent=percent,
+        **fields,
+    )
+
+
+def _locked(adapter: Adapter, name: str) -> Alias:
+    alias = Alias.objects.select_for_update().filter(adapter=adapter, name=name).first()
+    if alias is None:
+        raise NotFound(f"{adapter.name} has no alias {name!r}.", code="alias_not_found")
+    alias.adapter = adapter
+    return alias
+
+
+def check_percent(percent: object) -> int:
+    if isinstance(percent, bool) or not isinstance(percent, int) or not 1 <= percent <= MAX_PERCENT:
+        raise MintError(
+            f"canary_percent: must be a whole number from 1 to {MAX_PERCENT}.",
+            code="invalid_canary_percent",
+            detail={"canary_percent": [f"a whole number from 1 to {MAX_PERCENT}"]},
+        )
+    return percent
+
+
+# ---------------------------------------------------------------- start, promote, abort
+
+
+@transaction.atomic
+def canary_start(
+    *, adapter: Adapter, revision: AdapterRevision, percent: int, by: Actor, alias: str = Alias.PRODUCTION
+) -> Alias:
+    """Send `percent` % of `alias`'s requests to `revision` once it is ready; the alias keeps serving its live
+    revision for the rest. Asking again for the same candidate changes its percent (its counters go on).
+
+    409 when the alias serves nothing yet (`canary_needs_live`: there is nothing to compare with), when it
+    serves `revision` already (`canary_is_live`), when an activation or rollback is pending
+    (`activation_pending`), or when another canary runs (`canary_active`: promote or abort it first).
+    429 past the pinned-revision quota: the candidate is one more pinned revision. Locks the tenant, then the
+    alias, as activation does.
+    """
+    check_percent(percent)
+    if revision.state != RevisionState.APPROVED:
+        raise InvalidTransition(
+            f"r{revision.number} is {revision.state}; only approved revisions can be activated.",
+            detail={"state": revision.state},
+        )
+    adapter.tenant = capacity.lock_tenant(adapter.tenant_id)
+    target = Alias.objects.select_for_update().filter(adapter=adapter, name=alias).first()
+    if target is None or target.revision_id is None:
+        raise Conflict(
+            f"{adapter.name}:{alias} serves no revision yet: a canary needs a live revision to compare with. "
+            "Activate without canary_percent first.",
+            code="canary_needs_live",
+        )
+    target.adapter = adapter
+    if target.revision_id == revision.id:
+        raise Conflict(f"{adapter.name}:{alias} serves r{revision.number} already.", code="canary_is_live")
+    if target.desired_revision_id != target.revision_id:
+        raise Conflict(
+            f"{adapter.name}:{alias} has a pending activation of {_label(target.desired_revision)}; "
+            "cancel it or let it finish before starting a canary.",
+            code="activation_pending",
+        )
+    if target.canary_revision_id not in (None, revision.id):
+        raise Conflict(
+            f"{adapter.name}:{alias} runs a canary of {_label(target.canary_revision)} already; "
+            "promote or abort it first.",
+            code="canary_active",
+        )
+    if target.canary_revision_id == revision.id:
+        if target.canary_percent == percent:
+            return target
+        before = {"canary": _label(revision), "percent": target.canary_percent}
+        target.canary_percent = percent
+        target.save(update_fields=["canary_percent"])
+        audit_record(
+            tenant=adapter.tenant,
+            actor=by,
+            action="canary.start",
+            target=_target(target),
+            before=before,
+            after={"canary": _label(revision), "percent": percent},
+        )
+        if target.canary_ready_at is not None:
+            _event(target, "started", revision=revision, percent=percent)
+        return target
+    capacity.check_canary_pin(adapter=adapter, revision=revision)
+    now = timezone.now()
+    target.canary_revision = revision
+    target.canary_percent = percent
+    target.canary_started_at = now
+    target.canary_ready_at = None
+    target.canary_by = by.label
+    target.save(
+        update_fields=["canary_revision", "canary_percent", "canary_started_at", "canary_ready_at", "canary_by"]
+    )
+    audit_record(
+        tenant=adapter.tenant,
+        actor=by,
+        action="canary.start",
+        target=_target(target),
+        before={"revision": _label(target.revision), "canary": None},
+        after={"revision": _label(target.revision), "canary": _label(revision), "percent": percent},
+    )
+    transaction.on_commit(lambda: tasks.alias_converge.delay(alias_id=target.id))
+    return target
+
+
+def canary_ready(*, alias: Alias) -> bool:
+    """The candidate is ready on the replica count: the alias begins sending it its share (a `started` event the
+    gateways follow). True if this call began it."""
+    revision = alias.canary_revision
+    if revision is None or alias.canary_ready_at is not None:
+        return False
+    if placements.ready_count(revision) < alias.adapter.replica_count:
+        return False
+    now = timezone.now()
+    began = Alias.objects.filter(
+        id=alias.id, canary_revision=revision, canary_started_at=alias.canary_started_at, canary_ready_at=None
+    ).update(canary_ready_at=now)
+    if began:
+        alias.canary_ready_at = now
+        _event(alias, "started", revision=revision, percent=alias.canary_percent)
+    return bool(began)
+
+
+def _clear(target: Alias) -> None:
+    target.canary_revision = None
+    target.canary_percent = None
+    target.canary_started_at = None
+    target.canary_ready_at = None
+    target.canary_by = ""
+    target.save(
+        update_fields=["canary_revision", "canary_percent", "canary_started_at", "canary_ready_at", "canary_by"]
+    )
+
+
+def _no_canary(adapter: Adapter, alias: str) -> Conflict:
+    return Conflict(f"{adapter.name}:{alias} runs no canary.", code="no_canary")
+
+
+@transaction.atomic
+def canary_promote(*, adapter: Adapter, by: Actor, alias: str = Alias.PRODUCTION) -> Alias:
+    """Make the candidate the alias's revision: it flips at once when ready on the replica count (the previous
+    revision is kept through the rollback grace), else when it is (the usual activation). 409 `no_canary`."""
+    adapter.tenant = capacity.lock_tenant(adapter.tenant_id)
+    target = _locked(adapter, alias)
+    candidate, percent = target.canary_revision, target.canary_percent
+    if candidate is None:
+        raise _no_canary(adapter, alias)
+    if candidate.state != RevisionState.APPROVED:
+        raise InvalidTransition(
+            f"r{candidate.number} is {candidate.state}; only approved revisions can be promoted.",
+            detail={"state": candidate.state},
+        )
+    counts = canary_counts(alias=target)
+    _clear(target)
+    target.desired_revision = candidate
+    target.rollback_pending = False
+    target.updated_by = by.label
+    target.updated_at = timezone.now()
+    target.save(update_fields=["desired_revision", "rollback_pending", "updated_by", "updated_at"])
+    audit_record(
+        tenant=adapter.tenant,
+        actor=by,
+        action="canary.promote",
+        target=_target(target),
+        before={"revision": _label(target.revision), "canary": _label(candidate), "percent": percent},
+        after={"revision": _label(target.revision), "desired": _label(candidate), "counts": counts},
+    )
+    _event(target, "promoted", revision=candidate, percent=percent)
+    if placements.ready_count(candidate) >= adapter.replica_count:
+        from serving.services.aliases import alias_flip  # aliases imports this module
+
+        target = alias_flip(adapter=adapter, revision=candidate, alias=alias, by=by)
+    else:
+        transaction.on_commit(lambda: tasks.alias_converge.delay(alias_id=target.id))
+    return target
+
+
+def abort_locked(target: Alias, *, by: Actor, reason: str) -> None:
+    """Abort the canary of an alias the caller holds locked (with its tenant), e.g. for a rollback."""
+    _abort(target, by=by, reason=reason, counts=canary_counts(alias=target))
+
+
+def _abort(target: Alias, *, by: Actor, reason: str, counts: dict | None) -> None:
+    from serving.services.aliases import _withdraw_placements  # aliases imports this module
+
+    candidate, percent = target.canary_revision, target.canary_percent
+    _clear(target)
+    withdrawn = _withdraw_placements(candidate)
+    audit_record(
+        tenant=target.adapter.tenant,
+        actor=by,
+        action="canary.abort",
+        target=_target(target),
+        before={"revision": _label(target.revision), "canary": _label(candidate), "percent": percent},
+        after={
+            "revision": _label(target.revision),
+            "canary": None,
+            "reason": reason,
+            "counts": counts,
+            "withdrawn": withdrawn,
+        },
+    )
+    _event(target, "aborted", revision=candidate, percent=0, reason=reason)
+
+
+@transaction.atomic
+def canary_abort(*, adapter: Adapter, by: Actor, alias: str = Alias.PRODUCTION, reason: str = "") -> Alias:
+    """Drop the canary (0 %): every request goes to the live revision, and the candidate's placements that no
+    other alias pins are released like a cancelled activation's. 409 `no_canary` when none runs."""
+    adapter.tenant = capacity.lock_tenant(adapter.tenant_id)
+    target = _locked(adapter, alias)
+    if target.canary_revision is None:
+        raise _no_canary(adapter, alias)
+    _abort(target, by=by, reason=reason[:500] or f"aborted by {by.label}", counts=canary_counts(alias=target))
+    return target
+
+
+def canary_abort_auto(*, alias_id: int, started_us: int, reason: str, counts: dict) -> bool:
+    """The gateway saw the canary that began at `started_us` breach its margin: abort it, audited with the counts
+    as the reason, by the system. Idempotent: False when that canary is gone already (aborted, promoted, or
+    replaced by a later one), so any number of gateway processes may ask."""
+    with transaction.atomic():
+        alias = Alias.objects.select_related("adapter").filter(id=alias_id).first()
+        if alias is None:
+            return False
+        alias.adapter.tenant = capacity.lock_tenant(alias.adapter.tenant_id)
+        target = (
+            Alias.objects.select_for_update(of=("self",)).select_related("canary_revision", "revision").get(id=alias_id)
+        )
+        target.adapter = alias.adapter
+        if target.canary_started_at is None or epoch_us(target.canary_started_at) != started_us:
+            return False
+        _abort(target, by=Actor.system(), reason=reason, counts=counts)
+    log.warning("canary of alias %s aborted: %s", alias_id, reason)
+    return True
+
+
+# ---------------------------------------------------------------- counters (written by the gateway) and the rule
+
+
+def counter_key(alias_id: int, started_us: int) -> str:
+    """The Redis hash of one canary's counters: a new canary on the same alias starts from zero."""
+    return f"mint:canary:{alias_id}:{started_us}"
+
+
+def bucket_of(ms: float) -> int:
+    return bisect.bisect_left(LATENCY_BOUNDS_MS, ms)
+
+
+def window_of(now: float | None = None) -> int:
+    return int((time.time() if now is None else now) // settings.MINT_CANARY_LATENCY_WINDOW_S)
+
+
+_BUCKETS = len(LATENCY_BOUNDS_MS) + 1
+
+
+def check_fields(now: float | None = None) -> list[str]:
+    """The hash fields the rule reads: each arm's requests and errors, and with the latency rule on, each arm's
+    latency histogram in the last MINT_CANARY_LATENCY_WINDOWS windows."""
+    fields = [f"{arm}:{what}" for arm in (CANDIDATE, LIVE) for what in ("req", "err")]
+    if settings.MINT_CANARY_LATENCY_MARGIN > 0:
+        last = window_of(now)
+        for w in range(last - settings.MINT_CANARY_LATENCY_WINDOWS + 1, last + 1):
+            fields += [f"{arm}:w{w}:{b}" for arm in (CANDIDATE, LIVE) for b in range(_BUCKETS)]
+    return fields
+
+
+def _median_ms(histogram: list[int]) -> float | None:
+    """The median of a latency histogram, as its bucket's upper bound (the last bucket: twice the last bound)."""
+    total = sum(histogram)
+    if not total:
+        return None
+    seen = 0
+    for index, n in enumerate(histogram):
+        seen += n
+        if seen * 2 >= total:
+            return float(LATENCY_BOUNDS_MS[index] if index < len(LATENCY_BOUNDS_MS) else 2 * LATENCY_BOUNDS_MS[-1])
+    return None
+
+
+@dataclass(frozen=True)
+class Arm:
+    requests: int
+    errors: int
+    p50_ms: float | None = None
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "error_rate": round(self.error_rate, 4),
+            "p50_ms": self.p50_ms,
+        }
+
+
+def _int(values: dict[str, int], field: str) -> int:
+    return int(values.get(field) or 0)
+
+
+def breach(values: dict[str, int], now: float | None = None) -> str | None:
+    """Why the canary must be aborted, from its counters (`check_fields`), or None.
+
+    Errors: the candidate has at least MINT_CANARY_MIN_REQUESTS requests and its error rate exceeds the live
+    revision's by more than MINT_CANARY_ERROR_MARGIN. Latency (when MINT_CANARY_LATENCY_MARGIN > 0): over the last
+    MINT_CANARY_LATENCY_WINDOWS windows of MINT_CANARY_LATENCY_WINDOW_S in which both arms had requests (at
+    least MINT_CANARY_LATENCY_WINDOWS of them), the median of the candidate's median latency over the live
+    one's exceeds 1 + the margin: one slow window (a noisy neighbour, a cold cache) does not abort.
+    """
+    candidate = Arm(_int(values, "c:req"), _int(values, "c:err"))
+    live = Arm(_int(values, "l:req"), _int(values, "l:err"))
+    minimum = settings.MINT_CANARY_MIN_REQUESTS
+    margin = settings.MINT_CANARY_ERROR_MARGIN
+    if candidate.requests >= minimum and candidate.error_rate - live.error_rate > margin:
+        return (
+            f"error rate {candidate.error_rate:.1%} ({candidate.errors} of {candidate.requests} requests) exceeds "
+            f"the live revision's {live.error_rate:.1%} ({live.errors} of {live.requests}) by more than "
+            f"MINT_CANARY_ERROR_MARGIN {margin:.1%}"
+        )
+    latency_margin = settings.MINT_CANARY_LATENCY_MARGIN
+    if latency_margin <= 0:
+        return None
+    last = window_of(now)
+    ratios = []
+    for w in range(last - settings.MINT_CANARY_LATENCY_WINDOWS + 1, last + 1):
+        medians = [_median_ms([_int(values, f"{arm}:w{w}:{b}") for b in range(_BUCKETS)]) for arm in "cl"]
+        if medians[0] is not None and medians[1]:
+            ratios.append(medians[0] / medians[1])
+    if len(ratios) >= settings.MINT_CANARY_LATENCY_WINDOWS and statistics.median(ratios) > 1 + latency_margin:
+        return (
+            f"median latency over the last {len(ratios)} windows is {statistics.median(ratios):.2f} times the live "
+            f"revision's, above 1 + MINT_CANARY_LATENCY_MARGIN {latency_margin:.2f}"
+        )
+    return None
+
+
+def _redis():
+    import redis
+
+    return redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1, socket_timeout=1)
+
+
+def canary_counts(*, alias: Alias) -> dict | None:
+    """The running canary's counters per arm (requests, errors, error rate, p50 latency), or None without a
+    canary; `{"unavailable": true}` when Redis cannot be read."""
+    if alias.canary_revision_id is None or alias.canary_started_at is None:
+        return None
+    key = counter_key(alias.id, epoch_us(alias.canary_started_at))
+    import redis
+
+    try:
+        raw = _redis().hgetall(key)
+    except redis.RedisError:
+        return {"unavailable": True}
+    values = {k.decode(): int(v) for k, v in raw.items()}
+    arms = {}
+    for arm, name in ((CANDIDATE, "candidate"), (LIVE, "live")):
+        histogram = [0] * _BUCKETS
+        for field, n in values.items():
+            if field.startswith(f"{arm}:b"):
+                histogram[int(field[len(arm) + 2 :])] += n
+        arms[name] = Arm(_int(values, f"{arm}:req"), _int(values, f"{arm}:err"), _median_ms(histogram)).as_dict()
+    return arms
