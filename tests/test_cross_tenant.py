@@ -21,6 +21,7 @@ from serving.models import UsagePeriod, UsageRecord
 from tenants.api_base import TenantApi
 from tenants.models import ApiKey, Tenant
 from tests.conftest import ALL_SCOPES, TenantWorld
+from webhooks.models import WebhookDelivery, WebhookEndpoint
 
 pytestmark = pytest.mark.django_db
 
@@ -61,11 +62,28 @@ def b_suite(b: TenantWorld) -> EvaluationSuite:
     return suite
 
 
+def b_webhook(b: TenantWorld) -> WebhookEndpoint:
+    """Tenant B's webhook endpoint (made once)."""
+    endpoint, _ = WebhookEndpoint.objects.get_or_create(
+        tenant=b.tenant, url="https://globex.example/hook", defaults={"secret": "whsec_globex"}
+    )
+    return endpoint
+
+
+def b_delivery(b: TenantWorld) -> WebhookDelivery:
+    """A delivery to tenant B's webhook endpoint (made once)."""
+    endpoint = b_webhook(b)
+    delivery = WebhookDelivery.objects.filter(endpoint=endpoint).first()
+    return delivery or WebhookDelivery.objects.create(endpoint=endpoint, event="ping", payload={}, state="delivered")
+
+
 # How to name one of tenant B's objects for each URL parameter.
 B_OBJECT: dict[str, Callable[[TenantWorld], str]] = {
     "prefix": lambda b: b.key("pipeline")[0].prefix,
     "name": lambda b: b_revision(b).adapter.name,
     "number": lambda b: str(b_revision(b).number),
+    "webhook_id": lambda b: str(b_webhook(b).id),
+    "delivery_id": lambda b: str(b_delivery(b).id),
     "version": lambda b: str(b_suite(b).version),
 }
 
@@ -136,6 +154,7 @@ def test_list_routes_never_show_another_tenants_data(tenant_a, tenant_b):
     b_key, _ = tenant_b.key("pipeline")
     revision = b_revision(tenant_b)
     b_usage(tenant_b, revision, key=b_key)
+    b_delivery(tenant_b)
     client = tenant_a.client_as("owner")
     secrets_of_b = {b_key.prefix, "globex"}
     for route, view in tenant_routes():

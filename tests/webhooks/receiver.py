@@ -25,6 +25,11 @@ class Answer:
     trickle_s: float = 0  # send the status line one byte per this many seconds, for ever (a receiver that stalls)
 
 
+class QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        pass  # a client that hung up (the sender closes after its answer, or at its deadline)
+
+
 class Receiver:
     """Answers requests in the order queued by `answer(...)`; once the queue is empty, `default`."""
 
@@ -51,7 +56,7 @@ class Receiver:
                     answer = receiver.answers.pop(0) if receiver.answers else receiver.default
                 receiver.respond(self, answer)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
