@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -31,6 +32,7 @@ from starlette.routing import Mount, Route, Router
 from starlette.types import ASGIApp
 
 from serving.gateway import GatewayError, auth, feed, policy, proxy, resolve
+from serving.gateway import canary as canaries
 from serving.gateway.auth import Caller
 from serving.gateway.inflight import Held
 from serving.gateway.metering import Tally
@@ -213,23 +215,85 @@ def _inference(path: str) -> Handler:
         outcome.adapter = resolution.adapter_name
         tally = outcome.tally
         tally.adapter_id, tally.adapter_name = resolution.adapter_id, resolution.adapter_name
-        tally.revision = resolution.revision_number
+        canary = resolution.canary
+        if canary is None:
+            tally.revision = resolution.revision_number
+            try:
+                response, outcome.upstream_s = await proxy.forward(
+                    state,
+                    path=path,
+                    body=data,
+                    resolution=resolution,
+                    model=model,
+                    tenant_id=caller.tenant_id,
+                    tally=tally,
+                )
+            except NotReady:
+                resolve.forget(state, caller.tenant_id, ref)
+                raise
+            return response
+        return await _split(state, data, caller, outcome, path, ref, resolution, canary)
+
+    return handle
+
+
+async def _split(
+    state: GatewayState,
+    data: dict[str, Any],
+    caller: Caller,
+    outcome: Outcome,
+    path: str,
+    ref: resolve.ModelRef,
+    live: resolve.Resolution,
+    canary: resolve.Canary,
+) -> Response:
+    """A request for an alias with a canary: to the candidate or the live revision (serving/gateway/canary.py),
+    counted per arm once the canary routes. The candidate must be routable; a request its share picked while
+    none of its placements is (its node down) goes to the live revision, and counts as the candidate's error, as
+    does one its nodes failed before answering (sent on to the live revision: nothing came back, so it is safe)."""
+    model = data["model"]
+    counted = canary.routing or bool(canary.arm.targets)
+    record = functools.partial(state.canary.record, canary, tenant_id=caller.tenant_id, adapter=live.adapter_name)
+    arm, chosen = canaries.LIVE, live
+    if canaries.to_candidate(canary, data.get("user")):
+        if canary.arm.targets:
+            arm, chosen = canaries.CANDIDATE, canary.arm
+        elif canary.routing:
+            record(arm=canaries.CANDIDATE, error=True, ms=0.0)
+            counted = False  # the live revision serves it for the candidate: not one of live's own
+    for _attempt in range(2):
+        outcome.tally.revision = chosen.revision_number
         try:
             response, outcome.upstream_s = await proxy.forward(
                 state,
                 path=path,
                 body=data,
-                resolution=resolution,
+                resolution=chosen,
                 model=model,
                 tenant_id=caller.tenant_id,
-                tally=tally,
+                tally=outcome.tally,
             )
         except NotReady:
             resolve.forget(state, caller.tenant_id, ref)
+            if counted:
+                record(arm=arm, error=True, ms=0.0)
+            if chosen is live:
+                raise
+            arm, chosen, counted = canaries.LIVE, live, False
+            continue
+        except GatewayError as failed:
+            if counted and failed.status in _NODE_FAILURES:
+                record(arm=arm, error=True, ms=0.0)
             raise
+        if counted:
+            record(arm=arm, error=response.status_code >= 500, ms=outcome.upstream_s * 1000)
         return response
+    raise AssertionError("unreachable")  # pragma: no cover
 
-    return handle
+
+# What a canary counts as its nodes' errors: a node's 5xx or broken answer (502), a timeout (504). A caller's
+# 4xx never counts; nor do the gateway's own refusals (429, 503 node_busy), which name no node's failure.
+_NODE_FAILURES = frozenset({502, 504})
 
 
 def _model_object(model_id: str, created: int, caller: Caller) -> dict[str, Any]:

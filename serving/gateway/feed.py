@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 _REJOIN_S = 60.0
 _BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 # Routing-relevant events: for one tenant's adapter, or (node.state) for every tenant.
-_ADAPTER_EVENTS = ("alias.flip", "placement.state", "revision.state")
+_ADAPTER_EVENTS = ("alias.flip", "placement.state", "revision.state", "canary.state")
 
 
 def routes_touched(
@@ -57,7 +57,7 @@ def routes_touched(
         return []
     adapter = event["adapter"]
     dropped = resolve.invalidate(state, tenant_id=tenant_id, adapter=adapter)
-    if kind == "alias.flip":
+    if kind in ("alias.flip", "canary.state"):  # a canary started or ended: its alias's split changed
         alias = event.get("alias") or Alias.PRODUCTION
         # The name callers use for a live alias, cached or not: its first request finds it resolved.
         ref = resolve.ModelRef(adapter=adapter, alias=None if alias == Alias.PRODUCTION else alias)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from adapters import selectors as adapter_selectors
+from mint_site.events import epoch_us
 from serving import selectors
 from serving.gateway import GatewayError
 from serving.models import Alias, NodeState, Priority, lora_name
@@ -108,6 +109,20 @@ class Resolution:
     revision_number: int
     lora_name: str
     targets: tuple[Target, ...]
+    canary: Canary | None = None  # an alias's running canary (never for a pinned `@rN`)
+
+
+@dataclass(frozen=True)
+class Canary:
+    """An alias's canary as the gateway routes it (serving/gateway/canary.py): `percent` % of its requests go to
+    `arm` (the candidate's resolution, its targets possibly none) once `routing`; the counters' key names the
+    canary by its alias and start."""
+
+    alias_id: int
+    percent: int
+    started_us: int
+    routing: bool  # ready on its replica count once: its share is routed to it, and counted
+    arm: Resolution
 
 
 @dataclass(frozen=True)
@@ -132,14 +147,28 @@ def _resolve_sync(tenant_id: int, ref: ModelRef) -> Resolution | AliasNotLive | 
     adapter = adapter_selectors.adapter_named(tenant_id=tenant_id, name=ref.adapter)
     if adapter is None:
         return None
+    canary = None
     if ref.number is not None:
         revision = adapter_selectors.approved_revision(adapter=adapter, number=ref.number)
         if revision is None:
             return None
     else:
-        revision = selectors.live_revision(adapter=adapter, alias_name=ref.alias_name)
+        alias = selectors.routing_alias(adapter=adapter, alias_name=ref.alias_name)
+        revision = alias.revision if alias is not None else None
         if revision is None:
             return AliasNotLive(adapter_name=adapter.name, alias=ref.alias_name)
+        if alias.canary_revision is not None and alias.canary_percent and alias.canary_started_at is not None:
+            canary = Canary(
+                alias_id=alias.id,
+                percent=alias.canary_percent,
+                started_us=epoch_us(alias.canary_started_at),
+                routing=alias.canary_ready_at is not None,
+                arm=_resolution(adapter, alias.canary_revision),
+            )
+    return _resolution(adapter, revision, canary)
+
+
+def _resolution(adapter, revision, canary: Canary | None = None) -> Resolution:
     revision.adapter = adapter  # lora_name() reads the tenant through it; no extra query
     name = lora_name(revision)
     targets = tuple(
@@ -159,6 +188,7 @@ def _resolve_sync(tenant_id: int, ref: ModelRef) -> Resolution | AliasNotLive | 
         revision_number=revision.number,
         lora_name=name,
         targets=targets,
+        canary=canary,
     )
 
 

@@ -24,6 +24,7 @@ from limits.aio.storage import RedisStorage as AsyncRedisStorage
 from serving.gateway import auth, resolve
 from serving.gateway.budgets import TokenLimits
 from serving.gateway.caches import SHARED_MISSES, TENANT_MISSES, TENANT_SHARE, RefreshingCache
+from serving.gateway.canary import CanaryCounters
 from serving.gateway.fairslots import FairSlots
 from serving.gateway.inflight import InflightCap
 from serving.gateway.metering import Meter
@@ -120,6 +121,7 @@ class GatewayState:
     node_slots: FairSlots = field(init=False)  # each node's upstream slots, shared fairly between tenants
     nodes: NodeHealth = field(init=False)  # nodes this process failed to reach lately (failover)
     tokens: TokenLimits = field(init=False)  # tokens per minute and month of tenants and keys (budgets.py)
+    canary: CanaryCounters = field(init=False)  # canaries' per-arm counts, shared through Redis (canary.py)
     inflight: Counter[int] = field(default_factory=Counter)  # requests in flight per placement id
     key_lookups: dict[str, asyncio.Future] = field(default_factory=dict)  # token SHA-256 → its lookup in flight
     lookups_by_client: Counter[str] = field(default_factory=Counter)  # key lookups in flight per client address
@@ -151,6 +153,11 @@ class GatewayState:
         self.node_slots = FairSlots(capacity=self.node_slot_count)
         self.nodes = NodeHealth(self._report_unreachable)
         self.tokens = TokenLimits(self.background, self.rate_limit.client, self.db)
+        self.canary = CanaryCounters(self.background, self.rate_limit.client, self.db, self._canary_aborted)
+
+    def _canary_aborted(self, tenant_id: int, adapter: str) -> None:
+        """A canary this process saw breach was aborted: its routes go now, not when the live event arrives."""
+        resolve.invalidate(self, tenant_id=tenant_id, adapter=adapter)
 
     def _report_unreachable(self, node_name: str) -> None:
         """Ask the control plane to probe a node this process could not reach (in the background)."""
@@ -223,6 +230,7 @@ class GatewayState:
         await self.inflight_cap.aclose()  # before the drain: its sync runs for as long as slots are held
         await self.background.drain()
         self.meter.cancel_timer()
+        self.canary.cancel_timer()
         try:
             await self.db.run(self.meter.flush)  # a clean shutdown loses no metered request
         except Exception:
