@@ -11,3 +11,9 @@ class ServingConfig(AppConfig):
 
         # Read from the database at scrape time: served once per scrape, however many web processes serve.
         register_shared_collector(ServingCollector())
+
+        from adapters.signals import evaluation_requested
+        from serving.services.evaluation import evaluation_requested as run_evaluation
+
+        # The evaluation runner reacts to the catalog's requests (adapters never imports serving).
+        evaluation_requested.connect(run_evaluation, dispatch_uid="serving.evaluation_runner")

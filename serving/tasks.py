@@ -1,7 +1,8 @@
 """Celery tasks of the serving plane.
 
 On a node agent (queue `node.<name>`): `placement_prewarm` (two phases), `placement_unload`,
-`node_cache_cleanup`, `node_queue_probe`. On the control queue: `nodes_heartbeat` (beat), `alias_converge`.
+`node_cache_cleanup`, `node_queue_probe`, `evaluation_cases`. On the control queue: `nodes_heartbeat` (beat),
+`alias_converge`, `evaluation_run`.
 """
 
 from __future__ import annotations
@@ -204,6 +205,12 @@ def nodes_heartbeat(self) -> None:
     swept = sweep.aliases_sweep()
     if any(swept.values()):
         log.info("aliases swept: %s", swept)
+    # Evaluations whose next step was lost (serving/services/evaluation.py).
+    from serving.services import evaluation
+
+    evaluations = evaluation.evaluations_sweep()
+    if any(evaluations.values()):
+        log.info("evaluations swept: %s", evaluations)
 
 
 @shared_task(bind=True, acks_late=True, ignore_result=True)
@@ -236,3 +243,21 @@ def usage_purge() -> None:
     purged = services.usage_purge()
     if any(purged.values()):
         log.info("usage rows purged: %s", purged)
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True)
+def evaluation_run(self, *, evaluation_id: int) -> None:
+    """An evaluation's next step: take its turn, find or ask for a placement, hand it to the node (it polls
+    itself while it waits: serving/services/evaluation.py)."""
+    from serving.services import evaluation
+
+    log.info("evaluation %s: %s", evaluation_id, evaluation.evaluation_run(evaluation_id=evaluation_id))
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True)
+def evaluation_cases(self, *, evaluation_id: int, placement_id: int) -> None:
+    """On the node agent: run an evaluation's cases against its ready placement, grade and store them."""
+    from serving.services import evaluation
+
+    done = evaluation.evaluation_cases(evaluation_id=evaluation_id, placement_id=placement_id)
+    log.info("evaluation %s: %s", evaluation_id, done)

@@ -100,3 +100,33 @@ class VllmClient:
                 transient=response.status_code >= 500,
             )
         return response.json()
+
+    def generate(
+        self,
+        model: str,
+        *,
+        prompt: str | None = None,
+        messages: list[dict] | None = None,
+        max_tokens: int,
+        timeout: float,
+    ) -> tuple[str, dict]:
+        """A greedy (temperature 0) completion of `prompt`, or chat completion of `messages`, for an evaluation
+        case: (the answer's text, vLLM's `usage`). Errors as VllmError (5xx and the network: transient)."""
+        body: dict = {"model": model, "max_tokens": max_tokens, "temperature": 0}
+        path = "/v1/completions" if messages is None else "/v1/chat/completions"
+        body |= {"prompt": prompt} if messages is None else {"messages": messages}
+        response = self._call("POST", path, json=body, timeout=timeout)
+        if response.status_code != 200:
+            raise VllmError(
+                f"{path} for {model}: {_error_message(response)}",
+                status=response.status_code,
+                transient=response.status_code >= 500,
+            )
+        try:
+            data = response.json()
+            choice = data["choices"][0]
+            text = choice["text"] if messages is None else choice["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise VllmError(f"{path} for {model}: an answer without choices ({exc})") from exc
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        return str(text or ""), usage

@@ -117,9 +117,12 @@ def newest_suite(adapter: Adapter) -> EvaluationSuite | None:
     return EvaluationSuite.objects.filter(adapter=adapter).order_by("-version").first()
 
 
-def evaluation_request(*, revision: AdapterRevision, suite: EvaluationSuite, again: bool = False) -> Evaluation:
+def evaluation_request(
+    *, revision: AdapterRevision, suite: EvaluationSuite, again: bool = False, notify: bool = True
+) -> Evaluation:
     """The revision's evaluation on `suite`, created `pending` if it has none (or, with `again`, an unavailable
-    one reset to pending); the runner is told after commit (adapters.signals.evaluation_requested)."""
+    one reset to pending); the runner is told after commit (adapters.signals.evaluation_requested) unless
+    `notify` is False (the runner itself asking, for a baseline it runs at once)."""
     evaluation, created = Evaluation.objects.get_or_create(
         revision=revision, suite=suite, defaults={"case_count": suite.case_count}
     )
@@ -133,7 +136,8 @@ def evaluation_request(*, revision: AdapterRevision, suite: EvaluationSuite, aga
         evaluation.refresh_from_db()
     if created or reset:
         _event(evaluation, revision=revision)
-        transaction.on_commit(lambda: evaluation_requested.send(sender=Evaluation, evaluation_id=evaluation.id))
+        if notify:
+            transaction.on_commit(lambda: evaluation_requested.send(sender=Evaluation, evaluation_id=evaluation.id))
     return evaluation
 
 

@@ -31,7 +31,7 @@ from django.db.models import Count, Q, Sum
 
 from adapters.models import Adapter, AdapterRevision
 from mint_site.errors import QuotaExceeded
-from serving.models import HOLDING_STATES, Alias, NodeState, Placement, ServingNode
+from serving.models import HOLDING_STATES, Alias, NodeState, Placement, Priority, ServingNode
 from tenants.models import Tenant
 
 QUOTA_CODE = "serving_quota_exceeded"
@@ -183,7 +183,8 @@ def shares(*, base_model_id: int, requester: int, pins: dict[int, int]) -> Share
 
 
 def tenant_unpinned_count(*, tenant_id: int, base_model_id: int, pins: dict[int, int]) -> int:
-    """Placements the tenant holds on the base model's nodes for revisions no alias pins (cold requests)."""
+    """Placements the tenant holds on the base model's nodes for revisions no alias pins (cold requests).
+    Speculative ones (evaluations) do not count: they borrow free slots and are the first evicted."""
     return (
         Placement.objects.filter(
             Q(state__in=HOLDING_STATES),
@@ -191,5 +192,6 @@ def tenant_unpinned_count(*, tenant_id: int, base_model_id: int, pins: dict[int,
             revision__adapter__tenant_id=tenant_id,
         )
         .exclude(revision_id__in=list(pins))
+        .exclude(priority=Priority.SPECULATIVE)
         .count()
     )

@@ -58,14 +58,16 @@ def eviction_victim(
     nodes: ServingNode | list[ServingNode], *, protected: set[int], tenant_id: int | None = None
 ) -> Placement | None:
     """The least recently used ready placement on `nodes` whose revision is not protected (of one tenant's
-    placements only, when `tenant_id` is given), with its node and tenant."""
+    placements only, when `tenant_id` is given), with its node and tenant. Speculative placements (an
+    evaluation's: serving/services/evaluation.py) go first: they only ever borrow a slot nobody needed."""
     nodes = [nodes] if isinstance(nodes, ServingNode) else nodes
     victims = Placement.objects.filter(node__in=nodes, state=P.READY).exclude(revision_id__in=protected)
     if tenant_id is not None:
         victims = victims.filter(revision__adapter__tenant_id=tenant_id)
+    speculative_first = Case(When(priority=Priority.SPECULATIVE, then=Value(0)), default=Value(1))
     return (
         victims.select_related("revision__adapter__tenant", "node")
-        .order_by(F("last_used_at").asc(nulls_first=True), "ready_at", "id")
+        .order_by(speculative_first, F("last_used_at").asc(nulls_first=True), "ready_at", "id")
         .first()
     )
 
@@ -180,6 +182,8 @@ def _place(revision: AdapterRevision, priority: int, *, row: Placement | None) -
     order = rendezvous.preference(lora_name(revision), locked)
     if (home := next((n for n in order if holding.get(n.id, 0) < n.cpu_slots), None)) is not None:
         return _queue(row, revision, node=home, priority=priority)
+    if priority == Priority.SPECULATIVE:
+        return row  # speculative (an evaluation): only a free slot, never an eviction
     pins = selectors.pinned_revisions(base_model_id=adapter.base_model_id)
     tenant_id = adapter.tenant_id
 
@@ -542,6 +546,28 @@ def placement_forget(*, placement: Placement) -> None:
     Placement.objects.filter(id=placement.id).delete()
     placements_retry(base_model_id=placement.node.base_model_id)
     admit(node_id=placement.node_id)
+
+
+def placement_release_speculative(*, placement_id: int) -> bool:
+    """Give back the slot an evaluation borrowed: unload its placement if it is still only speculative (no
+    cold request or activation raised its priority, and no alias pinned the revision meanwhile); a queued
+    one is withdrawn. True if released."""
+    with transaction.atomic():
+        placement = (
+            Placement.objects.select_for_update(of=("self",))
+            .select_related("revision__adapter__tenant", "node")
+            .filter(id=placement_id, priority=Priority.SPECULATIVE)
+            .first()
+        )
+        if placement is None or placement.revision_id in selectors.pinned_revisions():
+            return False
+        if placement.state in (P.QUEUED, P.WAITING, P.FAILED):
+            placement.delete()
+            return True
+        if placement.state != P.READY:
+            return False  # a load in progress finishes; then it is the first victim (eviction_victim)
+        _evict(placement, reason=None)
+    return True
 
 
 def ready_count(revision: AdapterRevision) -> int:

@@ -124,3 +124,25 @@ def usage_of_warmup(*, placement: Placement, answer: dict, ms: float) -> int:
         200,
     )
     return usage_add(counts={key: values})
+
+
+def usage_of_evaluation(
+    *, revision, node: str, requests: int, prompt_tokens: int, completion_tokens: int, latencies_ms: Sequence[float]
+) -> int:
+    """Meter an evaluation's completions as MinT's own traffic (`evaluation`: never billed to the tenant)."""
+    values = [0.0] * len(USAGE_COUNTS)
+    values[0], values[1], values[2], values[3] = requests, prompt_tokens, completion_tokens, sum(latencies_ms)
+    for ms in latencies_ms:
+        values[USAGE_COUNTS.index("lat_0") + bisect.bisect_left(LATENCY_BOUNDS_MS, ms)] += 1
+    key = (
+        minute_of(timezone.now()),
+        UsageKind.EVALUATION,
+        revision.adapter.tenant_id,
+        0,
+        revision.adapter_id,
+        revision.adapter.name,
+        revision.number,
+        node,
+        200,
+    )
+    return usage_add(counts={key: values})

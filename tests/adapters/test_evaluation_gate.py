@@ -206,12 +206,17 @@ def test_states_are_audited_and_sent_live(tenant_a, adapter_a, django_capture_on
     def receiver(sender, evaluation_id, **kwargs):
         requested.append(evaluation_id)
 
+    # Only this test's receiver: the serving runner (connected by serving's app) would run it at once.
+    evaluation_requested.disconnect(dispatch_uid="serving.evaluation_runner")
     evaluation_requested.connect(receiver)
     try:
         with django_capture_on_commit_callbacks(execute=True):
             evaluation = services.evaluation_request(revision=revision, suite=suite_of(adapter_a))
     finally:
         evaluation_requested.disconnect(receiver)
+        from serving.services.evaluation import evaluation_requested as run_evaluation
+
+        evaluation_requested.connect(run_evaluation, dispatch_uid="serving.evaluation_runner")
     assert requested == [evaluation.id]
     services.evaluation_start(evaluation=evaluation)
     services.evaluation_finish(evaluation=evaluation, case_results=BOTH)

@@ -1,0 +1,283 @@
+"""The evaluation runner: a revision's evaluation suite run on a serving node, graded, stored (adapters owns the
+suite, the Evaluation row and the gate; this side knows nodes, placements and what is live).
+
+How it is told: adapters sends `adapters.signals.evaluation_requested` after commit (an export, a new suite, a
+request again); `ServingConfig.ready` connects it to `tasks.evaluation_run`. Two tasks share the work:
+
+- `evaluation_run` (control queue, short): takes the evaluation (`running`; one per tenant at a time, the
+  rest wait `pending` for their turn, so a tenant exporting a hundred revisions holds one borrowed slot, not a
+  hundred), finds a ready placement of the revision or asks for a *speculative* one (lowest priority; only a
+  free slot, never an eviction; not counted in the tenant's serving quota; the first victim when anyone needs
+  the slot: serving/services/placement.py), and polls itself every MINT_EVALUATION_POLL_S until it is ready.
+- `evaluation_cases` (the node's queue, the node agent): sends each case to vLLM with greedy decoding
+  (temperature 0, `max_tokens` per case, never above the plan), grades the answers (adapters/suites.py),
+  scores the live `production` revision on the same suite when it has no finished evaluation there (the
+  baseline of the regression check, recorded on the evaluation), meters the calls as `evaluation` usage
+  (never billed), stores the results, and gives the speculative slot back unless the revision was pinned
+  meanwhile.
+
+It ends `unavailable` with the reason when no node of the base model can load the revision (engine flags or
+rank), its placement fails every attempt (e.g. MoE LoRA on CPU nodes), or MINT_EVALUATION_TIMEOUT_S passes
+from its start (waiting for a free slot included).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from adapters import selectors as catalog
+from adapters import services as adapter_services
+from adapters.models import AdapterRevision, Evaluation, EvaluationState
+from adapters.suites import grade
+from mint_site.errors import InvalidTransition
+from serving import selectors, tasks
+from serving.models import Alias, NodeState, Placement, PlacementState, Priority, ServingNode, lora_name
+from serving.services.placement import node_can_load, placement_release_speculative, placement_request
+from serving.services.usage import usage_of_evaluation
+from serving.vllm import VllmClient, VllmError
+from tenants.models import Tenant
+
+log = logging.getLogger(__name__)
+E = EvaluationState
+POLL_S = 1.0
+REQUEST_TIMEOUT_S = 60.0
+
+
+def _deadline(evaluation: Evaluation) -> datetime:
+    return (evaluation.started_at or timezone.now()) + timedelta(seconds=settings.MINT_EVALUATION_TIMEOUT_S)
+
+
+def _again(evaluation_id: int, *, countdown: float = POLL_S) -> None:
+    transaction.on_commit(
+        lambda: tasks.evaluation_run.apply_async(kwargs={"evaluation_id": evaluation_id}, countdown=countdown)
+    )
+
+
+def _unavailable(evaluation: Evaluation, reason: str) -> None:
+    adapter_services.evaluation_unavailable(evaluation=evaluation, reason=reason)
+    _release(evaluation)
+    evaluation_next(tenant_id=evaluation.revision.adapter.tenant_id)
+
+
+def _take_turn(evaluation: Evaluation) -> bool:
+    """pending → running if the tenant has no other evaluation running (its turn); False to wait for it."""
+    tenant_id = evaluation.revision.adapter.tenant_id
+    with transaction.atomic():
+        Tenant.objects.select_for_update().filter(id=tenant_id).first()  # one taker at a time per tenant
+        busy = (
+            Evaluation.objects.filter(state=E.RUNNING, revision__adapter__tenant_id=tenant_id)
+            .exclude(id=evaluation.id)
+            .exists()
+        )
+        if busy or not Evaluation.objects.filter(id=evaluation.id, state=E.PENDING).exists():
+            return False
+        adapter_services.evaluation_start(evaluation=evaluation)
+    return True
+
+
+def evaluation_next(*, tenant_id: int) -> None:
+    """Start the tenant's oldest pending evaluation, if any (after one of its evaluations ended)."""
+    following = (
+        Evaluation.objects.filter(state=E.PENDING, revision__adapter__tenant_id=tenant_id)
+        .order_by("created_at", "id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    if following is not None:
+        _again(following, countdown=0)
+
+
+def evaluation_run(*, evaluation_id: int) -> str:
+    """One step of the control-queue side (module docstring); returns what it did, for logs and tests."""
+    evaluation = catalog.evaluation_by_id(evaluation_id)
+    if evaluation is None or evaluation.state not in (E.PENDING, E.RUNNING):
+        return "nothing to do"
+    if evaluation.state == E.PENDING and not _take_turn(evaluation):
+        return "waits for its turn"
+    evaluation.refresh_from_db()
+    revision = evaluation.revision
+    if timezone.now() > _deadline(evaluation):
+        _unavailable(
+            evaluation,
+            f"MINT_EVALUATION_TIMEOUT_S={settings.MINT_EVALUATION_TIMEOUT_S} passed before r{revision.number} was "
+            "ready on a node (a speculative evaluation only takes a free slot, never another's)",
+        )
+        return "timed out"
+    ready = selectors.ready_placements(revision=revision).select_related("node").first()
+    if ready is not None:
+        if evaluation.runner.get("sent_to") != ready.id:
+            adapter_services.evaluation_note(evaluation=evaluation, sent_to=ready.id)
+            transaction.on_commit(
+                lambda: tasks.evaluation_cases.apply_async(
+                    kwargs={"evaluation_id": evaluation.id, "placement_id": ready.id}, queue=ready.node.queue
+                )
+            )
+        return "sent to the node"
+    nodes = list(ServingNode.objects.filter(base_model_id=revision.adapter.base_model_id))
+    if not any(node_can_load(node, revision) for node in nodes):
+        _unavailable(
+            evaluation,
+            f"no node of {revision.adapter.base_model.name} can load r{revision.number} "
+            "(none has the engine flags and LoRA rank its export needs)",
+        )
+        return "no node"
+    placement_id = evaluation.runner.get("placement_id")
+    placement = Placement.objects.filter(id=placement_id).first() if placement_id else None
+    if placement is not None and placement.state == PlacementState.FAILED:
+        _unavailable(
+            evaluation,
+            f"r{revision.number} could not be loaded for its evaluation: {placement.failure_reason or 'no reason'}",
+        )
+        return "placement failed"
+    if placement is None:
+        placement = placement_request(revision=revision, priority=Priority.SPECULATIVE)
+        if placement is not None:
+            # Speculative only if this asked for it (a revision already placed keeps its own priority).
+            adapter_services.evaluation_note(
+                evaluation=evaluation,
+                placement_id=placement.id,
+                speculative=placement.priority == Priority.SPECULATIVE,
+            )
+    _again(evaluation.id)
+    return "waits for a placement" if placement is not None else "waits for a free slot"
+
+
+def _answers(
+    node: ServingNode, revision: AdapterRevision, cases: list[dict[str, Any]], *, deadline: datetime
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Each case's answer from the node, graded: (per-case results, metering totals). VllmError on failure."""
+    plan_tokens = revision.adapter.tenant.max_evaluation_tokens
+    default_tokens = min(settings.MINT_EVALUATION_DEFAULT_MAX_TOKENS, plan_tokens)
+    excerpt = settings.MINT_EVALUATION_EXCERPT_CHARS
+    results: list[dict[str, Any]] = []
+    meter: dict[str, Any] = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "latencies_ms": []}
+    name = lora_name(revision)
+    with VllmClient(node.url, timeout=REQUEST_TIMEOUT_S) as engine:
+        for index, case in enumerate(cases):
+            left = (deadline - timezone.now()).total_seconds()
+            if left <= 0:
+                raise TimeoutError(f"MINT_EVALUATION_TIMEOUT_S passed after {index} of {len(cases)} cases")
+            started = time.perf_counter()
+            answer, usage = engine.generate(
+                name,
+                prompt=case.get("prompt"),
+                messages=case.get("messages"),
+                max_tokens=min(int(case.get("max_tokens") or default_tokens), plan_tokens),
+                timeout=min(left, REQUEST_TIMEOUT_S),
+            )
+            meter["latencies_ms"].append((time.perf_counter() - started) * 1000)
+            meter["requests"] += 1
+            meter["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
+            meter["completion_tokens"] += int(usage.get("completion_tokens") or 0)
+            passed, score = grade(case, answer, regex_max_mem=settings.MINT_EVALUATION_REGEX_MAX_MEM)
+            result = {"case": index + 1, "passed": passed, "score": score, "answer": answer[:excerpt]}
+            if case.get("name"):
+                result["name"] = case["name"]
+            results.append(result)
+    return results, meter
+
+
+def _meter(revision: AdapterRevision, node: ServingNode, meter: dict[str, Any]) -> None:
+    if meter["requests"]:
+        usage_of_evaluation(revision=revision, node=node.name, **meter)
+
+
+def _baseline(evaluation: Evaluation, *, deadline: datetime) -> tuple[AdapterRevision | None, float | None, str | None]:
+    """The live `production` revision and its score on the same suite: its finished evaluation there, or one
+    run now on a node where it is ready. (None, None, why) when there is no live revision or it cannot run."""
+    revision = evaluation.revision
+    live = selectors.live_revision(adapter=revision.adapter, alias_name=Alias.PRODUCTION)
+    if live is None or live.id == revision.id:
+        return None, None, None
+    live = AdapterRevision.objects.select_related("adapter__tenant").get(id=live.id)
+    done = Evaluation.objects.filter(revision=live, suite=evaluation.suite, state__in=(E.PASSED, E.FAILED)).first()
+    if done is not None:
+        return live, done.score, None
+    ready = selectors.ready_placements(revision=live).select_related("node").first()
+    if ready is None:
+        return live, None, f"the live revision r{live.number} is not ready on any node"
+    own = adapter_services.evaluation_request(revision=live, suite=evaluation.suite, again=True, notify=False)
+    if own.state != E.PENDING:
+        # Another run has it (its own turn, or another candidate's baseline): no second copy of the same work.
+        return live, own.score if own.state in (E.PASSED, E.FAILED) else None, f"r{live.number} is {own.state}"
+    adapter_services.evaluation_start(evaluation=own)
+    try:
+        results, meter = _answers(ready.node, live, evaluation.suite.cases, deadline=deadline)
+    except (VllmError, TimeoutError) as exc:
+        adapter_services.evaluation_unavailable(evaluation=own, reason=str(exc))
+        return live, None, f"the live revision r{live.number} could not be scored: {exc}"
+    _meter(live, ready.node, meter)
+    own = adapter_services.evaluation_finish(evaluation=own, case_results=results)
+    return live, own.score, None
+
+
+def evaluation_cases(*, evaluation_id: int, placement_id: int) -> str:
+    """The node agent's side (module docstring): run, grade, store, release."""
+    evaluation = catalog.evaluation_by_id(evaluation_id)
+    if evaluation is None or evaluation.state != E.RUNNING:
+        return "nothing to do"
+    placement = Placement.objects.select_related("node", "revision__adapter").filter(id=placement_id).first()
+    if placement is None or placement.state != PlacementState.READY or placement.node.state != NodeState.UP:
+        adapter_services.evaluation_note(evaluation=evaluation, sent_to=None)
+        _again(evaluation.id, countdown=0)  # it moved: find it again
+        return "placement gone"
+    revision = evaluation.revision
+    deadline = _deadline(evaluation)
+    try:
+        results, meter = _answers(placement.node, revision, evaluation.suite.cases, deadline=deadline)
+    except (VllmError, TimeoutError) as exc:
+        _unavailable(evaluation, f"r{revision.number} on node {placement.node.name}: {exc}")
+        return "failed to run"
+    _meter(revision, placement.node, meter)
+    baseline, baseline_score, why = _baseline(evaluation, deadline=deadline)
+    if why:
+        log.warning("evaluation %s of %s: no baseline: %s", evaluation.id, revision, why)
+    try:
+        adapter_services.evaluation_finish(
+            evaluation=evaluation, case_results=results, baseline_revision=baseline, baseline_score=baseline_score
+        )
+    except InvalidTransition:
+        log.info("evaluation %s was finished by another copy of the task", evaluation.id)
+        return "finished elsewhere"
+    _release(evaluation)
+    evaluation_next(tenant_id=revision.adapter.tenant_id)
+    return "finished"
+
+
+def _release(evaluation: Evaluation) -> None:
+    runner = Evaluation.objects.filter(id=evaluation.id).values_list("runner", flat=True).first() or {}
+    if runner.get("speculative") and runner.get("placement_id"):
+        placement_release_speculative(placement_id=runner["placement_id"])
+
+
+def evaluation_requested(sender, *, evaluation_id: int, **kwargs) -> None:
+    """Receiver of adapters.signals.evaluation_requested (sent after commit): queue the runner's first step."""
+    tasks.evaluation_run.delay(evaluation_id=evaluation_id)
+
+
+def evaluations_sweep(*, limit: int = 100) -> dict[str, int]:
+    """Beat: what a lost hand-off left behind. A running evaluation past its time limit is stepped (and ends
+    unavailable); a tenant with pending evaluations and none running gets its oldest started."""
+    cutoff = timezone.now() - timedelta(seconds=settings.MINT_EVALUATION_TIMEOUT_S)
+    overdue = list(
+        Evaluation.objects.filter(state=E.RUNNING, started_at__lt=cutoff).values_list("id", flat=True)[:limit]
+    )
+    for evaluation_id in overdue:
+        evaluation_run(evaluation_id=evaluation_id)
+    running = Evaluation.objects.filter(state=E.RUNNING).values("revision__adapter__tenant_id")
+    idle = list(
+        Evaluation.objects.filter(state=E.PENDING)
+        .exclude(revision__adapter__tenant_id__in=running)
+        .values_list("revision__adapter__tenant_id", flat=True)
+        .distinct()[:limit]
+    )
+    for tenant_id in idle:
+        evaluation_next(tenant_id=tenant_id)
+    return {"overdue": len(overdue), "started": len(idle)}
