@@ -4,15 +4,22 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('serving', '0009_usage_period_index'),
+        ("serving", "0009_usage_period_index"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='usagerecord',
-            name='kind',
-            field=models.CharField(choices=[('inference', 'Inference (billed)'), ('warmup', "Warm-up (MinT's own, not billed)"), ('evaluation', "Evaluation (MinT's own, not billed)")], default='inference', max_length=10),
+            model_name="usagerecord",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("inference", "Inference (billed)"),
+                    ("warmup", "Warm-up (MinT's own, not billed)"),
+                    ("evaluation", "Evaluation (MinT's own, not billed)"),
+                ],
+                default="inference",
+                max_length=10,
+            ),
         ),
     ]

@@ -95,9 +95,7 @@ def live_revision(*, adapter: Adapter, alias_name: str) -> AdapterRevision | Non
 
 def routing_alias(*, adapter: Adapter, alias_name: str) -> Alias | None:
     """An alias with the revisions the gateway routes it to: the live one and its canary's candidate (one query)."""
-    return (
-        Alias.objects.filter(adapter=adapter, name=alias_name).select_related("revision", "canary_revision").first()
-    )
+    return Alias.objects.filter(adapter=adapter, name=alias_name).select_related("revision", "canary_revision").first()
 
 
 def live_aliases(*, tenant_id: int) -> QuerySet[Alias]:
