@@ -289,14 +289,14 @@ WITH approved AS (
     FROM approved WHERE rn <= 2 GROUP BY adapter_id
 )
 INSERT INTO serving_alias (name, rollback_pending, updated_by, updated_at, adapter_id, revision_id,
-                            desired_revision_id, previous_revision_id)
+                            desired_revision_id, previous_revision_id, canary_by)
 SELECT 'production', false, 'key:bench', now(), adapter_id,
        CASE WHEN adapter_id %% 5 = 0 AND before IS NOT NULL THEN before ELSE newest END,
        CASE WHEN adapter_id %% 50 = 1 AND before IS NOT NULL THEN newest
             WHEN adapter_id %% 5 = 0 AND before IS NOT NULL THEN before ELSE newest END,
-       before
+       before, ''
 FROM top2
 UNION ALL
-SELECT 'candidate', false, 'key:bench', now(), adapter_id, newest, newest, NULL
+SELECT 'candidate', false, 'key:bench', now(), adapter_id, newest, newest, NULL, ''
 FROM top2 WHERE adapter_id %% 5 = 0 AND before IS NOT NULL
 """
