@@ -65,6 +65,7 @@ class RejectForm(forms.Form):
 
 class ActivateForm(forms.Form):
     revision = forms.IntegerField(label="Revision", min_value=1)
+    canary_percent = forms.IntegerField(label="Canary percent", min_value=1, max_value=50, required=False)
     alias = forms.RegexField(
         ALIAS_NAME,
         label="Alias",
@@ -72,6 +73,16 @@ class ActivateForm(forms.Form):
         required=False,
         error_messages={"invalid": "Lower-case letters, digits, - and _, starting with a letter (at most 32)."},
     )
+
+
+class CanaryForm(forms.Form):
+    alias = forms.RegexField(
+        ALIAS_NAME,
+        label="Alias",
+        max_length=32,
+        error_messages={"invalid": "Lower-case letters, digits, - and _, starting with a letter (at most 32)."},
+    )
+    reason = forms.CharField(label="Reason", max_length=500, required=False)
 
 
 class RollbackForm(forms.Form):

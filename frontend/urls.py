@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from frontend.views import actions, auth, keys, pages
+from frontend.views import actions, auth, keys, pages, webhooks
 
 app_name = "frontend"
 
@@ -20,11 +20,21 @@ urlpatterns = [
     path("usage/export.csv", pages.usage_export, name="usage-export"),
     path("keys/", keys.api_keys, name="keys"),
     path("keys/<str:prefix>/revoke/", keys.api_key_revoke, name="key-revoke"),
+    path("webhooks/", webhooks.webhooks, name="webhooks"),
+    path("webhooks/<int:webhook_id>/ping/", webhooks.webhook_ping, name="webhook-ping"),
+    path("webhooks/<int:webhook_id>/delete/", webhooks.webhook_delete, name="webhook-delete"),
+    path(
+        "webhooks/<int:webhook_id>/deliveries/<int:delivery_id>/redeliver/",
+        webhooks.webhook_redeliver,
+        name="webhook-redeliver",
+    ),
     path("adapters/<str:name>/", pages.adapter_detail, name="adapter"),
     path("adapters/<str:name>/register/", actions.revision_register, name="register"),
     path("adapters/<str:name>/activate/", actions.adapter_activate, name="activate"),
     path("adapters/<str:name>/rollback/", actions.adapter_rollback, name="rollback"),
     path("adapters/<str:name>/cancel/", actions.activation_cancel, name="cancel"),
+    path("adapters/<str:name>/promote/", actions.canary_promote, name="canary-promote"),
+    path("adapters/<str:name>/abort/", actions.canary_abort, name="canary-abort"),
     path("adapters/<str:name>/revisions/<int:number>/", pages.adapter_detail, name="revision"),
     path(
         "adapters/<str:name>/revisions/<int:number>/approve/",

@@ -82,9 +82,9 @@ B_OBJECT: dict[str, Callable[[TenantWorld], str]] = {
     "prefix": lambda b: b.key("pipeline")[0].prefix,
     "name": lambda b: b_revision(b).adapter.name,
     "number": lambda b: str(b_revision(b).number),
+    "version": lambda b: str(b_suite(b).version),
     "webhook_id": lambda b: str(b_webhook(b).id),
     "delivery_id": lambda b: str(b_delivery(b).id),
-    "version": lambda b: str(b_suite(b).version),
 }
 
 PARAM = re.compile(r"<(?:(?P<converter>[^>:]+):)?(?P<name>[^>]+)>")

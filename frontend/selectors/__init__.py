@@ -19,6 +19,7 @@ from adapters import selectors as adapter_selectors
 from adapters.models import Adapter, AdapterRevision, Approval, BaseModel
 from serving import selectors as serving_selectors
 from serving.models import ACTIVE_STATES, HOLDING_STATES, Alias, Placement, PlacementState, ServingNode
+from serving.services import canary as serving_canary  # a canary's counters, read from Redis
 from tenants import selectors as tenant_selectors
 from tenants.models import ApiKey, AuditEvent, Tenant
 
@@ -168,6 +169,7 @@ def aliases_of(adapter: Adapter) -> list[Alias]:
     aliases = sorted(adapter.aliases.all(), key=lambda a: alias_order(a.name))
     for alias in aliases:
         alias.activation = serving_selectors.activation_status(alias)
+        alias.canary_counts = serving_canary.canary_counts(alias=alias) if alias.canary_revision_id else None
     return aliases
 
 

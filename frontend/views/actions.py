@@ -19,6 +19,7 @@ from adapters.models import Adapter, AdapterRevision
 from frontend import selectors
 from frontend.forms import (
     ActivateForm,
+    CanaryForm,
     CancelForm,
     DecisionForm,
     RegisterForm,
@@ -158,6 +159,40 @@ def activation_cancel(request: HttpRequest, name: str) -> HttpResponse:
     return act(request, safe_next(request, _back(adapter)), run, anchor=f"alias-{alias_name}")
 
 
+@require_POST
+@page(post=Capability.DECIDE)
+def canary_promote(request: HttpRequest, name: str) -> HttpResponse:
+    """Flip an alias to its canary's revision."""
+    adapter = _adapter(request, name)
+    form = CanaryForm(request.POST)
+    alias_name = (form.cleaned_data.get("alias") if form.is_valid() else "") or Alias.PRODUCTION
+
+    def run() -> str:
+        _cleaned(form)
+        alias = serving_services.canary_promote(adapter=adapter, by=request.viewer.access.actor, alias=alias_name)
+        return f"Promoted: {alias_name} serves r{alias.desired_revision.number} (once ready on its nodes)."
+
+    return act(request, safe_next(request, _back(adapter)), run, anchor=f"alias-{alias_name}")
+
+
+@require_POST
+@page(post=Capability.DECIDE)
+def canary_abort(request: HttpRequest, name: str) -> HttpResponse:
+    """Drop an alias's canary: every request goes to its live revision."""
+    adapter = _adapter(request, name)
+    form = CanaryForm(request.POST)
+    alias_name = (form.cleaned_data.get("alias") if form.is_valid() else "") or Alias.PRODUCTION
+
+    def run() -> str:
+        data = _cleaned(form)
+        alias = serving_services.canary_abort(
+            adapter=adapter, by=request.viewer.access.actor, alias=alias_name, reason=data.get("reason") or ""
+        )
+        return f"Canary aborted: {alias_name} sends every request to r{alias.revision.number}."
+
+    return act(request, safe_next(request, _back(adapter)), run, anchor=f"alias-{alias_name}")
+
+
 def _alias_named(adapter: Adapter, name: str) -> Alias | None:
     return next((a for a in adapter.aliases.all() if a.name == name), None)
 
@@ -174,9 +209,15 @@ def adapter_activate(request: HttpRequest, name: str) -> HttpResponse:
         alias_name = data.get("alias") or Alias.PRODUCTION
         revision = _revision_or_error(adapter, data["revision"])
         before = _alias_named(adapter, alias_name)
+        percent = data.get("canary_percent")
         serving_services.revision_activate(
-            adapter=adapter, revision=revision, by=request.viewer.access.actor, alias=alias_name
+            adapter=adapter, revision=revision, by=request.viewer.access.actor, alias=alias_name, canary_percent=percent
         )
+        if percent:
+            return (
+                f"Canary of r{revision.number} on {alias_name}: {percent} % of its requests go to it once it is "
+                "ready; the rest stay on the live revision."
+            )
         if before is not None and before.revision_id == revision.id:
             withdrawn = before.desired_revision if before.desired_revision_id != revision.id else None
             return f"r{revision.number} is live on {alias_name} already; nothing to flip." + (

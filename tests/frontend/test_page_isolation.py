@@ -17,6 +17,7 @@ from frontend import urls as frontend_urls
 from serving.models import Alias
 from tenants.models import ApiKey
 from tests.frontend.conftest import page_client
+from webhooks.models import WebhookDelivery, WebhookEndpoint
 
 pytestmark = pytest.mark.django_db
 
@@ -61,7 +62,17 @@ def both(catalog_a, catalog_b, tenant_a, tenant_b):
     tenant_b.tenant.save(update_fields=["name"])
     b_key, _ = tenant_b.key("pipeline")
     ApiKey.objects.filter(id=b_key.id).update(name="b-secret-key")
-    return {"name": catalog_b.adapter.name, "number": "1", "prefix": b_key.prefix}
+    b_hook = WebhookEndpoint.objects.create(tenant=tenant_b.tenant, url="https://globex.example/hook", secret="s")
+    b_delivery = WebhookDelivery.objects.create(
+        endpoint=b_hook, event="revision.approved", subject="adapter:globex-secret-bot:r1", payload={}
+    )
+    return {
+        "name": catalog_b.adapter.name,
+        "number": "1",
+        "prefix": b_key.prefix,
+        "webhook_id": str(b_hook.id),
+        "delivery_id": str(b_delivery.id),
+    }
 
 
 def test_every_dashboard_route_is_covered():
@@ -73,7 +84,13 @@ def test_every_dashboard_route_is_covered():
 @pytest.mark.parametrize("role", ["owner", "approver", "developer", "viewer"])
 def test_pages_of_a_never_show_b(both, tenant_a, role):
     client = page_client(tenant_a.users[role])
-    own = {"name": "support-bot", "number": "1", "prefix": tenant_a.key("inference")[0].prefix}
+    own = {
+        "name": "support-bot",
+        "number": "1",
+        "prefix": tenant_a.key("inference")[0].prefix,
+        "webhook_id": "1",
+        "delivery_id": "1",
+    }
     for route in dashboard_routes():
         url = fill_route(route, own)
         urls = [url] + [f"{url}?fragment={f}" for f in FRAGMENTS.get(route, [])]
@@ -97,7 +114,7 @@ def test_routes_naming_bs_objects_are_not_found_for_a(both, tenant_a, catalog_b,
             response = getattr(client, method)(url, {"revision": "2", "comment": "x"})
             if response.status_code == 405:
                 continue
-            if role == "approver" and route.startswith("/keys/"):
+            if role == "approver" and route.startswith(("/keys/", "/webhooks/<")):
                 assert response.status_code == 403, url  # the role check comes first
             elif route.startswith("/nodes/"):
                 assert response.status_code == 403, url  # nodes belong to no tenant: staff only
@@ -110,6 +127,8 @@ def test_routes_naming_bs_objects_are_not_found_for_a(both, tenant_a, catalog_b,
     assert AdapterRevision.objects.get(id=catalog_b.pending.id).state == "pending_approval"
     assert Alias.objects.get(adapter=catalog_b.adapter).desired_revision_id == catalog_b.approved.id
     assert ApiKey.objects.filter(tenant=catalog_b.adapter.tenant, revoked_at__isnull=False).count() == 0
+    assert WebhookEndpoint.objects.filter(tenant=catalog_b.adapter.tenant).count() == 1
+    assert WebhookDelivery.objects.count() == 1  # nothing redelivered or pinged
 
 
 def test_nodes_page_counts_b_but_never_names_it(both, tenant_a):
