@@ -46,6 +46,12 @@ def form_errors(form: forms.Form) -> str:
 
 class DecisionForm(forms.Form):
     comment = forms.CharField(label="Comment", required=False, max_length=2000, widget=forms.TextInput)
+    override_reason = forms.CharField(label="Override reason", required=False, max_length=2000)
+
+
+class EvaluationPolicyForm(forms.Form):
+    min_score = forms.FloatField(label="Minimum score", min_value=0.0, max_value=1.0, required=False)
+    no_regression = forms.BooleanField(label="No regression", required=False)
 
 
 class RejectForm(forms.Form):

@@ -18,6 +18,7 @@ from adapters.services.evaluation import (
     evaluation_unavailable,
     evaluation_verdict,
     suite_upload,
+    verdict_of,
 )
 from adapters.services.registration import (
     DuplicateRevision,
@@ -78,4 +79,5 @@ __all__ = [
     "revision_retry",
     "suite_upload",
     "uploads_digest",
+    "verdict_of",
 ]

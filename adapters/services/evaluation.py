@@ -311,8 +311,17 @@ def evaluation_verdict(revision: AdapterRevision) -> Verdict:
     adapter = revision.adapter
     suite = newest_suite(adapter) if has_policy(adapter) else None
     if suite is None:
-        return Verdict(None, "no evaluation gate on this adapter", None, None)
+        return verdict_of(revision, suite=None, evaluation=None)
     evaluation = Evaluation.objects.filter(revision=revision, suite=suite).select_related("baseline_revision").first()
+    return verdict_of(revision, suite=suite, evaluation=evaluation)
+
+
+def verdict_of(revision: AdapterRevision, *, suite: EvaluationSuite | None, evaluation: Evaluation | None) -> Verdict:
+    """The gate's verdict from rows already read: `suite` the adapter's newest (None: no suite), `evaluation`
+    the revision's on it (None: not asked for). No query: the dashboard reads these for a page at once."""
+    adapter = revision.adapter
+    if suite is None or not has_policy(adapter):
+        return Verdict(None, "no evaluation gate on this adapter", None, None)
     label = f"r{revision.number} on suite v{suite.version}"
     if evaluation is None or evaluation.state in (E.PENDING, E.RUNNING):
         state = evaluation.state if evaluation else "not requested"

@@ -16,7 +16,7 @@ from django.db.models import Avg, Case, Count, IntegerField, Prefetch, Q, QueryS
 from django.utils import timezone
 
 from adapters import selectors as adapter_selectors
-from adapters.models import Adapter, AdapterRevision, Approval, BaseModel
+from adapters.models import Adapter, AdapterRevision, Approval, BaseModel, Evaluation, EvaluationSuite
 from serving import selectors as serving_selectors
 from serving.models import ACTIVE_STATES, HOLDING_STATES, Alias, Placement, PlacementState, ServingNode
 from serving.services import canary as serving_canary  # a canary's counters, read from Redis
@@ -178,14 +178,39 @@ def activation_warning(*, adapter: Adapter, revision: AdapterRevision) -> str | 
     return serving_selectors.activation_room(adapter, revision)
 
 
-def revision_page(*, adapter: Adapter, number: str | int | None, state: str = "", only: int | None = None) -> Page:
-    """A page of an adapter's revisions with approvals and placements (4 queries).
+def newest_suite(adapter: Adapter) -> EvaluationSuite | None:
+    """The suite the gate and the runner use, without its cases (the page shows its size and who sent it)."""
+    return (
+        EvaluationSuite.objects.filter(adapter=adapter)
+        .defer("cases")
+        .select_related("created_by", "created_by_key")
+        .order_by("-version")
+        .first()
+    )
+
+
+def revision_page(
+    *,
+    adapter: Adapter,
+    number: str | int | None,
+    state: str = "",
+    only: int | None = None,
+    suite: EvaluationSuite | None = None,
+) -> Page:
+    """A page of an adapter's revisions with approvals, placements and, with `suite`, each one's evaluation on
+    it as `rev.shown_evaluations` (4 queries, 5 with a suite; per-case results only for one revision's page).
 
     Live and desired revisions (of any alias) come first, then the newest. `state` keeps one state;
     `only` keeps one revision number (the revision's own page).
     """
     approvals = Approval.objects.select_related("decided_by", "decided_by_key").order_by("decided_at")
     placements = Placement.objects.select_related("node").order_by("node__name")
+    prefetches = [Prefetch("approvals", queryset=approvals), Prefetch("placements", queryset=placements)]
+    if suite is not None:
+        evaluations = Evaluation.objects.filter(suite=suite).select_related("baseline_revision")
+        if only is None:
+            evaluations = evaluations.defer("case_results", "runner")
+        prefetches.append(Prefetch("evaluations", queryset=evaluations, to_attr="shown_evaluations"))
     live = [a.revision_id for a in adapter.aliases.all() if a.revision_id]
     desired = [a.desired_revision_id for a in adapter.aliases.all() if a.desired_revision_id]
     revisions = AdapterRevision.objects.filter(adapter=adapter)
@@ -195,7 +220,7 @@ def revision_page(*, adapter: Adapter, number: str | int | None, state: str = ""
         revisions = revisions.filter(number=only)
     revisions = (
         revisions.select_related("created_by", "created_by_key", "parent")
-        .prefetch_related(Prefetch("approvals", queryset=approvals), Prefetch("placements", queryset=placements))
+        .prefetch_related(*prefetches)
         .annotate(
             rank_first=Case(
                 When(id__in=live or [0], then=Value(0)),

@@ -9,8 +9,10 @@ form was on (`next`), which shows every alias.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
+from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
@@ -22,6 +24,7 @@ from frontend.forms import (
     CanaryForm,
     CancelForm,
     DecisionForm,
+    EvaluationPolicyForm,
     RegisterForm,
     RejectForm,
     RollbackForm,
@@ -73,8 +76,13 @@ def revision_decide(request: HttpRequest, name: str, number: int, decision: str)
 
     def run() -> str:
         data = _cleaned(DecisionForm(request.POST) if approve else RejectForm(request.POST))
-        decide = services.revision_approve if approve else services.revision_reject
-        decide(revision=revision, by=request.viewer.access.actor, comment=data["comment"])
+        actor = request.viewer.access.actor
+        if approve:
+            services.revision_approve(
+                revision=revision, by=actor, comment=data["comment"], override_reason=data["override_reason"]
+            )
+        else:
+            services.revision_reject(revision=revision, by=actor, comment=data["comment"])
         return f"r{number} of {adapter.name} {'approved' if approve else 'rejected'}."
 
     return act(request, _revision_url(adapter, number), run, anchor=f"r{number}")
@@ -117,6 +125,48 @@ def revision_register(request: HttpRequest, name: str) -> HttpResponse:
         return f"r{revision.number} registered; validation is under way."
 
     return act(request, _back(adapter), run, anchor="register")
+
+
+@require_POST
+@page(post=Capability.REGISTER)
+def suite_upload(request: HttpRequest, name: str) -> HttpResponse:
+    """Upload the adapter's next evaluation suite (one JSONL file); a bad line is named in the message."""
+    adapter = _adapter(request, name)
+
+    def run() -> str:
+        files = request.FILES.getlist("file")
+        if len(files) != 1:
+            raise MintError("Choose one JSONL file for the suite.", code="invalid_suite")
+        limit = settings.MINT_EVALUATION_MAX_SUITE_BYTES
+        body = files[0].read(limit + 1)
+        if len(body) > limit:
+            raise MintError(f"The suite is over MINT_EVALUATION_MAX_SUITE_BYTES={limit} bytes.", code="suite_too_large")
+        suite = services.suite_upload(adapter=adapter, body=body, by=request.viewer.access.actor)
+        return (
+            f"Suite v{suite.version} uploaded ({suite.case_count} case{pluralize(suite.case_count)}); revisions "
+            "exported from now on are scored on it."
+        )
+
+    return act(request, _back(adapter), run, anchor="evaluation")
+
+
+@require_POST
+@page(post=Capability.DECIDE)
+def evaluation_policy(request: HttpRequest, name: str) -> HttpResponse:
+    """Set the adapter's gate: a minimum score and/or no regression against the live revision."""
+    adapter = _adapter(request, name)
+
+    def run() -> str:
+        data = _cleaned(EvaluationPolicyForm(request.POST))
+        services.adapter_set_evaluation_policy(
+            adapter=adapter,
+            min_score=data.get("min_score"),
+            no_regression=data.get("no_regression", False),
+            by=request.viewer.access.actor,
+        )
+        return "Evaluation policy saved."
+
+    return act(request, _back(adapter), run, anchor="evaluation")
 
 
 @require_POST

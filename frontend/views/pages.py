@@ -30,12 +30,14 @@ FRAGMENTS = {
     "overview": {"adapters": "frontend/partials/adapters.html", "nodes": "frontend/partials/overview_nodes.html"},
     "adapter": {
         "alias": "frontend/partials/alias.html",
+        "evaluation": "frontend/partials/evaluation.html",
         "revisions": "frontend/partials/revisions.html",
         "room": "frontend/partials/room.html",  # a revision's page only: the warning before activating it
     },
     "nodes": {"nodes": "frontend/partials/nodes.html"},
     "usage": {"charts": "frontend/partials/usage_charts.html"},
 }
+FAILING_CASES_SHOWN = 50  # a revision's page lists this many failing cases; the API has them all
 
 
 def _render(request: HttpRequest, name: str, template: str, context: dict) -> HttpResponse:
@@ -74,10 +76,31 @@ def overview(request: HttpRequest) -> HttpResponse:
     return _render(request, "overview", "frontend/overview.html", context)
 
 
-def _mark_revisions(revisions, aliases: list[Alias]) -> None:
-    """Note on each revision shown which aliases serve it, want it, and may be pointed at it."""
+def _mark_revisions(revisions, aliases: list[Alias], *, adapter, suite=None, single: bool = False) -> None:
+    """Note on each revision shown which aliases serve it, want it, and may be pointed at it; its evaluation on
+    the newest suite, the gate's verdict when it awaits approval, and (its own page) the failing cases."""
     has_production = any(a.name == Alias.PRODUCTION for a in aliases)
     for rev in revisions:
+        rev.adapter = adapter  # the page's own: the verdict reads its policy without a query per revision
+        evaluations = getattr(rev, "shown_evaluations", None) or []
+        rev.evaluation = evaluations[0] if evaluations else None
+        if (
+            rev.evaluation is not None
+            and rev.evaluation.score is not None
+            and rev.evaluation.baseline_score is not None
+        ):
+            rev.evaluation.delta = rev.evaluation.score - rev.evaluation.baseline_score
+        rev.verdict = (
+            adapter_services.verdict_of(rev, suite=suite, evaluation=rev.evaluation)
+            if rev.state == "pending_approval"
+            else None
+        )
+        if single and rev.evaluation is not None:
+            failing = [c for c in rev.evaluation.case_results if not c.get("passed")]
+            rev.failing_cases, rev.failing_more = (
+                failing[:FAILING_CASES_SHOWN],
+                max(0, len(failing) - FAILING_CASES_SHOWN),
+            )
         rev.live_on = [a.name for a in aliases if a.revision_id == rev.id]
         rev.desired_for = [a for a in aliases if a.desired_revision_id == rev.id and a.revision_id != rev.id]
         rev.activate_to = [a.name for a in aliases if a.desired_revision_id != rev.id]
@@ -110,10 +133,13 @@ def adapter_detail(request: HttpRequest, name: str, number: int | None = None) -
     aliases = selectors.aliases_of(adapter)
     form = RevisionFilterForm(request.GET)
     state = _filters(form).get("state", "") if number is None else ""
-    revisions = selectors.revision_page(adapter=adapter, number=request.GET.get("page"), state=state, only=number)
+    suite = selectors.newest_suite(adapter)
+    revisions = selectors.revision_page(
+        adapter=adapter, number=request.GET.get("page"), state=state, only=number, suite=suite
+    )
     if number is not None and not revisions.object_list:
         raise Http404("No such revision.")
-    _mark_revisions(revisions, aliases)
+    _mark_revisions(revisions, aliases, adapter=adapter, suite=suite, single=number is not None)
     room = None
     if number is not None and viewer.can(Capability.DECIDE):
         # One revision: what to know before activating it (several queries, so never for a whole list; the
@@ -133,6 +159,8 @@ def adapter_detail(request: HttpRequest, name: str, number: int | None = None) -
         "state": state,
         "can_decide": viewer.can(Capability.DECIDE),
         "can_register": viewer.can(Capability.REGISTER),
+        "suite": suite,
+        "gated": suite is not None and adapter_services.evaluation.has_policy(adapter),
         "live_page": "adapter",
         "here": _path_without_fragment(request),
     }

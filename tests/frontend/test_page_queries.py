@@ -15,10 +15,11 @@ pytestmark = pytest.mark.django_db
 # session, user, memberships: every signed-in page; then the page's own reads.
 EXPECTED = {
     "/": 3 + 5,  # adapters, aliases, readiness; nodes with tier counts, own placements
-    "/adapters/support-bot/": 3 + 2 + 4,  # adapter, aliases; revisions: count, page, approvals, placements
-    "/adapters/support-bot/?fragment=revisions": 3 + 2 + 4,
-    "/adapters/support-bot/?state=approved": 3 + 2 + 4,
-    "/adapters/support-bot/revisions/2/": 3 + 2 + 4,  # the revision's own page: the same reads, one revision
+    # adapter, aliases, newest evaluation suite; revisions: count, page, approvals, placements
+    "/adapters/support-bot/": 3 + 3 + 4,
+    "/adapters/support-bot/?fragment=revisions": 3 + 3 + 4,
+    "/adapters/support-bot/?state=approved": 3 + 3 + 4,
+    "/adapters/support-bot/revisions/2/": 3 + 3 + 4,  # the revision's own page: the same reads, one revision
     "/nodes/": 3 + 2,  # nodes with tier counts, own placements
     "/audit/": 3 + 3,  # count, page, actions for the filter
     "/audit/?since=2000-01-01&until=2999-01-01": 3 + 3,
