@@ -22,6 +22,7 @@ BENCHMARKS = [
     "noisy_neighbour_serving",
     "failover",
     "metering",
+    "canary",
 ]
 DOCS = BASE_DIR / "docs" / "benchmarks.md"
 
@@ -59,6 +60,7 @@ TITLES = {
     "noisy_neighbour_serving": "Noisy neighbour on the serving plane",
     "failover": "Failover on two hosts",
     "metering": "Metering under load",
+    "canary": "Canary rollout",
 }
 
 

@@ -43,6 +43,15 @@ INTRO = {
     "non-streamed traffic to the replicated adapter, waits for the single-replica revisions that were there to be "
     "ready on the other host, restarts the engine and waits until the replicated revision is on both again; then "
     "one drain under traffic to every adapter. Hashing: 10,000 revision names over 1 … 8 equal nodes.",
+    "canary": "On the serving stack (vLLM CPU on the tiny Llama, the gateway, the control worker, the node agent), "
+    "default settings. *p50 ratio*: one request at a time, alternating between an adapter whose production alias "
+    "runs a canary at 20 % (the candidate on the same engine) and one without, every request with a random `user`. "
+    "*Breach to abort*: per repeat a canary is started, answers five requests, then its LoRA is unloaded from the "
+    "engine behind MinT's back (vLLM answers 404 for it, as after an engine restart); requests from users the hash "
+    "sends to the candidate follow one by one (each served by the live revision, counted as the candidate's "
+    "error). From the client's answer to the request that takes the candidate past the rule (at least "
+    "MINT_CANARY_MIN_REQUESTS requests, error rate above live's by more than MINT_CANARY_ERROR_MARGIN) to the first "
+    "10 ms poll that finds the alias without its canary.",
     "metering": "On the serving stack (vLLM CPU on the tiny Llama, the gateway, the control worker, the node agent), "
     "16 concurrent `openai` clients send an even mix of completions, chats, and streamed completions and chats with "
     "and without `stream_options.include_usage` to two live adapters (`ignore_eos`, 1-8 tokens). *Counted ÷ seen*: "

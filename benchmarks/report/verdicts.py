@@ -370,6 +370,32 @@ def rows_metering(d: dict) -> list[Row]:
     ]
 
 
+def rows_canary(d: dict) -> list[Row]:
+    ratio, p95 = get(d, "p50_ratio"), get(d, "breach_to_abort_p95_s")
+    return [
+        Row("p50 with a canary at 20 % ÷ without", ratio, "≤ 1.05", check(ratio, "<=", 1.05)),
+        Row(
+            f"failing candidate: breach → automatic abort, p95 of {fmt(get(d, 'breach_to_abort_s.n'), digits=0)}",
+            p95,
+            "≤ 5 s",
+            check(p95, "<=", 5.0),
+            unit=" s",
+        ),
+        Row(
+            "breach → abort p50 / max",
+            f"{fmt(get(d, 'breach_to_abort_s.p50'))} / {fmt(get(d, 'breach_to_abort_s.max'))} s",
+            "",
+            None,
+        ),
+        Row(
+            "p50 with / without a canary",
+            f"{fmt(get(d, 'with_canary.p50_ms'))} / {fmt(get(d, 'without_canary.p50_ms'))} ms",
+            "",
+            None,
+        ),
+    ]
+
+
 ROWS: dict[str, Callable[[dict], list[Row]]] = {
     "registration": rows_registration,
     "gateway_overhead": rows_gateway_overhead,
@@ -381,6 +407,7 @@ ROWS: dict[str, Callable[[dict], list[Row]]] = {
     "noisy_neighbour_serving": rows_noisy_neighbour_serving,
     "failover": rows_failover,
     "metering": rows_metering,
+    "canary": rows_canary,
 }
 
 
