@@ -304,6 +304,35 @@ def plot_metering(d: dict, plt) -> Any:
     return fig
 
 
+def plot_canary(d: dict, plt) -> Any:
+    """Left: p50/p95 latency with and without a canary. Right: breach → automatic abort per repeat."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    paths = [("without_canary", "no canary"), ("with_canary", f"canary at {fmt(get(d, 'canary_percent'), digits=0)} %")]
+    for offset, (stat, colour) in enumerate((("p50_ms", "tab:blue"), ("p95_ms", "tab:orange"))):
+        values = [number(get(d, f"{key}.{stat}")) or 0 for key, _ in paths]
+        xs = [i + offset * 0.38 for i in range(len(paths))]
+        left.bar(xs, values, width=0.36, color=colour, label=stat.replace("_ms", ""))
+        for x, value in zip(xs, values, strict=True):
+            left.text(x, value, f"{value:.1f}", ha="center", va="bottom", fontsize=9)
+    left.set_xticks([i + 0.19 for i in range(len(paths))], [label for _, label in paths])
+    left.set_ylabel("ms per request (one at a time)")
+    left.legend(fontsize=8)
+    left.set_title(f"Latency, p50 ratio {fmt(get(d, 'p50_ratio'), digits=3)} (target ≤ 1.05)", fontsize=10)
+    times = [number(a.get("breach_to_abort_s")) or 0 for a in get(d, "aborts", default=[]) or []]
+    right.bar(range(1, len(times) + 1), times, color="tab:green")
+    p95, target = number(get(d, "breach_to_abort_p95_s")), number(get(d, "target.breach_to_abort_p95_s"))
+    if p95 is not None:
+        right.axhline(p95, color="black", linestyle="--", linewidth=1, label=f"p95 {p95:.2f} s")
+    if target is not None:
+        right.axhline(target, color="red", linestyle="--", linewidth=1, label=f"target p95 ≤ {target:g} s")
+    right.set_yscale("log")
+    right.set_xlabel("repeat (a failing candidate each)")
+    right.set_ylabel("seconds from the breaching request to the abort")
+    right.legend(fontsize=8)
+    right.set_title("Breach → automatic abort", fontsize=10)
+    return fig
+
+
 PLOTS: dict[str, Callable[[dict, Any], Any]] = {
     "registration": plot_registration,
     "gateway_overhead": plot_gateway_overhead,
@@ -314,6 +343,7 @@ PLOTS: dict[str, Callable[[dict, Any], Any]] = {
     "noisy_neighbour_serving": plot_noisy_neighbour_serving,
     "failover": plot_failover,
     "metering": plot_metering,
+    "canary": plot_canary,
 }
 
 
