@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import secrets
 import uuid
 from collections.abc import Iterable
@@ -18,8 +19,10 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.cache import cache
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from mint_site.errors import Conflict, MintError, QuotaExceeded
@@ -359,13 +362,76 @@ def body_of(delivery: WebhookDelivery) -> bytes:
     return json.dumps(delivery.payload, separators=(",", ":"), sort_keys=True).encode()
 
 
+def _slot_key(tenant_id: int, n: int) -> str:
+    return f"webhook-slot:{tenant_id}:{n}"
+
+
+def _take_slot(tenant_id: int) -> str | None:
+    """One of the tenant's MINT_WEBHOOK_TENANT_CONCURRENCY attempt slots (a cache key held for one attempt's
+    lease at most), or None when all are taken. Redis unreachable: the attempt goes ahead (logged)."""
+    lease = math.ceil(settings.MINT_WEBHOOK_TIMEOUT_S + LEASE_SLACK_S)
+    try:
+        for n in range(settings.MINT_WEBHOOK_TENANT_CONCURRENCY):
+            if cache.add(_slot_key(tenant_id, n), 1, timeout=lease):
+                return _slot_key(tenant_id, n)
+    except Exception as exc:  # the cache is Redis; a delivery is not lost for its loss
+        log.warning("webhooks: attempt slots unavailable (%s); attempting without one", exc)
+        return ""
+    return None
+
+
+def _give_slot(key: str) -> None:
+    if key:
+        try:
+            cache.delete(key)
+        except Exception as exc:
+            log.warning("webhooks: attempt slot %s not released (%s); it expires with its lease", key, exc)
+
+
+def _next_due(tenant_id: int) -> int | None:
+    """The tenant's pending delivery due longest, for the attempt that just gave its slot back to chain to."""
+    return (
+        WebhookDelivery.objects.filter(
+            endpoint__tenant_id=tenant_id, state=DeliveryState.PENDING, next_attempt_at__lte=timezone.now()
+        )
+        .order_by("next_attempt_at")
+        .values_list("id", flat=True)
+        .first()
+    )
+
+
 def delivery_attempt(*, delivery_id: int) -> str:
     """Make the next attempt of a pending delivery that is due; returns what became of it (or why nothing).
 
-    The claim is a conditional update (pending, due) that pushes `next_attempt_at` past the attempt's limit and
-    counts the attempt, so a duplicate message, the sweep and a redelivered task never attempt it twice at once.
-    The HTTP request runs outside any transaction.
+    A tenant makes at most MINT_WEBHOOK_TENANT_CONCURRENCY attempts at once, so its slow or silent receivers hold
+    that many worker processes at most, for MINT_WEBHOOK_TIMEOUT_S each: a task finding every slot taken leaves
+    its delivery due and ends ("busy"); each attempt that ends queues the tenant's delivery due longest, and the
+    sweep catches any chain a lost worker broke. The claim is a conditional update (pending, due) that pushes
+    `next_attempt_at` past the attempt's limit and counts the attempt, so a duplicate message, the sweep and a
+    redelivered task never attempt it twice at once. The HTTP request runs outside any transaction.
     """
+    tenant_id = (
+        WebhookDelivery.objects.filter(id=delivery_id, state=DeliveryState.PENDING)
+        .values_list("endpoint__tenant_id", flat=True)
+        .first()
+    )
+    if tenant_id is None:
+        log.info("webhook delivery %s is gone or done; nothing to do", delivery_id)
+        return "skipped"
+    slot = _take_slot(tenant_id)
+    if slot is None:
+        log.info("webhook delivery %s waits: tenant %s has every attempt slot in use", delivery_id, tenant_id)
+        return "busy"
+    try:
+        result = _attempt(delivery_id)
+    finally:
+        _give_slot(slot)
+    if result != "skipped" and (following := _next_due(tenant_id)) is not None:
+        _enqueue([following])
+    return result
+
+
+def _attempt(delivery_id: int) -> str:
     now = timezone.now()
     lease = now + timedelta(seconds=settings.MINT_WEBHOOK_TIMEOUT_S + LEASE_SLACK_S)
     claimed = WebhookDelivery.objects.filter(
@@ -422,10 +488,16 @@ def delivery_attempt(*, delivery_id: int) -> str:
 def deliveries_sweep() -> dict[str, int]:
     """Queue pending deliveries well past due (their message was lost), and delete old finished ones."""
     now = timezone.now()
+    # At most as many per tenant as it may attempt at once (the rest follow by the chain): a tenant with a
+    # thousand overdue deliveries neither fills the batch nor queues a thousand tasks that would find it busy.
     overdue = list(
         WebhookDelivery.objects.filter(
             state=DeliveryState.PENDING, next_attempt_at__lte=now - timedelta(seconds=SWEEP_GRACE_S)
         )
+        .annotate(
+            turn=Window(RowNumber(), partition_by=[F("endpoint__tenant_id")], order_by=F("next_attempt_at").asc())
+        )
+        .filter(turn__lte=settings.MINT_WEBHOOK_TENANT_CONCURRENCY)
         .order_by("next_attempt_at")
         .values_list("id", flat=True)[:SWEEP_BATCH]
     )
