@@ -233,6 +233,15 @@ class EvaluationPolicySerializer(serializers.Serializer):
     )
     no_regression = serializers.BooleanField(source="evaluation_no_regression", required=False, default=False)
 
+    def validate(self, attrs):
+        # A PUT sets the whole policy: a misspelt field would otherwise reset it without a word.
+        unknown = sorted(set(getattr(self, "initial_data", {}) or {}) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError(
+                {name: [f"Unknown field; the policy has {', '.join(self.fields)}."] for name in unknown}
+            )
+        return attrs
+
 
 class EvaluationSerializer(serializers.ModelSerializer):
     revision = serializers.SerializerMethodField()

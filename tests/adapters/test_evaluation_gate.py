@@ -266,6 +266,16 @@ def test_policy_is_read_by_members_and_set_by_approvers(tenant_a, adapter_a):
     assert bad.status_code == 400 and "min_score" in error_of(bad)["message"]
 
 
+def test_a_misspelt_policy_field_is_400_and_keeps_the_policy(tenant_a, adapter_a):
+    url = f"{BASE}/evaluation-policy/"
+    approver = tenant_a.client_as("approver")
+    assert approver.put(url, {"min_score": 0.8, "no_regression": True}, format="json").status_code == 200
+    bad = approver.put(url, {"evaluation_no_regression": False}, format="json")
+    assert bad.status_code == 400 and "evaluation_no_regression" in error_of(bad)["message"]
+    adapter_a.refresh_from_db()
+    assert (adapter_a.evaluation_min_score, adapter_a.evaluation_no_regression) == (0.8, True)
+
+
 def test_the_evaluation_api_shows_score_baseline_delta_and_cases(tenant_a, adapter_a):
     live = AdapterRevision.objects.create(adapter=adapter_a, number=1, state="approved", source_uri="x")
     revision = pending(adapter_a, tenant_a, number=2)

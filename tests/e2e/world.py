@@ -83,14 +83,46 @@ def serving_world(
 def register_peft_revisions(world: ServingWorld, client, tiny_llama_dir: Path, tmp_path: Path, seeds=(1, 2)) -> None:
     """Register one peft-made revision per seed through the REST API with `client`, and wait until each is exported."""
     name = world.adapter.name
+    numbers = []
     for seed in seeds:
         files = uploads_of(make_peft_adapter(tiny_llama_dir, tmp_path / f"peft-{seed}", seed=seed))
         response = client.post(f"/api/v1/adapters/{name}/revisions/", {"files": files}, format="multipart")
         assert response.status_code == 201, response.content
-    for number in range(1, len(seeds) + 1):
+        numbers.append(response.json()["number"])
+    for number in numbers:
         wait(
             lambda n=number: AdapterRevision.objects.get(adapter=world.adapter, number=n).state == "exported",
             timeout=90,
             what=f"r{number} exported",
             logs=world.logs,
         )
+
+
+def ready_nodes(revision: AdapterRevision) -> set[str]:
+    """The names of the up nodes where `revision` is ready."""
+    return set(
+        Placement.objects.filter(revision=revision, state="ready", node__state=NodeState.UP).values_list(
+            "node__name", flat=True
+        )
+    )
+
+
+def register_and_approve(tenant, adapter: Adapter, tiny_llama_dir, tmp_path, seed: int, fleet) -> AdapterRevision:
+    pipeline, approver = tenant.client_as("key:pipeline"), tenant.client_as("approver")
+    files = uploads_of(make_peft_adapter(tiny_llama_dir, tmp_path / f"peft-{adapter.name}-{seed}", seed=seed))
+    response = pipeline.post(f"/api/v1/adapters/{adapter.name}/revisions/", {"files": files}, format="multipart")
+    assert response.status_code == 201, response.content
+    number = response.json()["number"]
+    revision = AdapterRevision.objects.get(adapter=adapter, number=number)
+    wait(
+        lambda: AdapterRevision.objects.get(id=revision.id).state in ("exported", "failed"),
+        timeout=120,
+        what=f"{adapter.name} r{number} exported",
+        logs=fleet.logs,
+    )
+    revision.refresh_from_db()
+    assert revision.state == "exported", (revision.failure_reason, fleet.logs())
+    url = f"/api/v1/adapters/{adapter.name}/revisions/{number}"
+    assert pipeline.post(f"{url}/request-approval/").status_code == 200
+    assert approver.post(f"{url}/approve/", {}, format="json").status_code == 200
+    return revision
