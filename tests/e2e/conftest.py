@@ -210,6 +210,41 @@ def moe_engine(tmp_path_factory, tiny_moe_dir):
 
 
 @pytest.fixture
+def make_fleet(tmp_path, supervisor, transactional_db, tiny_llama_dir, s3_store):
+    """`make(env)`: two hosts on this machine (devtools/fleet.py), each a vLLM CPU engine and its node agent, the
+    control worker and the web server, sharing PostgreSQL, Redis and a real S3-protocol server; `env` on top."""
+    from adapters.base_models import base_model_upsert
+    from devtools.fleet import Fleet
+    from tenants.access import Actor
+    from tests.s3 import CREDENTIALS, REGION
+
+    def make(extra_env: dict[str, str]) -> Fleet:
+        env = (
+            os.environ
+            | {
+                "DATABASE_URL": database_url_of_test_db(),
+                "MINT_STORAGE": "s3",
+                "MINT_S3_BUCKET": s3_store.bucket,
+                "MINT_S3_ENDPOINT_URL": s3_store.server.url,
+                "MINT_S3_REGION": REGION,
+                "AWS_ACCESS_KEY_ID": CREDENTIALS["access_key"],
+                "AWS_SECRET_ACCESS_KEY": CREDENTIALS["secret_key"],
+                "MINT_HEARTBEAT_S": "1",
+                "MINT_NODE_PREWARM_DUTY": "1",  # no pacing: these tests are about where revisions go, not how fast
+            }
+            | extra_env
+        )
+        fleet = Fleet(supervisor, work=tmp_path / "fleet", env=env, model_dir=tiny_llama_dir)
+        fleet.start_engines()  # 30-50 s: the rest is set up meanwhile
+        fleet.base = base_model_upsert(name="tiny-llama", path=tiny_llama_dir, max_lora_rank=16, by=Actor.system())
+        fleet.nodes = fleet.register_nodes(fleet.base)
+        fleet.start()
+        return fleet
+
+    return make
+
+
+@pytest.fixture
 def make_serving_world(engine, tiny_llama_dir, tmp_path, start_worker, start_web, supervisor):
     """`make(tenant, env)`: a node on the session's vLLM, an adapter, a worker with beat and the web server."""
     from tests.e2e.world import serving_world

@@ -10,77 +10,26 @@ drain under traffic (no 503 for live aliases; the node ends empty).
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 
-from adapters.base_models import base_model_upsert
-from adapters.models import Adapter, AdapterRevision
-from devtools.fleet import Fleet, Traffic
+from adapters.models import Adapter
+from devtools.fleet import Traffic
 from devtools.fleet import wait as fleet_wait
 from serving import services as serving_services
-from serving.models import Alias, NodeState, Placement, PlacementState, ServingNode
+from serving.models import Alias, NodeState, Placement, ServingNode
 from tenants.access import Actor
 from tenants.models import Tenant
-from tests.adapters.fixtures import uploads_of
-from tests.e2e.conftest import database_url_of_test_db, make_peft_adapter
-from tests.s3 import CREDENTIALS, REGION
+from tests.e2e.world import ready_nodes, register_and_approve
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
-READY = PlacementState.READY
-
-
-def ready_nodes(revision: AdapterRevision) -> set[str]:
-    return set(
-        Placement.objects.filter(revision=revision, state=READY, node__state=NodeState.UP).values_list(
-            "node__name", flat=True
-        )
-    )
-
 
 @pytest.fixture
-def fleet(tmp_path, supervisor, transactional_db, tiny_llama_dir, s3_store, settings):
-    env = os.environ | {
-        "DATABASE_URL": database_url_of_test_db(),
-        "MINT_STORAGE": "s3",
-        "MINT_S3_BUCKET": s3_store.bucket,
-        "MINT_S3_ENDPOINT_URL": s3_store.server.url,
-        "MINT_S3_REGION": REGION,
-        "AWS_ACCESS_KEY_ID": CREDENTIALS["access_key"],
-        "AWS_SECRET_ACCESS_KEY": CREDENTIALS["secret_key"],
-        "MINT_ALIAS_READY_REPLICAS": "2",
-        "MINT_HEARTBEAT_S": "1",
-        "MINT_NODE_PREWARM_DUTY": "1",  # no pacing: this test is about where revisions go, not how fast
-    }
+def fleet(make_fleet, settings):
     settings.MINT_ALIAS_READY_REPLICAS = 2  # this process activates through the API too
-    fleet = Fleet(supervisor, work=tmp_path / "fleet", env=env, model_dir=tiny_llama_dir)
-    fleet.start_engines()  # 30-50 s: the rest is set up meanwhile
-    fleet.base = base_model_upsert(name="tiny-llama", path=tiny_llama_dir, max_lora_rank=16, by=Actor.system())
-    fleet.nodes = fleet.register_nodes(fleet.base)
-    fleet.start()
-    return fleet
-
-
-def register_and_approve(tenant, adapter: Adapter, tiny_llama_dir, tmp_path, seed: int, fleet) -> AdapterRevision:
-    pipeline, approver = tenant.client_as("key:pipeline"), tenant.client_as("approver")
-    files = uploads_of(make_peft_adapter(tiny_llama_dir, tmp_path / f"peft-{adapter.name}-{seed}", seed=seed))
-    response = pipeline.post(f"/api/v1/adapters/{adapter.name}/revisions/", {"files": files}, format="multipart")
-    assert response.status_code == 201, response.content
-    number = response.json()["number"]
-    revision = AdapterRevision.objects.get(adapter=adapter, number=number)
-    fleet_wait(
-        lambda: AdapterRevision.objects.get(id=revision.id).state in ("exported", "failed"),
-        timeout=120,
-        what=f"{adapter.name} r{number} exported",
-    )
-    revision.refresh_from_db()
-    assert revision.state == "exported", (revision.failure_reason, fleet.logs())
-    url = f"/api/v1/adapters/{adapter.name}/revisions/{number}"
-    assert pipeline.post(f"{url}/request-approval/").status_code == 200
-    assert approver.post(f"{url}/approve/", {}, format="json").status_code == 200
-    return revision
+    return make_fleet({"MINT_ALIAS_READY_REPLICAS": "2"})
 
 
 def test_two_hosts_replicas_failover_and_drain(fleet, tenant_a, tiny_llama_dir, tmp_path, s3_store):
