@@ -363,6 +363,10 @@ MINT_EVALUATION_REGEX_MAX_MEM = env_int("MINT_EVALUATION_REGEX_MAX_MEM", 1024 * 
 MINT_EVALUATION_TIMEOUT_S = env_int("MINT_EVALUATION_TIMEOUT_S", 600, minimum=5)
 MINT_EVALUATION_DEFAULT_MAX_TOKENS = env_int("MINT_EVALUATION_DEFAULT_MAX_TOKENS", 32, minimum=1)
 MINT_EVALUATION_EXCERPT_CHARS = env_int("MINT_EVALUATION_EXCERPT_CHARS", 300, minimum=16)
+# The node agent runs an evaluation's cases this long at a time, then queues the rest behind its other work.
+MINT_EVALUATION_SLICE_S = env_float("MINT_EVALUATION_SLICE_S", 5.0, minimum=0.1)
+# An adapter keeps its newest this many suite versions (older ones go, with their evaluations).
+MINT_EVALUATION_SUITE_VERSIONS_KEPT = env_int("MINT_EVALUATION_SUITE_VERSIONS_KEPT", 10, minimum=1)
 # The gateway (serving/gateway/): how long routes and keys are cached (live events refresh routes
 # sooner), how often usage is written, upstream timeouts.
 MINT_GATEWAY_CACHE_S = env_float("MINT_GATEWAY_CACHE_S", 1.0, minimum=0)

@@ -255,9 +255,10 @@ def evaluation_run(self, *, evaluation_id: int) -> None:
 
 
 @shared_task(bind=True, acks_late=True, ignore_result=True)
-def evaluation_cases(self, *, evaluation_id: int, placement_id: int) -> None:
-    """On the node agent: run an evaluation's cases against its ready placement, grade and store them."""
+def evaluation_cases(self, *, evaluation_id: int, placement_id: int, step: int = 0) -> None:
+    """On the node agent: run a slice of an evaluation's cases against its ready placement, grade and store
+    them; the next slice is queued behind the node's other work."""
     from serving.services import evaluation
 
-    done = evaluation.evaluation_cases(evaluation_id=evaluation_id, placement_id=placement_id)
+    done = evaluation.evaluation_cases(evaluation_id=evaluation_id, placement_id=placement_id, step=step)
     log.info("evaluation %s: %s", evaluation_id, done)

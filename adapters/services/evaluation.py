@@ -17,7 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Max, Sum
 from django.utils import timezone
 
 from adapters.models import (
@@ -30,7 +30,7 @@ from adapters.models import (
 )
 from adapters.signals import evaluation_requested
 from adapters.suites import SuiteError, SuiteLimits, parse_suite
-from mint_site.errors import InvalidTransition, MintError
+from mint_site.errors import InvalidTransition, MintError, QuotaExceeded
 from mint_site.events import live_event
 from tenants.access import Actor
 from tenants.models import Tenant
@@ -68,6 +68,7 @@ def suite_upload(*, adapter: Adapter, body: bytes, by: Actor) -> EvaluationSuite
         raise MintError(exc.message, code=exc.code, detail={"line": exc.line}) from exc
     with transaction.atomic():
         Adapter.objects.select_for_update().filter(id=adapter.id).first()  # versions never collide
+        _check_suite_storage(adapter.tenant, adding_bytes=len(body))
         newest = EvaluationSuite.objects.filter(adapter=adapter).aggregate(v=Max("version"))["v"] or 0
         person = by.person if by.person is not None and by.person.pk is not None else None
         suite = EvaluationSuite.objects.create(
@@ -79,17 +80,41 @@ def suite_upload(*, adapter: Adapter, body: bytes, by: Actor) -> EvaluationSuite
             created_by=person,
             created_by_key=by.key,
         )
+        kept = settings.MINT_EVALUATION_SUITE_VERSIONS_KEPT
+        dropped = EvaluationSuite.objects.filter(adapter=adapter, version__lte=suite.version - kept)
+        dropped_versions = sorted(dropped.values_list("version", flat=True))
+        if dropped_versions:
+            dropped.delete()  # with their evaluations: the gate and the runner read only the newest
         audit_record(
             tenant=adapter.tenant,
             actor=by,
             action="evaluation_suite.upload",
             target=_target(adapter),
-            after={"version": suite.version, "cases": suite.case_count, "bytes": suite.size_bytes},
+            after={
+                "version": suite.version,
+                "cases": suite.case_count,
+                "bytes": suite.size_bytes,
+                "dropped_versions": dropped_versions,
+            },
         )
         awaiting = AdapterRevision.objects.filter(adapter=adapter, state__in=AWAITING).order_by("-number")
         for revision in awaiting[:AWAITING_LIMIT]:
             evaluation_request(revision=revision, suite=suite)
     return suite
+
+
+def _check_suite_storage(tenant: Tenant, *, adding_bytes: int) -> None:
+    """Suites count against the tenant's max_storage_bytes with its adapters' files (429 otherwise): a tenant's
+    suites can take no more room than its plan, however many adapters and versions it has."""
+    suites = EvaluationSuite.objects.filter(adapter__tenant=tenant).aggregate(n=Sum("size_bytes"))["n"] or 0
+    stored = Tenant.objects.filter(id=tenant.id).values_list("stored_bytes", flat=True).first() or 0
+    if stored + suites + adding_bytes > tenant.max_storage_bytes:
+        raise QuotaExceeded(
+            f"Tenant {tenant.slug} stores {stored} bytes of adapters and {suites} of evaluation suites; this "
+            f"suite's {adding_bytes} more would pass its limit (max_storage_bytes={tenant.max_storage_bytes}).",
+            code="storage_quota_exceeded",
+            detail={"max_storage_bytes": tenant.max_storage_bytes, "stored_bytes": stored, "suite_bytes": suites},
+        )
 
 
 def adapter_set_evaluation_policy(

@@ -9,7 +9,9 @@ request again); `ServingConfig.ready` connects it to `tasks.evaluation_run`. Two
   hundred), finds a ready placement of the revision or asks for a *speculative* one (lowest priority; only a
   free slot, never an eviction; not counted in the tenant's serving quota; the first victim when anyone needs
   the slot: serving/services/placement.py), and polls itself every MINT_EVALUATION_POLL_S until it is ready.
-- `evaluation_cases` (the node's queue, the node agent): sends each case to vLLM with greedy decoding
+- `evaluation_cases` (the node's queue, the node agent), a slice of MINT_EVALUATION_SLICE_S at a time (the
+  cases so far kept on the evaluation, the next slice queued behind the node's other work, so another tenant's
+  prewarm never waits for a whole suite): sends each case to vLLM with greedy decoding
   (temperature 0, `max_tokens` per case, never above the plan), grades the answers (adapters/suites.py),
   scores the live `production` revision on the same suite when it has no finished evaluation there (the
   baseline of the regression check, recorded on the evaluation), meters the calls as `evaluation` usage
@@ -114,11 +116,8 @@ def evaluation_run(*, evaluation_id: int) -> str:
     if ready is not None:
         if evaluation.runner.get("sent_to") != ready.id:
             adapter_services.evaluation_note(evaluation=evaluation, sent_to=ready.id)
-            transaction.on_commit(
-                lambda: tasks.evaluation_cases.apply_async(
-                    kwargs={"evaluation_id": evaluation.id, "placement_id": ready.id}, queue=ready.node.queue
-                )
-            )
+            step = (evaluation.runner.get("progress") or {}).get("step", 0)
+            transaction.on_commit(lambda: _send_cases(evaluation.id, ready, step=step))
         return "sent to the node"
     nodes = list(ServingNode.objects.filter(base_model_id=revision.adapter.base_model_id))
     if not any(node_can_load(node, revision) for node in nodes):
@@ -149,18 +148,36 @@ def evaluation_run(*, evaluation_id: int) -> str:
     return "waits for a placement" if placement is not None else "waits for a free slot"
 
 
+def _send_cases(evaluation_id: int, placement: Placement, *, step: int) -> None:
+    tasks.evaluation_cases.apply_async(
+        kwargs={"evaluation_id": evaluation_id, "placement_id": placement.id, "step": step},
+        queue=placement.node.queue,
+    )
+
+
 def _answers(
-    node: ServingNode, revision: AdapterRevision, cases: list[dict[str, Any]], *, deadline: datetime
+    node: ServingNode,
+    revision: AdapterRevision,
+    cases: list[dict[str, Any]],
+    *,
+    deadline: datetime,
+    start: int = 0,
+    budget_s: float | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Each case's answer from the node, graded: (per-case results, metering totals). VllmError on failure."""
+    """The answers of cases `start`… from the node, graded: (per-case results, metering totals); with
+    `budget_s`, it stops after the case that took it past that many seconds (one case at least). VllmError
+    on failure."""
     plan_tokens = revision.adapter.tenant.max_evaluation_tokens
     default_tokens = min(settings.MINT_EVALUATION_DEFAULT_MAX_TOKENS, plan_tokens)
     excerpt = settings.MINT_EVALUATION_EXCERPT_CHARS
     results: list[dict[str, Any]] = []
     meter: dict[str, Any] = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "latencies_ms": []}
     name = lora_name(revision)
+    began = time.monotonic()
     with VllmClient(node.url, timeout=REQUEST_TIMEOUT_S) as engine:
-        for index, case in enumerate(cases):
+        for index, case in enumerate(cases[start:], start=start):
+            if budget_s is not None and results and time.monotonic() - began >= budget_s:
+                break
             left = (deadline - timezone.now()).total_seconds()
             if left <= 0:
                 raise TimeoutError(f"MINT_EVALUATION_TIMEOUT_S passed after {index} of {len(cases)} cases")
@@ -189,9 +206,20 @@ def _meter(revision: AdapterRevision, node: ServingNode, meter: dict[str, Any]) 
         usage_of_evaluation(revision=revision, node=node.name, **meter)
 
 
-def _baseline(evaluation: Evaluation, *, deadline: datetime) -> tuple[AdapterRevision | None, float | None, str | None]:
+SLICED = "sliced"  # `_baseline`'s reason when it ran one slice of the live revision's cases and queued the next
+
+
+def _baseline(
+    evaluation: Evaluation,
+    *,
+    deadline: datetime,
+    placement: Placement,
+    progress: dict[str, Any],
+    budget_s: float,
+) -> tuple[AdapterRevision | None, float | None, str | None]:
     """The live `production` revision and its score on the same suite: its finished evaluation there, or one
-    run now on a node where it is ready. (None, None, why) when there is no live revision or it cannot run."""
+    run now, a slice at a time, on a node where it is ready. (None, None, why) when there is no live revision
+    or it cannot run; (None, None, SLICED) when a slice ran and the next is queued."""
     revision = evaluation.revision
     live = selectors.live_revision(adapter=revision.adapter, alias_name=Alias.PRODUCTION)
     if live is None or live.id == revision.id:
@@ -204,25 +232,45 @@ def _baseline(evaluation: Evaluation, *, deadline: datetime) -> tuple[AdapterRev
     if ready is None:
         return live, None, f"the live revision r{live.number} is not ready on any node"
     own = adapter_services.evaluation_request(revision=live, suite=evaluation.suite, again=True, notify=False)
-    if own.state != E.PENDING:
+    mine = progress.get("baseline_id") == own.id and own.state == E.RUNNING
+    if own.state != E.PENDING and not mine:
         # Another run has it (its own turn, or another candidate's baseline): no second copy of the same work.
         return live, own.score if own.state in (E.PASSED, E.FAILED) else None, f"r{live.number} is {own.state}"
-    adapter_services.evaluation_start(evaluation=own)
+    if not mine:
+        adapter_services.evaluation_start(evaluation=own)
+    cases = evaluation.suite.cases
+    partial = list(progress.get("baseline_cases") or []) if mine else []
     try:
-        results, meter = _answers(ready.node, live, evaluation.suite.cases, deadline=deadline)
+        results, meter = _answers(ready.node, live, cases, deadline=deadline, start=len(partial), budget_s=budget_s)
     except (VllmError, TimeoutError) as exc:
         adapter_services.evaluation_unavailable(evaluation=own, reason=str(exc))
         return live, None, f"the live revision r{live.number} could not be scored: {exc}"
     _meter(live, ready.node, meter)
-    own = adapter_services.evaluation_finish(evaluation=own, case_results=results)
+    partial += results
+    if len(partial) < len(cases):
+        _next_slice(evaluation, placement, progress | {"baseline_id": own.id, "baseline_cases": partial})
+        return None, None, SLICED
+    own = adapter_services.evaluation_finish(evaluation=own, case_results=partial)
     return live, own.score, None
 
 
-def evaluation_cases(*, evaluation_id: int, placement_id: int) -> str:
-    """The node agent's side (module docstring): run, grade, store, release."""
+def _next_slice(evaluation: Evaluation, placement: Placement, progress: dict[str, Any]) -> None:
+    """Keep what the cases so far gave and queue the next slice behind whatever the node's queue holds now: an
+    evaluation holds the node agent for MINT_EVALUATION_SLICE_S at a time, never for its whole suite."""
+    step = int(progress.get("step", 0)) + 1
+    adapter_services.evaluation_note(evaluation=evaluation, progress=progress | {"step": step})
+    _send_cases(evaluation.id, placement, step=step)
+
+
+def evaluation_cases(*, evaluation_id: int, placement_id: int, step: int = 0) -> str:
+    """The node agent's side (module docstring): run, grade, store, release; a slice of at most
+    MINT_EVALUATION_SLICE_S at a time (`step` counts them: a copy of an earlier slice's task does nothing)."""
     evaluation = catalog.evaluation_by_id(evaluation_id)
     if evaluation is None or evaluation.state != E.RUNNING:
         return "nothing to do"
+    progress = dict(evaluation.runner.get("progress") or {})
+    if int(progress.get("step", 0)) != step:
+        return "an earlier slice's copy"
     placement = Placement.objects.select_related("node", "revision__adapter").filter(id=placement_id).first()
     if placement is None or placement.state != PlacementState.READY or placement.node.state != NodeState.UP:
         adapter_services.evaluation_note(evaluation=evaluation, sent_to=None)
@@ -230,13 +278,34 @@ def evaluation_cases(*, evaluation_id: int, placement_id: int) -> str:
         return "placement gone"
     revision = evaluation.revision
     deadline = _deadline(evaluation)
-    try:
-        results, meter = _answers(placement.node, revision, evaluation.suite.cases, deadline=deadline)
-    except (VllmError, TimeoutError) as exc:
-        _unavailable(evaluation, f"r{revision.number} on node {placement.node.name}: {exc}")
-        return "failed to run"
-    _meter(revision, placement.node, meter)
-    baseline, baseline_score, why = _baseline(evaluation, deadline=deadline)
+    cases = evaluation.suite.cases
+    results = list(progress.get("cases") or [])
+    began = time.monotonic()
+    if len(results) < len(cases):
+        try:
+            more, meter = _answers(
+                placement.node,
+                revision,
+                cases,
+                deadline=deadline,
+                start=len(results),
+                budget_s=settings.MINT_EVALUATION_SLICE_S,
+            )
+        except (VllmError, TimeoutError) as exc:
+            _unavailable(evaluation, f"r{revision.number} on node {placement.node.name}: {exc}")
+            return "failed to run"
+        _meter(revision, placement.node, meter)
+        results += more
+        if len(results) < len(cases) or time.monotonic() - began >= settings.MINT_EVALUATION_SLICE_S:
+            _next_slice(evaluation, placement, progress | {"cases": results})
+            return SLICED
+        progress["cases"] = results
+    left = max(0.0, settings.MINT_EVALUATION_SLICE_S - (time.monotonic() - began))
+    baseline, baseline_score, why = _baseline(
+        evaluation, deadline=deadline, placement=placement, progress=progress, budget_s=left
+    )
+    if why == SLICED:
+        return SLICED
     if why:
         log.warning("evaluation %s of %s: no baseline: %s", evaluation.id, revision, why)
     try:

@@ -159,7 +159,7 @@ def test_upload_as_jsonl_or_multipart_makes_versions(tenant_a, adapter_a, suite_
     detail = tenant_a.client_as("viewer").get(f"{URL}1/")
     assert detail.json()["cases"][1] == {"prompt": "2+2=", "reference": "4", "grader": "exact", "max_tokens": 2}
     event = AuditEvent.objects.get(action="evaluation_suite.upload", after__version=1)
-    assert event.after == {"version": 1, "cases": 2, "bytes": len(suite_body)}
+    assert event.after == {"version": 1, "cases": 2, "bytes": len(suite_body), "dropped_versions": []}
 
 
 @pytest.mark.django_db
@@ -227,3 +227,31 @@ def test_another_tenant_can_neither_read_nor_upload(tenant_a, tenant_b, adapter_
     assert EvaluationSuite.objects.filter(adapter=adapter_a).count() == 1
     # B's own adapter has none; A's suite is not visible under B's adapter either.
     assert intruder.get("/api/v1/adapters/globex-secret-bot/evaluation-suites/").json()["results"] == []
+
+
+@pytest.mark.django_db
+def test_an_adapter_keeps_only_its_newest_versions(tenant_a, adapter_a, suite_body, settings):
+    settings.MINT_EVALUATION_SUITE_VERSIONS_KEPT = 3
+    client = tenant_a.client_as("key:pipeline")
+    for _ in range(5):
+        assert post_jsonl(client, suite_body).status_code == 201
+    versions = sorted(EvaluationSuite.objects.filter(adapter=adapter_a).values_list("version", flat=True))
+    assert versions == [3, 4, 5]  # numbering goes on: 6 is next, never a reused 1
+    assert post_jsonl(client, suite_body).json()["version"] == 6
+    event = AuditEvent.objects.get(action="evaluation_suite.upload", after__version=5)
+    assert event.after["dropped_versions"] == [2]
+
+
+@pytest.mark.django_db
+def test_suites_count_against_the_storage_quota(tenant_a, adapter_a, suite_body):
+    from tenants.models import Tenant
+
+    Tenant.objects.filter(id=tenant_a.tenant.id).update(max_storage_bytes=1000, stored_bytes=1000 - len(suite_body))
+    client = tenant_a.client_as("key:pipeline")
+    assert post_jsonl(client, suite_body).status_code == 201  # exactly up to the limit
+    refused = post_jsonl(client, suite_body)
+    assert refused.status_code == 429
+    error = error_of(refused)
+    assert error["code"] == "storage_quota_exceeded" and "evaluation suites" in error["message"]
+    assert error["detail"]["suite_bytes"] == len(suite_body)
+    assert EvaluationSuite.objects.filter(adapter=adapter_a).count() == 1

@@ -276,3 +276,34 @@ def test_the_sweep_ends_overdue_runs_and_starts_forgotten_ones(
     quiet_tasks.evaluation_run.apply_async.assert_called_with(kwargs={"evaluation_id": forgotten.id}, countdown=0)
     assert evaluation.evaluation_run(evaluation_id=forgotten.id) == "waits for a placement"
     assert evaluation.evaluations_sweep() == {"overdue": 0, "started": 0}
+
+
+def test_the_node_agent_runs_a_slice_at_a_time_and_queues_the_rest(world, node, engine, quiet_tasks, settings):
+    """With a budget that one case uses up, each task runs one case (the candidate's three, then the live
+    revision's three for the baseline) and queues the next slice on the node's queue, behind other work."""
+    settings.MINT_EVALUATION_SLICE_S = 0
+    suite, live, candidate = world
+    ev = requested(candidate, suite)
+    assert run_to_the_end(ev.id, node) == "sliced"
+    spec_id = Evaluation.objects.get(id=ev.id).runner["placement_id"]
+    steps = 0
+    while True:
+        sent = quiet_tasks.evaluation_cases.apply_async.call_args
+        kwargs, queue = sent.kwargs["kwargs"], sent.kwargs["queue"]
+        assert queue == node.queue and kwargs["placement_id"] == spec_id
+        steps += 1
+        assert kwargs["step"] == steps
+        # A copy of the slice just run (a redelivered task) does nothing.
+        stale = evaluation.evaluation_cases(evaluation_id=ev.id, placement_id=spec_id, step=steps - 1)
+        assert stale == "an earlier slice's copy"
+        done = evaluation.evaluation_cases(**kwargs)
+        if done != "sliced":
+            break
+    assert done == "finished" and steps == 5  # six tasks (the first and five queued), one case each
+    ev.refresh_from_db()
+    assert ev.state == "failed" and [c["passed"] for c in ev.case_results] == [True, False, True]
+    assert [c["case"] for c in ev.case_results] == [1, 2, 3]
+    assert (ev.baseline_revision_id, ev.baseline_score) == (live.id, 1.0)
+    assert engine.generate.call_count == 6  # every case asked once, whatever the slicing
+    rows = UsageRecord.objects.filter(period="minute")
+    assert sorted((r.revision, r.requests) for r in rows) == [(1, 3), (2, 3)]
