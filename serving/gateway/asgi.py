@@ -62,6 +62,7 @@ class Outcome:
     upstream_s: float = 0.0
     tally: Tally = field(default_factory=Tally)
     caller: Caller | None = None  # whose token limits the tally counts against (serving/gateway/budgets.py)
+    on_end: Callable[[], None] | None = None  # what must wait for the answer's end (a streamed canary request's count)
 
 
 Handler = Callable[[GatewayState, bytes, Caller, Outcome, dict[str, Any]], Awaitable[Response]]
@@ -109,6 +110,8 @@ def _meter(state: GatewayState, outcome: Outcome, status: int, started: float) -
     """Count the answered request (its tenant known) in the process's meter, with its time to the answer's end,
     and its tokens against its tenant's and key's token limits (now that they are known: after the answer)."""
     tally = outcome.tally
+    if outcome.on_end is not None:
+        outcome.on_end()
     state.meter.record(
         tally, status=status, seconds=time.perf_counter() - started, labels=(outcome.tenant, outcome.adapter)
     )
@@ -285,7 +288,11 @@ async def _split(
             if counted and failed.status in _NODE_FAILURES:
                 record(arm=arm, error=True, ms=0.0)
             raise
-        if counted:
+        if counted and data.get("stream") and response.status_code < 400:
+            # A stream is counted when it ends: one its node broke off midway is the node's error.
+            ms = outcome.upstream_s * 1000
+            outcome.on_end = lambda arm=arm, ms=ms: record(arm=arm, error=outcome.tally.broken, ms=ms)
+        elif counted:
             record(arm=arm, error=response.status_code >= 500, ms=outcome.upstream_s * 1000)
         return response
     raise AssertionError("unreachable")  # pragma: no cover

@@ -56,6 +56,7 @@ class Tally:
     # A stream's running usage (vLLM's continuous_usage_stats): choice index → (prompt, completion) tokens so far.
     running: dict[int, tuple[int, int]] = field(default_factory=dict)
     final: bool = False  # the totals were seen (an answer's `usage`, a stream's last chunk): running counts no more
+    broken: bool = False  # the node broke off a stream under way (a canary counts it as the node's error)
 
     def add_usage(self, usage: Any) -> None:
         """Take vLLM's totals: a completion's `usage`, or a stream's last chunk (no choices)."""

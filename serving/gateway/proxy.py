@@ -366,6 +366,7 @@ class _SSERelay:
         except UpstreamError as exc:
             # Headers are gone already: report the failure the way vLLM does inside a stream.
             UPSTREAM_ERRORS.labels(self._node_name).inc()
+            self._tally.broken = True
             log.warning("gateway: stream from node %s broke off (%s)", self._node_name, exc)
             error = GatewayError(502, "upstream_error", "The serving node broke off the stream.").body()
             yield f"data: {json.dumps(error)}\n\n".encode()

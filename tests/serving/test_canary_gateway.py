@@ -3,6 +3,7 @@ routable, per-arm counters count node failures but never a caller's 4xx, and a b
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -14,6 +15,7 @@ from django.utils import timezone
 from mint_site.events import epoch_us
 from serving.gateway import canary as canaries
 from serving.gateway import feed, resolve
+from serving.gateway.upstream import UpstreamError
 from serving.models import Alias, Placement, PlacementState
 from serving.services import canary as rule
 from tenants.models import AuditEvent
@@ -196,3 +198,45 @@ def test_a_canary_event_drops_the_alias_route(world, split):
     touched = feed.routes_touched(world.state, world.tenant_a.tenant.id, event)
     assert (world.tenant_a.tenant.id, ref) in touched
     assert not world.state.routes.get((world.tenant_a.tenant.id, ref))[0]
+
+
+def _streams(world, *, broken_host: str) -> None:
+    """Every node streams one token; `broken_host` then breaks the stream off, the others end it."""
+
+    async def post(url: str, body: bytes) -> FakeAnswer:
+        request = json.loads(body)
+
+        async def chunks():
+            chunk = {"id": "c", "object": "text_completion", "created": 1, "model": request["model"]}
+            chunk["choices"] = [{"index": 0, "text": "t", "finish_reason": None, "logprobs": None}]
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+            if broken_host in url:
+                raise UpstreamError("the node broke off the stream")
+            yield b"data: [DONE]\n\n"
+
+        return FakeAnswer(200, content_type="text/event-stream", chunks=chunks)
+
+    world.vllm.post = post
+
+
+def test_a_stream_the_candidate_breaks_off_midway_is_its_error(world, split):
+    _alias, key, client = split
+    _streams(world, broken_host="node-b.test")
+    for i in range(60):
+        answer = complete(world, world.token, stream=True, user=f"user-{i}")
+        assert answer.status == 200  # the headers went out before the break
+    flush(world)
+    found = counters(client, key)
+    assert found["c:err"] == found["c:req"] >= 5
+    assert "l:err" not in found and found["l:req"] == 60 - found["c:req"]
+
+
+def test_streams_that_end_are_answers_on_both_arms(world, split):
+    _alias, key, client = split
+    _streams(world, broken_host="no-such-node")
+    for i in range(60):
+        assert complete(world, world.token, stream=True, user=f"user-{i}").status == 200
+    flush(world)
+    found = counters(client, key)
+    assert "c:err" not in found and "l:err" not in found
+    assert found["c:req"] + found["l:req"] == 60 and found["c:req"] >= 5
