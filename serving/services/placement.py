@@ -196,8 +196,12 @@ def _place(revision: AdapterRevision, priority: int, *, row: Placement | None) -
         # placements, only one of its own.
         held = capacity.tenant_unpinned_count(tenant_id=tenant_id, base_model_id=adapter.base_model_id, pins=pins)
         own = held >= adapter.tenant.max_ready_revisions
+        if (node := _take_borrowed(locked, tenant_id=tenant_id if own else None)) is not None:
+            return _queue(row, revision, node=node, priority=priority)
         victim = eviction_victim(locked, protected=set(pins), tenant_id=tenant_id if own else None)
         return row if victim is None else take(victim)
+    if (node := _take_borrowed(locked)) is not None:
+        return _queue(row, revision, node=node, priority=priority)
     if (victim := eviction_victim(locked, protected=set(pins))) is not None:
         return take(victim)
     shares = capacity.shares(base_model_id=adapter.base_model_id, requester=tenant_id, pins=pins)
@@ -208,6 +212,22 @@ def _place(revision: AdapterRevision, priority: int, *, row: Placement | None) -
                 return take(victim, f"evicted for a tenant under its fair share: {shares.describe(over, slug)}")
     reason = f"waiting for a free slot: {shares.describe(tenant_id, adapter.tenant.slug)}"
     return _wait(row, revision, node=order[0], priority=priority, reason=reason)
+
+
+def _take_borrowed(nodes: list[ServingNode], *, tenant_id: int | None = None) -> ServingNode | None:
+    """Withdraw a speculative placement still queued on `nodes` (an evaluation's, not loading yet: nothing to
+    unload) and return its node, whose slot is the caller's now; None when there is none. An evaluation only
+    borrows free slots, even before it holds one; its runner finds the row gone and asks again."""
+    borrowed = Placement.objects.filter(node__in=nodes, state=P.QUEUED, priority=Priority.SPECULATIVE)
+    if tenant_id is not None:
+        borrowed = borrowed.filter(revision__adapter__tenant_id=tenant_id)
+    placement = borrowed.select_related("node").order_by("queued_at", "id").first()
+    if placement is None:
+        return None
+    node = placement.node
+    log.info("placement %s (speculative, queued) withdrawn: its slot on %s is needed", placement.id, node.name)
+    placement.delete()
+    return node
 
 
 def _queue(row: Placement | None, revision: AdapterRevision, *, node: ServingNode, priority: int) -> Placement:

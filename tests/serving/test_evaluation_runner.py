@@ -307,3 +307,31 @@ def test_the_node_agent_runs_a_slice_at_a_time_and_queues_the_rest(world, node, 
     assert engine.generate.call_count == 6  # every case asked once, whatever the slicing
     rows = UsageRecord.objects.filter(period="minute")
     assert sorted((r.revision, r.requests) for r in rows) == [(1, 3), (2, 3)]
+
+
+def test_a_queued_speculative_placement_gives_its_slot_to_an_activation(node, adapter_a, tenant_b, dense_base):
+    """An evaluation's placement that is only queued (nothing loaded) holds no slot anyone else needs."""
+    _fill(node, tenant_b, dense_base, node.cpu_slots - 1)
+    evaluated = AdapterRevision.objects.create(adapter=adapter_a, number=9, state="exported", source_uri="x")
+    borrowed = place(node, evaluated, "queued", priority=Priority.SPECULATIVE)
+    other = Adapter.objects.create(tenant=tenant_b.tenant, name="wanted", base_model=dense_base)
+    wanted = AdapterRevision.objects.create(adapter=other, number=1, state="approved", source_uri="x")
+    Alias.objects.create(adapter=other, name="production", desired_revision=wanted)  # pinned: an activation
+    got = placement.placement_request(revision=wanted, priority=Priority.ACTIVATION)
+    assert got is not None and got.node_id == node.id and got.state == "queued"
+    assert not Placement.objects.filter(id=borrowed.id).exists()
+    assert Placement.objects.filter(state="evicting").count() == 0  # nothing had to be unloaded
+
+
+def test_a_cold_request_over_its_quota_takes_only_its_own_borrowed_slot(node, adapter_a, tenant_b, dense_base):
+    _fill(node, tenant_b, dense_base, node.cpu_slots - 1)
+    evaluated = AdapterRevision.objects.create(adapter=adapter_a, number=9, state="exported", source_uri="x")
+    borrowed = place(node, evaluated, "queued", priority=Priority.SPECULATIVE)
+    tenant_b.tenant.max_ready_revisions = 1
+    tenant_b.tenant.save(update_fields=["max_ready_revisions"])
+    other = Adapter.objects.create(tenant=tenant_b.tenant, name="cold", base_model=dense_base)
+    cold = AdapterRevision.objects.create(adapter=other, number=1, state="approved", source_uri="x")
+    # Tenant B is over its unpinned quota: only its own placements may make room, not A's evaluation.
+    assert placement.placement_request(revision=cold, priority=Priority.COLD_REQUEST).node_id == node.id
+    assert Placement.objects.filter(id=borrowed.id).exists()
+    assert Placement.objects.filter(state="evicting", revision__adapter__tenant=tenant_b.tenant).count() == 1
