@@ -9,6 +9,8 @@ form was on (`next`), which shows every alias.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
@@ -192,12 +194,8 @@ def _revision_step(request: HttpRequest, name: str, number: int, service, done: 
 @page(post=Capability.DECIDE)
 def activation_cancel(request: HttpRequest, name: str) -> HttpResponse:
     """Withdraw an alias's pending activation: it keeps serving its live revision."""
-    adapter = _adapter(request, name)
-    form = CancelForm(request.POST)
-    alias_name = (form.cleaned_data.get("alias") if form.is_valid() else "") or Alias.PRODUCTION
 
-    def run() -> str:
-        _cleaned(form)
+    def run(adapter: Adapter, alias_name: str, _data: dict) -> str:
         before = _alias_named(adapter, alias_name)
         alias = serving_services.activation_cancel(
             adapter=adapter, alias_name=alias_name, by=request.viewer.access.actor
@@ -206,41 +204,45 @@ def activation_cancel(request: HttpRequest, name: str) -> HttpResponse:
         live = f"r{alias.revision.number}" if alias.revision else "nothing"
         return f"Cancelled: {alias_name} stays on {live}; {withdrawn} is no longer requested."
 
-    return act(request, safe_next(request, _back(adapter)), run, anchor=f"alias-{alias_name}")
+    return _alias_action(request, name, CancelForm(request.POST), run)
 
 
 @require_POST
 @page(post=Capability.DECIDE)
 def canary_promote(request: HttpRequest, name: str) -> HttpResponse:
     """Flip an alias to its canary's revision."""
-    adapter = _adapter(request, name)
-    form = CanaryForm(request.POST)
-    alias_name = (form.cleaned_data.get("alias") if form.is_valid() else "") or Alias.PRODUCTION
 
-    def run() -> str:
-        _cleaned(form)
+    def run(adapter: Adapter, alias_name: str, _data: dict) -> str:
         alias = serving_services.canary_promote(adapter=adapter, by=request.viewer.access.actor, alias=alias_name)
         return f"Promoted: {alias_name} serves r{alias.desired_revision.number} (once ready on its nodes)."
 
-    return act(request, safe_next(request, _back(adapter)), run, anchor=f"alias-{alias_name}")
+    return _alias_action(request, name, CanaryForm(request.POST), run)
 
 
 @require_POST
 @page(post=Capability.DECIDE)
 def canary_abort(request: HttpRequest, name: str) -> HttpResponse:
     """Drop an alias's canary: every request goes to its live revision."""
-    adapter = _adapter(request, name)
-    form = CanaryForm(request.POST)
-    alias_name = (form.cleaned_data.get("alias") if form.is_valid() else "") or Alias.PRODUCTION
 
-    def run() -> str:
-        data = _cleaned(form)
+    def run(adapter: Adapter, alias_name: str, data: dict) -> str:
         alias = serving_services.canary_abort(
             adapter=adapter, by=request.viewer.access.actor, alias=alias_name, reason=data.get("reason") or ""
         )
         return f"Canary aborted: {alias_name} sends every request to r{alias.revision.number}."
 
-    return act(request, safe_next(request, _back(adapter)), run, anchor=f"alias-{alias_name}")
+    return _alias_action(request, name, CanaryForm(request.POST), run)
+
+
+def _alias_action(request: HttpRequest, name: str, form, run: Callable[[Adapter, str, dict], str]) -> HttpResponse:
+    """An action on one alias (the form's `alias`, production when none), its result shown next to that alias."""
+    adapter = _adapter(request, name)
+    alias_name = (form.cleaned_data.get("alias") if form.is_valid() else "") or Alias.PRODUCTION
+    return act(
+        request,
+        safe_next(request, _back(adapter)),
+        lambda: run(adapter, alias_name, _cleaned(form)),
+        anchor=f"alias-{alias_name}",
+    )
 
 
 def _alias_named(adapter: Adapter, name: str) -> Alias | None:
