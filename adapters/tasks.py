@@ -8,7 +8,7 @@ from datetime import datetime
 from celery import shared_task
 from django.conf import settings
 
-from adapters import collect, dispatch, pipeline
+from adapters import collect, dispatch, pipeline, uploads
 from adapters.pipeline import MAX_RETRIES, Delivery
 
 # Celery's own limits, for what runs in the worker itself (store I/O, the database): only a runaway
@@ -56,3 +56,9 @@ def control_probe(*, sent_at: str) -> None:
 def uploads_collect() -> None:
     """Remove the files of failed and rejected revisions past their retention (beat, hourly)."""
     collect.uploads_collect()
+
+
+@shared_task(ignore_result=True)
+def upload_sessions_collect() -> None:
+    """Delete resumable-upload sessions past their expiry, with their stored parts (beat, every 15 minutes)."""
+    uploads.upload_sessions_collect()

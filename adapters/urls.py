@@ -1,6 +1,6 @@
 from django.urls import path
 
-from adapters import apis, evaluation_apis
+from adapters import apis, evaluation_apis, upload_apis
 
 # Adapters themselves (list, create, detail) and their aliases are routed by serving.urls.
 urlpatterns = [
@@ -40,5 +40,18 @@ urlpatterns = [
         "adapters/<str:name>/evaluation-policy/",
         evaluation_apis.EvaluationPolicyApi.as_view(),
         name="evaluation-policy",
+    ),
+    # Resumable uploads (adapters/uploads.py).
+    path("adapters/<str:name>/uploads/", upload_apis.UploadSessionListCreateApi.as_view(), name="uploads"),
+    path("adapters/<str:name>/uploads/<str:upload_id>/", upload_apis.UploadSessionDetailApi.as_view(), name="upload"),
+    path(
+        "adapters/<str:name>/uploads/<str:upload_id>/parts/<int:number>/",
+        upload_apis.UploadPartApi.as_view(),
+        name="upload-part",
+    ),
+    path(
+        "adapters/<str:name>/uploads/<str:upload_id>/complete/",
+        upload_apis.UploadCompleteApi.as_view(),
+        name="upload-complete",
     ),
 ]

@@ -14,7 +14,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from adapters import upload_gate  # noqa: E402
+from adapters import upload_gate, uploads  # noqa: E402
 from frontend.routing import websocket_urlpatterns  # noqa: E402
 from mint_site.limits import BodyLimit  # noqa: E402
 from serving.gateway.asgi import with_gateway  # noqa: E402
@@ -24,7 +24,10 @@ application = with_gateway(
         {
             # Bodies are checked against the route's and the caller's limits before Django reads them.
             "http": BodyLimit(
-                django_asgi_app, upload_routes=upload_gate.UPLOAD_ROUTES, upload_gate=upload_gate.allowance
+                django_asgi_app,
+                upload_routes=upload_gate.UPLOAD_ROUTES,
+                upload_gate=upload_gate.allowance,
+                route_limits=[uploads.PART_ROUTE_LIMIT],  # a resumable upload's parts: up to MINT_UPLOAD_PART_BYTES
             ),
             "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
         }

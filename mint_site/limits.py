@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,17 @@ class Allowance:
 UploadGate = Callable[[Scope], Awaitable[Allowance | Refusal]]
 
 
+@dataclass(frozen=True)
+class RouteLimit:
+    """A route (method and path) whose bodies have a bound of their own instead of MINT_MAX_REQUEST_BYTES, e.g. the
+    parts of a resumable upload (adapters/uploads.py), each up to MINT_UPLOAD_PART_BYTES. `allowance` is asked
+    per request, so a changed setting holds at once."""
+
+    method: str
+    path: re.Pattern[str]
+    allowance: Callable[[], Allowance]
+
+
 def too_large(limit: int, what: str) -> Refusal:
     return Refusal(413, "payload_too_large", f"The request body is larger than {what} ({limit} bytes).")
 
@@ -79,10 +90,18 @@ def _declared_length(scope: Scope) -> int | None:
 class BodyLimit:
     """ASGI middleware: refuse bodies over the route's limit before the app reads them."""
 
-    def __init__(self, app: ASGIApp, *, upload_routes: re.Pattern[str], upload_gate: UploadGate):
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        upload_routes: re.Pattern[str],
+        upload_gate: UploadGate,
+        route_limits: Sequence[RouteLimit] = (),
+    ):
         self.app = app
         self.upload_routes = upload_routes
         self.upload_gate = upload_gate
+        self.route_limits = tuple(route_limits)
 
     async def __call__(self, scope: Scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -104,8 +123,16 @@ class BodyLimit:
                 allowance = granted
             scope = scope | {SCOPE_KEY: settings.MINT_UPLOAD_MAX_FILES}  # mint_site/uploads.py counts files by it
         else:
-            allowance = Allowance(
-                settings.MINT_MAX_REQUEST_BYTES, too_large(settings.MINT_MAX_REQUEST_BYTES, "MINT_MAX_REQUEST_BYTES")
+            allowance = next(
+                (
+                    limit.allowance()
+                    for limit in self.route_limits
+                    if scope["method"] == limit.method and limit.path.match(scope["path"])
+                ),
+                Allowance(
+                    settings.MINT_MAX_REQUEST_BYTES,
+                    too_large(settings.MINT_MAX_REQUEST_BYTES, "MINT_MAX_REQUEST_BYTES"),
+                ),
             )
         if declared is not None and declared > allowance.max_bytes:
             await allowance.over.send(send)

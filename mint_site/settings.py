@@ -314,6 +314,14 @@ FILE_UPLOAD_HANDLERS = [
     "mint_site.uploads.ClosedFileUploadHandler",
 ]
 
+# Resumable uploads (adapters/uploads.py): one archive sent as numbered parts of MINT_UPLOAD_PART_BYTES (never
+# below S3's 5 MiB multipart minimum; every part but the last is exactly this long, and a part's body is read
+# with this bound), at most MINT_UPLOAD_MAX_OPEN_SESSIONS open sessions per tenant, each collected with its parts
+# MINT_UPLOAD_SESSION_TTL_S after it was opened or last received a part (beat, "upload-sessions-collect").
+MINT_UPLOAD_PART_BYTES = env_int("MINT_UPLOAD_PART_BYTES", 8 * 1024 * 1024, minimum=5 * 1024 * 1024)
+MINT_UPLOAD_MAX_OPEN_SESSIONS = env_int("MINT_UPLOAD_MAX_OPEN_SESSIONS", 4, minimum=1)
+MINT_UPLOAD_SESSION_TTL_S = env_int("MINT_UPLOAD_SESSION_TTL_S", 86400, minimum=60)
+
 # Idempotency-Key on the REST API's POSTs (tenants/idempotency.py): a key and the first answer are kept this long
 # per caller (an API key, or a person in a tenant), then purged hourly; keys are at most this many characters
 # (and never more than 255); answers larger than this are not kept (a retry gets 409 idempotency_response_not_kept);
@@ -402,6 +410,7 @@ CELERY_BEAT_SCHEDULE = {
     # Dispatching follows every change of the control queue; this only catches a hand-off that was lost.
     "control-dispatch": {"task": "adapters.tasks.control_dispatch", "schedule": 10.0},
     "uploads-collect": {"task": "adapters.tasks.uploads_collect", "schedule": 3600.0},
+    "upload-sessions-collect": {"task": "adapters.tasks.upload_sessions_collect", "schedule": 900.0},
     "idempotency-purge": {"task": "tenants.tasks.idempotency_purge", "schedule": 3600.0},
     "usage-purge": {"task": "serving.tasks.usage_purge", "schedule": 3600.0},
     # Each delivery queues its own attempts; this only catches one whose message was lost (and purges old ones).

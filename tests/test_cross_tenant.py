@@ -16,7 +16,7 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
-from adapters.models import Adapter, AdapterRevision, BaseModel, EvaluationSuite
+from adapters.models import Adapter, AdapterRevision, BaseModel, EvaluationSuite, UploadSession
 from serving.models import UsagePeriod, UsageRecord
 from tenants.api_base import TenantApi
 from tenants.models import ApiKey, Tenant
@@ -77,6 +77,20 @@ def b_delivery(b: TenantWorld) -> WebhookDelivery:
     return delivery or WebhookDelivery.objects.create(endpoint=endpoint, event="ping", payload={}, state="delivered")
 
 
+def b_upload(b: TenantWorld) -> UploadSession:
+    """Tenant B's open resumable-upload session on `globex-only-bot` (made once)."""
+    adapter = b_revision(b).adapter
+    return UploadSession.objects.filter(adapter=adapter).first() or UploadSession.objects.create(
+        tenant=b.tenant,
+        adapter=adapter,
+        size=10,
+        sha256="0" * 64,
+        filename="adapter.tar",
+        part_size=8 * 1024 * 1024,
+        expires_at=timezone.now() + timedelta(days=1),
+    )
+
+
 # How to name one of tenant B's objects for each URL parameter.
 B_OBJECT: dict[str, Callable[[TenantWorld], str]] = {
     "prefix": lambda b: b.key("pipeline")[0].prefix,
@@ -85,6 +99,7 @@ B_OBJECT: dict[str, Callable[[TenantWorld], str]] = {
     "version": lambda b: str(b_suite(b).version),
     "webhook_id": lambda b: str(b_webhook(b).id),
     "delivery_id": lambda b: str(b_delivery(b).id),
+    "upload_id": lambda b: str(b_upload(b).id),
 }
 
 PARAM = re.compile(r"<(?:(?P<converter>[^>:]+):)?(?P<name>[^>]+)>")

@@ -1,0 +1,523 @@
+"""Resumable uploads: one archive sent as numbered parts, then registered as a revision like a one-shot upload.
+
+A session declares the whole file first (`size`, `sha256`, `filename`), so the tenant's upload limit, its
+storage quota (open sessions' declared sizes count against it) and its open-session limit refuse it before a
+byte is stored. Parts 1..n of MINT_UPLOAD_PART_BYTES (the last one shorter) arrive in any order, each checked
+against its own SHA-256 and its exact expected length before it is stored; a part already received is accepted
+again only with the same digest. Parts are objects in the artifact store under
+`t/<tenant_id>/uploads/<session>/`, on S3 as on a filesystem (no S3 multipart upload underneath: registration
+needs the whole file on local disk anyway, to precheck and digest it before it is stored once more as the
+revision's source).
+
+`complete` assembles the parts in order into one temporary file (streamed: one chunk in memory at a time),
+checks the whole file's digest, and hands that file to `revision_register` as the one-shot upload's `archive`:
+precheck, duplicate check, quota, store, validation and export are exactly those of a one-shot upload.
+Abandoned sessions are collected with their parts once past `expires_at` (beat: `upload_sessions_collect`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import os
+import re
+import tempfile
+import uuid
+from datetime import timedelta
+from typing import BinaryIO
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q, QuerySet, Sum
+from django.utils import timezone
+
+from adapters import services, store
+from adapters.models import Adapter, AdapterRevision, UploadPart, UploadSession, UploadState
+from mint_site.errors import Conflict, MintError, NotFound, PayloadTooLarge, QuotaExceeded
+from mint_site.limits import Allowance, Refusal, RouteLimit
+from mint_site.uploads import ClosedUploadedFile
+from tenants.access import Actor
+from tenants.models import Tenant
+from tenants.services import audit_record
+
+log = logging.getLogger(__name__)
+
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+CHUNK = 1024 * 1024
+# A `complete` that claimed a session and then died (its process killed) leaves the claim behind; after this
+# long another `complete` may take it over. Longer than assembling and storing the largest upload takes.
+COMPLETE_CLAIM_S = 3600
+COLLECT_BATCH = 200
+
+
+def _part_allowance() -> Allowance:
+    limit = settings.MINT_UPLOAD_PART_BYTES
+    return Allowance(
+        limit,
+        Refusal(
+            400,
+            "part_size_mismatch",
+            f"A part is at most part_size ({limit} bytes, MINT_UPLOAD_PART_BYTES); this body is longer.",
+        ),
+    )
+
+
+# The ASGI body limit of the part route (mint_site/asgi.py): a part's body, refused past part_size before Django
+# reads it, instead of the MINT_MAX_REQUEST_BYTES every other non-upload route has.
+PART_ROUTE_LIMIT = RouteLimit(
+    method="PUT", path=re.compile(r"^/api/v1/adapters/[^/]+/uploads/[^/]+/parts/[0-9]+/$"), allowance=_part_allowance
+)
+
+
+class UploadIncomplete(Conflict):
+    """409 `upload_incomplete`: `complete` was asked before every part arrived; `detail.missing` lists them."""
+
+    code = "upload_incomplete"
+
+
+# ---------------------------------------------------------------- reads
+
+
+def upload_sessions_open(*, adapter: Adapter, now=None) -> QuerySet[UploadSession]:
+    """The adapter's open sessions that have not expired, newest first (the list the client resumes from)."""
+    now = now or timezone.now()
+    return (
+        UploadSession.objects.filter(adapter=adapter, state=UploadState.OPEN, expires_at__gt=now)
+        .select_related("adapter")
+        .prefetch_related("parts")
+    )
+
+
+def upload_session_get(*, adapter: Adapter, session_id: str) -> UploadSession:
+    """The adapter's session `session_id`, or NotFound: the same for a malformed id, another tenant's or
+    adapter's session, and one that expired (it is as good as collected)."""
+    try:
+        wanted = uuid.UUID(str(session_id))
+    except ValueError:
+        raise NotFound("Not found.") from None
+    session = (
+        UploadSession.objects.filter(id=wanted, adapter=adapter, tenant_id=adapter.tenant_id)
+        .prefetch_related("parts")
+        .first()
+    )
+    if session is None or (session.state == UploadState.OPEN and session.expires_at <= timezone.now()):
+        raise NotFound("Not found.")
+    session.adapter = adapter  # the caller's, with its tenant and base model (registration reads both)
+    return session
+
+
+def received_parts(session: UploadSession) -> list[int]:
+    return sorted(part.number for part in session.parts.all())
+
+
+def _open_sessions_of(tenant_id: int, now) -> QuerySet[UploadSession]:
+    return UploadSession.objects.filter(tenant_id=tenant_id, state=UploadState.OPEN, expires_at__gt=now)
+
+
+def session_prefix(session: UploadSession) -> str:
+    return f"t/{session.tenant_id}/uploads/{session.id.hex}"
+
+
+# ---------------------------------------------------------------- create
+
+
+def _check_declaration(*, tenant: Tenant, size: int, sha256: str, filename: str) -> tuple[str, str]:
+    """The declared file, or the 4xx naming what is wrong with it. Returns the normalised digest and name."""
+    if size < 1:
+        raise MintError(
+            "size: the upload is empty (0 bytes); declare the archive's size in bytes.", code="empty_upload"
+        )
+    if size > tenant.max_upload_bytes:
+        raise PayloadTooLarge(
+            f"The upload ({size} bytes) is over this tenant's limit of {tenant.max_upload_bytes} bytes.",
+            detail={"size": size, "max_upload_bytes": tenant.max_upload_bytes},
+        )
+    digest = sha256.strip().lower()
+    if not SHA256_HEX.match(digest):
+        raise MintError(
+            "sha256: give the whole file's SHA-256 as 64 hexadecimal digits.",
+            code="bad_sha256",
+            detail={"sha256": sha256[:100]},
+        )
+    name = filename.replace("\\", "/").rsplit("/", 1)[-1]
+    if not name or name.startswith(".") or "\x00" in name or not name.lower().endswith(ARCHIVE_SUFFIXES):
+        raise MintError(
+            f"filename: {filename[:100]!r} is not an archive; send one .tar, .tar.gz, .tgz or .zip.",
+            code="bad_filename",
+            detail={"filename": filename[:100], "accepted": list(ARCHIVE_SUFFIXES)},
+        )
+    return digest, name
+
+
+def upload_session_create(*, adapter: Adapter, by: Actor, size: int, sha256: str, filename: str) -> UploadSession:
+    """Open a session for one archive of `size` bytes: refused before anything is stored if it could never fit.
+
+    Under the tenant's row lock (as registration takes it), so that two sessions opened at once cannot both
+    pass the open-session limit or the quota, to which open sessions' declared sizes count.
+    """
+    tenant = adapter.tenant
+    digest, name = _check_declaration(tenant=tenant, size=size, sha256=sha256, filename=filename)
+    part_size = settings.MINT_UPLOAD_PART_BYTES
+    now = timezone.now()
+    with transaction.atomic():
+        locked = Tenant.objects.select_for_update().get(id=tenant.id)
+        open_sessions = _open_sessions_of(tenant.id, now)
+        count = open_sessions.count()
+        limit = settings.MINT_UPLOAD_MAX_OPEN_SESSIONS
+        if count >= limit:
+            raise QuotaExceeded(
+                f"Tenant {tenant.slug} has {count} open upload sessions, the most it may have "
+                f"(MINT_UPLOAD_MAX_OPEN_SESSIONS={limit}); complete or delete one, or wait for it to expire.",
+                code="upload_sessions_exceeded",
+                detail={"open_sessions": count, "limit": limit},
+            )
+        reserved = open_sessions.aggregate(total=Sum("size"))["total"] or 0
+        services.check_storage_quota(locked, adding_bytes=reserved + size)
+        person = by.person if by.person is not None and by.person.pk is not None else None
+        session = UploadSession.objects.create(
+            tenant=tenant,
+            adapter=adapter,
+            created_by=person,
+            created_by_key=by.key,
+            size=size,
+            sha256=digest,
+            filename=name,
+            part_size=part_size,
+            expires_at=now + timedelta(seconds=settings.MINT_UPLOAD_SESSION_TTL_S),
+            created_at=now,
+        )
+        audit_record(
+            tenant=tenant,
+            actor=by,
+            action="upload.create",
+            target=f"upload:{adapter.name}/{session.id}",
+            after={"size": size, "sha256": digest, "filename": name, "parts": session.part_count},
+        )
+    session.adapter = adapter
+    return session
+
+
+# ---------------------------------------------------------------- parts
+
+
+def _read_bounded(stream: BinaryIO, limit: int) -> bytes:
+    """At most `limit` bytes of `stream` (a request body), however it hands them out."""
+    buffer = io.BytesIO()
+    while buffer.tell() < limit:
+        chunk = stream.read(min(CHUNK, limit - buffer.tell()))
+        if not chunk:
+            break
+        buffer.write(chunk)
+    return buffer.getvalue()
+
+
+def _checked_number(session: UploadSession, number: int) -> int:
+    count = session.part_count
+    if not 1 <= number <= count:
+        raise MintError(
+            f"Part {number} does not exist: this upload has {count} part{'s' if count != 1 else ''}, "
+            f"numbered 1 to {count}.",
+            code="unknown_part",
+            detail={"part": number, "parts": count},
+        )
+    return number
+
+
+def _checked_part_digest(checksum: str | None) -> str:
+    digest = (checksum or "").strip().lower()
+    if not SHA256_HEX.match(digest):
+        raise MintError(
+            "Send the part's SHA-256 as 64 hexadecimal digits in the X-Mint-Part-Sha256 header.",
+            code="missing_part_checksum" if not checksum else "bad_part_checksum",
+        )
+    return digest
+
+
+def _conflict(number: int, held: str, sent: str) -> Conflict:
+    return Conflict(
+        f"Part {number} was already received with sha256 {held}; this one has {sent}. Parts cannot be replaced: "
+        "delete the session and start again to send different bytes.",
+        code="part_conflict",
+        detail={"part": number, "received_sha256": held, "sha256": sent},
+    )
+
+
+def _size_mismatch(session: UploadSession, number: int, got: str, size: int) -> MintError:
+    expected = session.expected_part_size(number)
+    which = "every part but the last is part_size bytes" if number < session.part_count else "the last part"
+    return MintError(
+        f"Part {number} must be exactly {expected} bytes ({which}); this body has {got}.",
+        code="part_size_mismatch",
+        detail={"part": number, "expected": expected, "size": size},
+    )
+
+
+def _delete_file(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        store.artifact_storage().delete(path)
+
+
+def _not_open(session: UploadSession) -> Conflict:
+    return Conflict(
+        f"Upload session {session.id} is {session.state}; it takes no more parts.",
+        code="upload_not_open",
+        detail={"state": session.state},
+    )
+
+
+def upload_part_put(
+    *, session: UploadSession, number: int, body: BinaryIO, checksum: str | None, declared_length: int | None = None
+) -> UploadPart:
+    """Store part `number` of an open session from `body`, read with a bound of the part's length + 1.
+
+    Nothing is stored for a refused part: an unknown number, a missing or malformed checksum header, a body
+    that is not exactly the part's expected length (`part_size_mismatch`) or whose SHA-256 is not the header's
+    (`part_checksum_mismatch`). A part already received with the same digest is accepted again without being
+    stored twice; with another digest it is a `part_conflict`. Each part pushes the session's expiry back.
+
+    The bytes are stored first, under a name of their own digest, then recorded under a short lock of the
+    session row: of two senders of one part only one row wins, and a loser never overwrote the winner's bytes.
+    """
+    if session.state != UploadState.OPEN:
+        raise _not_open(session)
+    _checked_number(session, number)
+    digest = _checked_part_digest(checksum)
+    held = next((p for p in session.parts.all() if p.number == number), None)
+    if held is not None and held.sha256 != digest:
+        raise _conflict(number, held.sha256, digest)
+    expected = session.expected_part_size(number)
+    if declared_length is not None and declared_length != expected:
+        raise _size_mismatch(session, number, f"{declared_length} (its Content-Length)", declared_length)
+    data = _read_bounded(body, expected + 1)
+    if len(data) != expected:
+        raise _size_mismatch(
+            session, number, f"more than {expected}" if len(data) > expected else str(len(data)), len(data)
+        )
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != digest:
+        raise MintError(
+            f"Part {number}'s bytes have sha256 {actual}, not the {digest} of its X-Mint-Part-Sha256 header: it was "
+            "damaged on the way; send it again.",
+            code="part_checksum_mismatch",
+            detail={"part": number, "expected": digest, "actual": actual},
+        )
+    if held is not None:
+        _touch(session)
+        return held
+    path = f"{session_prefix(session)}/part-{number}.{digest[:16]}"
+    store.save_file(path, io.BytesIO(data))
+    del data
+    try:
+        with transaction.atomic():
+            locked = UploadSession.objects.select_for_update().filter(id=session.id).first()
+            if locked is None:  # collected meanwhile
+                raise NotFound("Not found.")
+            if locked.state != UploadState.OPEN:
+                raise _not_open(locked)
+            existing = UploadPart.objects.filter(session=locked, number=number).first()
+            if existing is None:
+                part = UploadPart.objects.create(
+                    session=locked, number=number, size=expected, sha256=digest, store_path=path
+                )
+            elif existing.sha256 == digest:
+                part = existing  # the same part sent twice at once: the same bytes under the same name
+            else:
+                raise _conflict(number, existing.sha256, digest)
+            _touch(locked)
+    except (MintError, IntegrityError):
+        if not UploadPart.objects.filter(session_id=session.id, store_path=path).exists():
+            _delete_file(path)
+        raise
+    return part
+
+
+def _touch(session: UploadSession) -> None:
+    """Push the session's expiry back to a full TTL from now (it is being worked on)."""
+    expires = timezone.now() + timedelta(seconds=settings.MINT_UPLOAD_SESSION_TTL_S)
+    UploadSession.objects.filter(id=session.id, state=UploadState.OPEN).update(expires_at=expires)
+    session.expires_at = expires
+
+
+def _delete_parts(session: UploadSession) -> None:
+    """Remove the session's stored parts and their rows (the store first: a row never names a missing file)."""
+    store.delete_prefix(session_prefix(session))
+    UploadPart.objects.filter(session_id=session.id).delete()
+
+
+# ---------------------------------------------------------------- complete and abort
+
+
+def _claim(session: UploadSession) -> None:
+    """Mark the session as being completed (a conditional update on its row), or 409 if another is at it."""
+    now = timezone.now()
+    free = Q(completing_since__isnull=True) | Q(completing_since__lt=now - timedelta(seconds=COMPLETE_CLAIM_S))
+    if UploadSession.objects.filter(Q(id=session.id, state=UploadState.OPEN) & free).update(completing_since=now):
+        return
+    current = UploadSession.objects.filter(id=session.id).first()
+    if current is None:
+        raise NotFound("Not found.")
+    if current.state != UploadState.OPEN:
+        raise _not_open(current)
+    raise Conflict(
+        f"Upload session {session.id} is being completed by another request; GET it to see when it is done.",
+        code="upload_completing",
+    )
+
+
+def _release(session: UploadSession) -> None:
+    UploadSession.objects.filter(id=session.id, state=UploadState.OPEN).update(completing_since=None)
+
+
+def _assemble(session: UploadSession, parts: list[UploadPart]) -> tuple[str, str]:
+    """Concatenate the stored parts, in order, into a new temporary file; returns its path and SHA-256.
+
+    Streams one chunk at a time; each part is checked against the digest it was received with as it is read.
+    The caller owns (and removes) the file.
+    """
+    storage = store.artifact_storage()
+    whole = hashlib.sha256()
+    fd, path = tempfile.mkstemp(prefix="mint-upload-", dir=settings.FILE_UPLOAD_TEMP_DIR)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                piece = hashlib.sha256()
+                length = 0
+                with storage.open(part.store_path, "rb") as source:
+                    while chunk := source.read(CHUNK):
+                        piece.update(chunk)
+                        whole.update(chunk)
+                        length += len(chunk)
+                        out.write(chunk)
+                if length != part.size or piece.hexdigest() != part.sha256:
+                    raise OSError(f"stored part {part.number} of upload {session.id} changed since it was received")
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
+    return path, whole.hexdigest()
+
+
+def upload_session_complete(
+    *,
+    session: UploadSession,
+    by: Actor,
+    training_step: int | None = None,
+    parent_number: int | None = None,
+    allow_duplicate: bool = False,
+) -> AdapterRevision:
+    """Assemble an open session's parts and register the file as a revision (revision_register's `archive`).
+
+    409 `upload_incomplete` (`detail.missing`) before every part is in. If the assembled file's SHA-256 is not
+    the declared one, 400 `upload_checksum_mismatch`: the parts are dropped and the session stays open, so they
+    can be sent again. Registration's own refusals (not an adapter, a duplicate, the quota) leave the session
+    open with its parts, so it can be completed again (e.g. with allow_duplicate). On success the session is
+    `completed` and its parts are removed.
+    """
+    if session.state != UploadState.OPEN:
+        raise _not_open(session)
+    _claim(session)
+    try:
+        parts = list(UploadPart.objects.filter(session_id=session.id).order_by("number"))
+        missing = sorted(set(range(1, session.part_count + 1)) - {p.number for p in parts})
+        if missing:
+            shown = ", ".join(map(str, missing[:20])) + (", …" if len(missing) > 20 else "")
+            raise UploadIncomplete(
+                f"Upload session {session.id} misses {len(missing)} of its {session.part_count} parts ({shown}); "
+                "send them, then complete it.",
+                detail={"missing": missing[:1000], "parts": session.part_count},
+            )
+        path, digest = _assemble(session, parts)
+        try:
+            if digest != session.sha256:
+                _delete_parts(session)
+                raise MintError(
+                    f"The assembled file has sha256 {digest}, not the declared {session.sha256}. Its parts were "
+                    "dropped: send every part again (or, if the declared digest was wrong, open a new session).",
+                    code="upload_checksum_mismatch",
+                    detail={"expected": session.sha256, "actual": digest, "received": []},
+                )
+            archive = ClosedUploadedFile(path, session.filename, "application/octet-stream", session.size, None)
+            archive.sha256 = digest  # what registration's source digest is built from (no second read)
+            revision = services.revision_register(
+                adapter=session.adapter,
+                by=by,
+                archive=archive,
+                training_step=training_step,
+                parent_number=parent_number,
+                allow_duplicate=allow_duplicate,
+            )
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # a filesystem store moved it; any other store copied it
+    except BaseException:
+        _release(session)
+        raise
+    with transaction.atomic():
+        UploadSession.objects.filter(id=session.id).update(
+            state=UploadState.COMPLETED, completing_since=None, revision=revision
+        )
+        audit_record(
+            tenant=session.adapter.tenant,
+            actor=by,
+            action="upload.complete",
+            target=f"upload:{session.adapter.name}/{session.id}",
+            after={"revision": revision.label, "size": session.size},
+        )
+    _delete_parts(session)
+    return revision
+
+
+def upload_session_abort(*, session: UploadSession, by: Actor) -> None:
+    """Abort a session and remove its parts. An aborted or completed one is left as it is (its parts are gone);
+    one being completed right now is 409 `upload_completing`."""
+    now = timezone.now()
+    free = Q(completing_since__isnull=True) | Q(completing_since__lt=now - timedelta(seconds=COMPLETE_CLAIM_S))
+    with transaction.atomic():
+        aborted = UploadSession.objects.filter(Q(id=session.id, state=UploadState.OPEN) & free).update(
+            state=UploadState.ABORTED, completing_since=None
+        )
+        if not aborted and UploadSession.objects.filter(id=session.id, state=UploadState.OPEN).exists():
+            raise Conflict(
+                f"Upload session {session.id} is being completed; it cannot be deleted now.", code="upload_completing"
+            )
+        if aborted:
+            audit_record(
+                tenant=session.adapter.tenant,
+                actor=by,
+                action="upload.abort",
+                target=f"upload:{session.adapter.name}/{session.id}",
+                before={"state": UploadState.OPEN},
+                after={"state": UploadState.ABORTED},
+            )
+    _delete_parts(session)
+
+
+# ---------------------------------------------------------------- garbage collection
+
+
+def upload_sessions_collect(*, now=None, batch: int = COLLECT_BATCH) -> int:
+    """Delete sessions past their expiry (open, completed or aborted) with their stored parts; returns how many.
+
+    An open one that is being completed is left until its claim is stale: its file may be being registered.
+    """
+    now = now or timezone.now()
+    stale_claim = now - timedelta(seconds=COMPLETE_CLAIM_S)
+    due = list(
+        UploadSession.objects.filter(expires_at__lte=now)
+        .filter(Q(completing_since__isnull=True) | Q(completing_since__lt=stale_claim))
+        .order_by("expires_at")[:batch]
+    )
+    collected = 0
+    for session in due:
+        # The row goes first (its part rows cascade), and only if no part pushed its expiry back meanwhile; a part
+        # stored while it went finds no session to record it in and removes its own file.
+        deleted, _ = UploadSession.objects.filter(id=session.id, expires_at__lte=now).delete()
+        if deleted:
+            store.delete_prefix(session_prefix(session))
+            collected += 1
+    if collected:
+        log.info("collected %d expired upload sessions", collected)
+    return collected

@@ -1,0 +1,570 @@
+"""Resumable uploads (adapters/uploads.py, adapters/upload_apis.py): an archive sent in numbered parts, in any
+order, across dropped connections, then registered, validated and exported exactly like a one-shot upload."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.utils import timezone
+
+from adapters import tasks, uploads
+from adapters.models import AdapterRevision, UploadPart, UploadSession
+from tenants.access import Actor
+from tenants.models import Tenant
+from tests.adapters.corpus import make_archive
+from tests.conftest import error_of
+
+pytestmark = pytest.mark.django_db
+
+URL = "/api/v1/adapters/support-bot/uploads/"
+PART = 1024  # small parts, so a tiny test adapter spans several
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def pieces(data: bytes, size: int = PART) -> dict[int, bytes]:
+    return {i // size + 1: data[i : i + size] for i in range(0, len(data), size)}
+
+
+def stored(root: Path, prefix: str) -> list[str]:
+    base = root / prefix
+    return sorted(p.relative_to(root).as_posix() for p in base.rglob("*") if p.is_file()) if base.exists() else []
+
+
+@pytest.fixture(autouse=True)
+def _small_parts_and_room(settings, tenant_a):
+    settings.MINT_UPLOAD_PART_BYTES = PART
+    # A test sends tens of parts at once, far past a plan's write burst (tests/tenants/test_throttles.py).
+    Tenant.objects.filter(id=tenant_a.tenant.id).update(api_read_rpm=100_000, api_write_rpm=100_000)
+
+
+@pytest.fixture
+def archive(good_adapter_dir, tmp_path) -> bytes:
+    data = make_archive(good_adapter_dir, tmp_path / "adapter.tar.gz", "tar.gz").read_bytes()
+    assert len(data) > 3 * PART  # several parts, the last one short
+    return data
+
+
+@pytest.fixture
+def client(tenant_a):
+    return tenant_a.client_as("key:pipeline")
+
+
+def open_session(client, data: bytes, *, url: str = URL, **override):
+    body = {"size": len(data), "sha256": sha(data), "filename": "adapter.tar.gz"} | override
+    return client.post(url, body, format="json")
+
+
+def put_part(client, session_id: str, number: int, body: bytes, *, checksum: str | None = None, url: str = URL):
+    headers = {} if checksum == "" else {"HTTP_X_MINT_PART_SHA256": checksum or sha(body)}
+    return client.generic(
+        "PUT", f"{url}{session_id}/parts/{number}/", body, content_type="application/octet-stream", **headers
+    )
+
+
+def complete(client, session_id: str, payload: dict | None = None, *, url: str = URL):
+    return client.post(f"{url}{session_id}/complete/", payload or {}, format="json")
+
+
+def send_all(client, session_id: str, data: bytes, numbers=None) -> None:
+    parts = pieces(data)
+    for number in numbers or parts:
+        response = put_part(client, session_id, number, parts[number])
+        assert response.status_code == 200, response.content
+        assert response.json() == {"part": number, "size": len(parts[number]), "sha256": sha(parts[number])}
+
+
+# ---------------------------------------------------------------- the whole way
+
+
+def test_parts_sent_out_of_order_complete_into_an_exported_revision(
+    tenant_a, adapter_a, archive, client, artifact_root, django_capture_on_commit_callbacks
+):
+    response = open_session(client, archive)
+    assert response.status_code == 201, response.content
+    session = response.json()
+    count = -(-len(archive) // PART)
+    assert {k: session[k] for k in ("adapter", "size", "sha256", "filename", "part_size", "parts", "received")} == {
+        "adapter": "support-bot",
+        "size": len(archive),
+        "sha256": sha(archive),
+        "filename": "adapter.tar.gz",
+        "part_size": PART,
+        "parts": count,
+        "received": [],
+    }
+    assert session["state"] == "open" and session["expires_at"] > session["created_at"]
+
+    send_all(client, session["id"], archive, numbers=list(range(count, 0, -1)))
+    prefix = f"t/{tenant_a.tenant.id}/uploads/"
+    assert len(stored(artifact_root, prefix)) == count
+
+    with django_capture_on_commit_callbacks(execute=True):
+        done = complete(client, session["id"], {"training_step": 1200})
+    assert done.status_code == 201, done.content
+    body = done.json()
+    assert body["number"] == 1 and body["revision"] == "r1" and body["training_step"] == 1200
+    assert body["sha256"] and body["size_bytes"] == len(archive)
+
+    revision = AdapterRevision.objects.get(adapter=adapter_a, number=1)
+    assert revision.state == "exported", (revision.failure_code, revision.failure_reason)
+    assert revision.policy_record["training_step"] == 1200
+    # The session is done, its parts are gone from the database and the store.
+    row = UploadSession.objects.get(id=session["id"])
+    assert (row.state, row.revision_id) == ("completed", revision.id)
+    assert not UploadPart.objects.filter(session=row).exists()
+    assert stored(artifact_root, prefix) == []
+    assert client.get(URL).json()["results"] == []
+    # Completing again registers nothing more.
+    again = complete(client, session["id"])
+    assert again.status_code == 409 and error_of(again)["code"] == "upload_not_open"
+    assert AdapterRevision.objects.filter(adapter=adapter_a).count() == 1
+
+
+def test_a_completed_upload_answers_like_a_one_shot_registration(
+    tenant_a, adapter_a, archive, client, artifact_root, django_capture_on_commit_callbacks
+):
+    one_shot = client.post(
+        "/api/v1/adapters/support-bot/revisions/",
+        {"archive": SimpleUploadedFile("adapter.tar.gz", archive)},
+        format="multipart",
+    )
+    assert one_shot.status_code == 201, one_shot.content
+    session = open_session(client, archive).json()
+    send_all(client, session["id"], archive)
+
+    # The same archive again: registration's own duplicate check refuses it, and the session stays open.
+    refused = complete(client, session["id"])
+    assert refused.status_code == 409 and error_of(refused)["code"] == "duplicate_revision"
+    assert client.get(f"{URL}{session['id']}/").json()["state"] == "open"
+
+    done = complete(client, session["id"], {"allow_duplicate": True, "parent": "r1"})
+    assert done.status_code == 201, done.content
+    first, second = one_shot.json(), done.json()
+    assert set(first) == set(second)
+    assert second["parent"] == "r1" and second["number"] == 2
+    same = ("state", "sha256", "size_bytes", "registered_by")
+    assert {k: second[k] for k in same} == {k: first[k] for k in same}
+
+
+def test_an_upload_resumes_from_the_parts_the_session_received(
+    tenant_a, adapter_a, archive, client, artifact_root, django_capture_on_commit_callbacks
+):
+    session = open_session(client, archive).json()
+    parts = pieces(archive)
+    send_all(client, session["id"], archive, numbers=[1, 3])
+
+    # The connection dropped; the client asks what arrived, and sends only the rest.
+    seen = client.get(f"{URL}{session['id']}/").json()
+    assert seen["received"] == [1, 3] and seen["state"] == "open"
+    listed = client.get(URL).json()["results"]
+    assert [(s["id"], s["received"]) for s in listed] == [(session["id"], [1, 3])]
+    rest = [n for n in parts if n not in seen["received"]]
+    send_all(client, session["id"], archive, numbers=rest)
+    assert client.get(f"{URL}{session['id']}/").json()["received"] == sorted(parts)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        done = complete(client, session["id"])
+    assert done.status_code == 201, done.content
+    assert AdapterRevision.objects.get(adapter=adapter_a, number=1).state == "exported"
+
+
+def test_the_default_part_size_is_eight_mib(settings, adapter_a, client):
+    settings.MINT_UPLOAD_PART_BYTES = 8 * 1024 * 1024
+    session = open_session(client, b"", size=20 * 1024 * 1024, sha256="a" * 64).json()
+    assert (session["part_size"], session["parts"]) == (8 * 1024 * 1024, 3)
+    row = UploadSession.objects.get(id=session["id"])
+    assert [row.expected_part_size(n) for n in (1, 2, 3)] == [8 * 1024 * 1024, 8 * 1024 * 1024, 4 * 1024 * 1024]
+
+
+# ---------------------------------------------------------------- refusals when a session is opened
+
+
+@pytest.mark.parametrize(
+    ("override", "status", "code", "named"),
+    [
+        ({"size": 0}, 400, "empty_upload", "size"),
+        ({"sha256": "not-a-digest"}, 400, "bad_sha256", "sha256"),
+        ({"sha256": "ab" * 31}, 400, "bad_sha256", "sha256"),
+        ({"filename": "adapter_model.safetensors"}, 400, "bad_filename", "adapter_model.safetensors"),
+        ({"filename": "model.pt"}, 400, "bad_filename", "model.pt"),
+    ],
+)
+def test_a_bad_declaration_is_refused_naming_the_problem(adapter_a, archive, client, override, status, code, named):
+    response = open_session(client, archive, **override)
+    assert response.status_code == status, response.content
+    error = error_of(response)
+    assert error["code"] == code and named in error["message"]
+    assert not UploadSession.objects.exists()
+
+
+def test_a_size_over_the_tenants_upload_limit_is_refused_like_a_one_shot_upload(tenant_a, adapter_a, archive, client):
+    Tenant.objects.filter(id=tenant_a.tenant.id).update(max_upload_bytes=len(archive) - 1)
+    response = open_session(client, archive)
+    assert response.status_code == 413
+    assert error_of(response)["code"] == "payload_too_large"
+    assert str(len(archive) - 1) in error_of(response)["message"]
+    assert not UploadSession.objects.exists()
+
+
+def test_open_sessions_are_limited_per_tenant(settings, tenant_a, adapter_a, archive, client):
+    settings.MINT_UPLOAD_MAX_OPEN_SESSIONS = 2
+    first = open_session(client, archive).json()
+    assert open_session(client, archive).status_code == 201
+    third = open_session(client, archive)
+    assert third.status_code == 429
+    assert error_of(third)["code"] == "upload_sessions_exceeded"
+    assert error_of(third)["detail"] == {"open_sessions": 2, "limit": 2}
+    # An aborted session no longer counts, nor does an expired one.
+    assert client.delete(f"{URL}{first['id']}/").status_code == 204
+    assert open_session(client, archive).status_code == 201
+    UploadSession.objects.filter(state="open").update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert open_session(client, archive).status_code == 201
+
+
+def test_open_sessions_declared_sizes_count_against_the_storage_quota(tenant_a, adapter_a, archive, client):
+    Tenant.objects.filter(id=tenant_a.tenant.id).update(max_storage_bytes=2 * len(archive) + 10)
+    assert open_session(client, archive).status_code == 201
+    assert open_session(client, archive).status_code == 201
+    third = open_session(client, archive)
+    assert third.status_code == 429
+    assert error_of(third)["code"] == "storage_quota_exceeded"
+    assert UploadSession.objects.count() == 2
+
+
+def test_a_viewer_may_not_open_a_session(tenant_a, adapter_a, archive):
+    response = open_session(tenant_a.client_as("viewer"), archive)
+    assert response.status_code == 403
+    assert not UploadSession.objects.exists()
+
+
+# ---------------------------------------------------------------- refusals of a part
+
+
+@pytest.fixture
+def session_id(adapter_a, archive, client) -> str:
+    return open_session(client, archive).json()["id"]
+
+
+def assert_nothing_stored(root: Path, tenant_id: int) -> None:
+    assert not UploadPart.objects.exists()
+    assert stored(root, f"t/{tenant_id}/uploads/") == []
+
+
+@pytest.mark.parametrize("delta", [-1, 1])
+def test_a_part_of_the_wrong_length_is_refused_and_not_stored(
+    tenant_a, archive, client, session_id, artifact_root, delta
+):
+    body = (archive + b"x")[: PART + delta]
+    response = put_part(client, session_id, 1, body)
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["code"] == "part_size_mismatch" and str(PART) in error["message"]
+    assert error["detail"]["expected"] == PART
+    assert_nothing_stored(artifact_root, tenant_a.tenant.id)
+
+
+def test_the_last_part_must_hold_exactly_the_rest(tenant_a, archive, client, session_id, artifact_root):
+    last = max(pieces(archive))
+    response = put_part(client, session_id, last, archive[(last - 1) * PART :] + b"\0")
+    assert response.status_code == 400 and error_of(response)["code"] == "part_size_mismatch"
+    assert error_of(response)["detail"]["expected"] == len(archive) - (last - 1) * PART
+    assert_nothing_stored(artifact_root, tenant_a.tenant.id)
+
+
+def test_a_part_not_matching_its_checksum_header_is_refused(tenant_a, archive, client, session_id, artifact_root):
+    body = pieces(archive)[1]
+    response = put_part(client, session_id, 1, body, checksum=sha(b"something else"))
+    assert response.status_code == 400
+    assert error_of(response)["code"] == "part_checksum_mismatch"
+    assert error_of(response)["detail"]["actual"] == sha(body)
+    assert_nothing_stored(artifact_root, tenant_a.tenant.id)
+
+
+def test_a_part_without_its_checksum_header_is_refused(tenant_a, archive, client, session_id, artifact_root):
+    response = put_part(client, session_id, 1, pieces(archive)[1], checksum="")
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["code"] == "missing_part_checksum" and "X-Mint-Part-Sha256" in error["message"]
+    assert_nothing_stored(artifact_root, tenant_a.tenant.id)
+
+
+@pytest.mark.parametrize("number", [0, "last+1", 999])
+def test_an_unknown_part_number_is_refused_naming_it_and_the_count(
+    tenant_a, archive, client, session_id, artifact_root, number
+):
+    count = len(pieces(archive))
+    number = count + 1 if number == "last+1" else number
+    response = put_part(client, session_id, number, archive[:PART])
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["code"] == "unknown_part" and error["detail"] == {"part": number, "parts": count}
+    assert f"Part {number}" in error["message"] and f"{count} parts" in error["message"]
+    assert_nothing_stored(artifact_root, tenant_a.tenant.id)
+
+
+def test_sending_a_part_again_is_idempotent_and_a_different_one_conflicts(
+    tenant_a, archive, client, session_id, artifact_root
+):
+    body = pieces(archive)[2]
+    assert put_part(client, session_id, 2, body).status_code == 200
+    again = put_part(client, session_id, 2, body)
+    assert again.status_code == 200 and again.json() == {"part": 2, "size": PART, "sha256": sha(body)}
+    assert UploadPart.objects.filter(session_id=session_id).count() == 1
+
+    other = bytes(255 - b for b in body)
+    conflict = put_part(client, session_id, 2, other)
+    assert conflict.status_code == 409
+    error = error_of(conflict)
+    assert error["code"] == "part_conflict" and error["detail"]["received_sha256"] == sha(body)
+    # The part received first is kept, byte for byte.
+    [path] = stored(artifact_root, f"t/{tenant_a.tenant.id}/uploads/")
+    assert (artifact_root / path).read_bytes() == body
+
+
+def test_each_part_pushes_the_expiry_back(archive, client, session_id):
+    UploadSession.objects.filter(id=session_id).update(expires_at=timezone.now() + timedelta(seconds=60))
+    assert put_part(client, session_id, 1, pieces(archive)[1]).status_code == 200
+    assert UploadSession.objects.get(id=session_id).expires_at > timezone.now() + timedelta(hours=23)
+
+
+# ---------------------------------------------------------------- complete and delete
+
+
+def test_completing_before_every_part_arrived_lists_the_missing_ones(adapter_a, archive, client, session_id):
+    count = len(pieces(archive))
+    send_all(client, session_id, archive, numbers=[2])
+    response = complete(client, session_id)
+    assert response.status_code == 409
+    error = error_of(response)
+    assert error["code"] == "upload_incomplete"
+    assert error["detail"]["missing"] == [n for n in range(1, count + 1) if n != 2]
+    assert not AdapterRevision.objects.exists()
+    assert client.get(f"{URL}{session_id}/").json()["state"] == "open"
+
+
+def test_a_whole_file_not_matching_its_digest_is_refused_and_its_parts_can_be_sent_again(
+    tenant_a, adapter_a, archive, client, session_id, artifact_root, django_capture_on_commit_callbacks
+):
+    parts = pieces(archive)
+    send_all(client, session_id, archive, numbers=[n for n in parts if n != 2])
+    damaged = bytes(255 - b for b in parts[2])  # consistent with its own part checksum, wrong for the file
+    assert put_part(client, session_id, 2, damaged).status_code == 200
+
+    response = complete(client, session_id)
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["code"] == "upload_checksum_mismatch" and error["detail"]["expected"] == sha(archive)
+    assert not AdapterRevision.objects.exists()
+    seen = client.get(f"{URL}{session_id}/").json()
+    assert (seen["state"], seen["received"]) == ("open", [])
+    assert stored(artifact_root, f"t/{tenant_a.tenant.id}/uploads/") == []
+
+    send_all(client, session_id, archive)
+    with django_capture_on_commit_callbacks(execute=True):
+        done = complete(client, session_id)
+    assert done.status_code == 201, done.content
+    assert AdapterRevision.objects.get(adapter=adapter_a).state == "exported"
+
+
+def test_an_archive_that_is_no_adapter_is_refused_at_complete_and_the_session_stays_open(
+    adapter_a, client, artifact_root
+):
+    junk = b"this is not an archive at all" * 100
+    session = open_session(client, junk, filename="adapter.zip").json()
+    send_all(client, session["id"], junk)
+    response = complete(client, session["id"])
+    assert response.status_code == 400, response.content
+    assert error_of(response)["code"] != "upload_checksum_mismatch"
+    assert not AdapterRevision.objects.exists()
+    assert client.get(f"{URL}{session['id']}/").json()["state"] == "open"
+
+
+def test_deleting_a_session_removes_its_parts(tenant_a, archive, client, session_id, artifact_root):
+    send_all(client, session_id, archive, numbers=[1, 2])
+    assert len(stored(artifact_root, f"t/{tenant_a.tenant.id}/uploads/")) == 2
+    assert client.delete(f"{URL}{session_id}/").status_code == 204
+    assert_nothing_stored(artifact_root, tenant_a.tenant.id)
+    assert UploadSession.objects.get(id=session_id).state == "aborted"
+    assert client.get(URL).json()["results"] == []
+    late = put_part(client, session_id, 3, pieces(archive)[3])
+    assert late.status_code == 409 and error_of(late)["code"] == "upload_not_open"
+    assert_nothing_stored(artifact_root, tenant_a.tenant.id)
+    assert complete(client, session_id).status_code == 409
+
+
+# ---------------------------------------------------------------- garbage collection
+
+
+def test_expired_sessions_are_collected_with_their_parts(tenant_a, adapter_a, archive, client, artifact_root):
+    stale = open_session(client, archive).json()["id"]
+    fresh = open_session(client, archive).json()["id"]
+    send_all(client, stale, archive, numbers=[1, 2])
+    send_all(client, fresh, archive, numbers=[1])
+    UploadSession.objects.filter(id=stale).update(expires_at=timezone.now() - timedelta(seconds=1))
+    # Expired: as good as gone for the client already.
+    assert client.get(f"{URL}{stale}/").status_code == 404
+
+    tasks.upload_sessions_collect()
+
+    assert list(UploadSession.objects.values_list("id", flat=True)) == [UploadSession.objects.get(id=fresh).id]
+    assert list(UploadPart.objects.values_list("session_id", "number")) == [(UploadSession.objects.get().id, 1)]
+    left = stored(artifact_root, f"t/{tenant_a.tenant.id}/uploads/")
+    assert len(left) == 1 and UploadSession.objects.get().id.hex in left[0]
+    assert uploads.upload_sessions_collect() == 0
+
+
+def test_the_collector_runs_on_beat(settings):
+    schedule = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+    assert "adapters.tasks.upload_sessions_collect" in schedule
+
+
+# ---------------------------------------------------------------- tenancy
+
+
+@pytest.fixture
+def b_session(tenant_b, adapter_b) -> UploadSession:
+    """Tenant B's open session with part 1 received."""
+    data = b"b" * (2 * PART)
+    session = uploads.upload_session_create(
+        adapter=adapter_b, by=Actor(user=tenant_b.users["owner"]), size=len(data), sha256=sha(data), filename="b.tar"
+    )
+    uploads.upload_part_put(session=session, number=1, body=io.BytesIO(data[:PART]), checksum=sha(data[:PART]))
+    return session
+
+
+@pytest.mark.parametrize("via", ["their adapter", "our adapter"])
+def test_another_tenants_session_is_not_found_on_every_route(
+    tenant_a, adapter_a, b_session, artifact_root, archive, via
+):
+    client = tenant_a.client_as("owner")
+    base = f"/api/v1/adapters/{b_session.adapter.name}/uploads/" if via == "their adapter" else URL
+    sid = str(b_session.id)
+    answers = {
+        "list": client.get(base) if via == "their adapter" else None,
+        "detail": client.get(f"{base}{sid}/"),
+        "part": put_part(client, sid, 2, b"b" * PART, url=base),
+        "complete": complete(client, sid, url=base),
+        "delete": client.delete(f"{base}{sid}/"),
+        "create": open_session(client, archive, url=base) if via == "their adapter" else None,
+    }
+    for route, response in answers.items():
+        if response is None:
+            continue
+        assert response.status_code == 404, (route, response.content)
+        assert error_of(response) == {"code": "not_found", "message": "Not found."}, route
+    if via == "our adapter":
+        assert client.get(URL).json()["results"] == []
+    # Tenant B's session is untouched.
+    b_session.refresh_from_db()
+    assert b_session.state == "open" and list(b_session.parts.values_list("number", flat=True)) == [1]
+    assert UploadSession.objects.filter(tenant=tenant_a.tenant).count() == 0
+
+
+def test_a_malformed_session_id_is_not_found(adapter_a, client):
+    response = client.get(f"{URL}not-a-uuid/")
+    assert response.status_code == 404 and error_of(response)["code"] == "not_found"
+
+
+# ---------------------------------------------------------------- S3
+
+
+def test_an_upload_completes_on_the_s3_store(
+    tenant_a, adapter_a, archive, client, s3_store, django_capture_on_commit_callbacks
+):
+    session = open_session(client, archive).json()
+    send_all(client, session["id"], archive, numbers=sorted(pieces(archive), reverse=True))
+    prefix = f"t/{tenant_a.tenant.id}/uploads/{session['id'].replace('-', '')}/"
+    keys = s3_store.keys(prefix)
+    assert len(keys) == len(pieces(archive))
+    assert sorted(s3_store.digests(prefix).values()) == sorted(sha(p) for p in pieces(archive).values())
+
+    with django_capture_on_commit_callbacks(execute=True):
+        done = complete(client, session["id"])
+    assert done.status_code == 201, done.content
+    revision = AdapterRevision.objects.get(adapter=adapter_a, number=1)
+    assert revision.state == "exported", (revision.failure_code, revision.failure_reason)
+    assert s3_store.keys(prefix) == []
+    assert s3_store.keys(revision.source_uri.rstrip("/") + "/")
+    assert s3_store.keys(f"{revision.export_uri}/")
+
+
+# ---------------------------------------------------------------- the ASGI body limit (mint_site/limits.py)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_parts_up_to_part_size_pass_the_asgi_body_limit_and_longer_ones_are_refused_unread(
+    tenant_a, adapter_a, artifact_root, settings
+):
+    from tests.mint_site.test_body_limits import call
+
+    # Parts are larger than any other non-upload body may be: the part route has a bound of its own.
+    settings.MINT_UPLOAD_PART_BYTES = 200_000
+    settings.MINT_MAX_REQUEST_BYTES = 100_000
+    data = bytes(range(256)) * 1000  # 256,000 bytes: a full part and a short one
+    session = uploads.upload_session_create(
+        adapter=adapter_a, by=Actor(user=tenant_a.users["owner"]), size=len(data), sha256=sha(data), filename="a.tar"
+    )
+    _, token = tenant_a.key("pipeline")
+    path = f"{URL}{session.id}/parts/1/"
+    headers = {
+        "authorization": f"Bearer {token}",
+        "content-type": "application/octet-stream",
+        "x-mint-part-sha256": sha(data[:200_000]),
+    }
+    accepted = call("PUT", path, headers, chunks=[data[:100_000], data[100_000:200_000]])
+    assert accepted.status == 200, accepted.body
+    assert UploadPart.objects.filter(session=session, number=1, size=200_000).exists()
+
+    longer = call("PUT", f"{URL}{session.id}/parts/2/", headers, size=200_001)
+    assert (longer.status, longer.error()["code"], longer.chunks_read) == (400, "part_size_mismatch", 0)
+    # Every other route keeps MINT_MAX_REQUEST_BYTES.
+    other = call("POST", f"{URL}{session.id}/complete/", {"content-type": "application/json"}, size=150_000)
+    assert (other.status, other.error()["code"]) == (413, "payload_too_large")
+
+
+def test_the_list_costs_the_same_queries_for_one_session_or_many(
+    settings, adapter_a, archive, client, django_assert_max_num_queries
+):
+    settings.MINT_UPLOAD_MAX_OPEN_SESSIONS = 10
+    first = open_session(client, archive).json()
+    send_all(client, first["id"], archive, numbers=[1])
+    with django_assert_max_num_queries(50) as one:
+        assert len(client.get(URL).json()["results"]) == 1
+    queries = len(one)  # now: each request clears the connection's query log
+    assert queries > 0
+    for _ in range(3):
+        send_all(client, open_session(client, archive).json()["id"], archive, numbers=[1, 2])
+    with django_assert_max_num_queries(queries):
+        listed = client.get(URL).json()["results"]
+    assert len(listed) == 4 and listed[-1]["id"] == first["id"]  # newest first
+
+
+def test_a_session_being_completed_is_not_completed_twice_deleted_or_collected(
+    adapter_a, archive, client, session_id, artifact_root
+):
+    send_all(client, session_id, archive)
+    # Another request is assembling and registering it right now.
+    UploadSession.objects.filter(id=session_id).update(completing_since=timezone.now())
+    second = complete(client, session_id)
+    assert second.status_code == 409 and error_of(second)["code"] == "upload_completing"
+    deleted = client.delete(f"{URL}{session_id}/")
+    assert deleted.status_code == 409 and error_of(deleted)["code"] == "upload_completing"
+    UploadSession.objects.filter(id=session_id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert uploads.upload_sessions_collect() == 0
+    assert UploadPart.objects.filter(session_id=session_id).count() == len(pieces(archive))
+    assert not AdapterRevision.objects.exists()
+
+    # A claim left by a request that died is taken over once it is stale.
+    stale = timezone.now() - timedelta(seconds=uploads.COMPLETE_CLAIM_S + 1)
+    UploadSession.objects.filter(id=session_id).update(
+        completing_since=stale, expires_at=timezone.now() + timedelta(hours=1)
+    )
+    assert complete(client, session_id).status_code == 201
