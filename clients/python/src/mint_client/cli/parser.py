@@ -1,0 +1,161 @@
+"""The `mint` argument parser and the bash completion script made from it."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from mint_client.cli import commands
+
+
+def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument("--base-url", default=default(None), help="MinT's URL (default: $MINT_BASE_URL)")
+    parser.add_argument("--api-key", default=default(None), help="an API key mint_… (default: $MINT_API_KEY)")
+    parser.add_argument("--json", action="store_true", default=default(False), help="print JSON for scripts")
+    parser.add_argument(
+        "--http-timeout", type=float, default=default(60.0), help="seconds per HTTP request (default 60)"
+    )
+    parser.add_argument(
+        "--retries", type=int, default=default(4), help="retries of a call on 503, 429 or no answer (default 4)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mint", description="MinT from the command line: push LoRA revisions, govern and serve them."
+    )
+    _global_options(parser, suppress=False)
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common, suppress=True)
+    sub = parser.add_subparsers(dest="command", metavar="command", required=True)
+
+    def command(name: str, handler: Callable[..., int], help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help, description=help)
+        p.set_defaults(handler=handler)
+        return p
+
+    def rev(p: argparse.ArgumentParser) -> None:
+        p.add_argument("adapter")
+        p.add_argument("revision", help="r<n> or n")
+
+    def alias(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--alias", default=None, help="the alias (default production)")
+
+    p = command("push", commands.cmd_push, "register a revision from an adapter directory or archive")
+    p.add_argument("path", help="a PEFT adapter directory (adapter_config.json + .safetensors) or a .tar/.tar.gz/.zip")
+    p.add_argument("--adapter", "-a", required=True)
+    p.add_argument("--step", type=int, default=None, help="the training step")
+    p.add_argument("--parent", default=None, help="the revision this one continues (r<n>)")
+    p.add_argument("--allow-duplicate", action="store_true", help="register even if equal to an earlier revision")
+    p.add_argument("--wait", action="store_true", help="wait until exported (and, with --activate, served)")
+    p.add_argument("--approve", action="store_true", help="request approval and approve (four-eyes: --deploy-key)")
+    p.add_argument("--comment", default="", help="the approval's comment")
+    p.add_argument("--override-reason", default="", help="approve past the evaluation gate, saying why")
+    p.add_argument("--activate", action="store_true", help="approve (as --approve) and activate")
+    alias(p)
+    p.add_argument("--canary", type=int, default=None, metavar="PERCENT", help="with --activate: a canary (1-50 %%)")
+    p.add_argument("--deploy-key", default=None, help="a second person's deploy key to approve and activate with")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait (default 900)")
+
+    p = command("status", commands.cmd_status, "an adapter's aliases and latest revisions")
+    p.add_argument("adapter")
+    command("adapters", commands.cmd_adapters, "the tenant's adapters")
+    p = command("create-adapter", commands.cmd_create_adapter, "create an adapter on a base model")
+    p.add_argument("name")
+    p.add_argument("--base-model", required=True)
+    p.add_argument("--description", default="")
+    p = command("revisions", commands.cmd_revisions, "an adapter's revisions, newest first")
+    p.add_argument("adapter")
+    p.add_argument("--state", default=None, help="comma-separated states")
+    p.add_argument("--limit", type=int, default=0, help="at most this many (default all)")
+    p = command("show", commands.cmd_show, "one revision")
+    rev(p)
+    p = command("wait", commands.cmd_wait, "wait until a revision reaches a state")
+    rev(p)
+    p.add_argument("--state", default="exported")
+    p.add_argument("--timeout", type=float, default=900.0)
+    p = command("request-approval", commands.cmd_request_approval, "exported → pending_approval")
+    rev(p)
+    p = command("approve", commands.cmd_approve, "approve a pending revision (deploy key; four-eyes)")
+    rev(p)
+    p.add_argument("--comment", default="")
+    p.add_argument("--override-reason", default="", help="approve past the evaluation gate, saying why")
+    p = command("reject", commands.cmd_reject, "reject a pending revision")
+    rev(p)
+    p.add_argument("--comment", required=True, help="why (required)")
+    p = command("retry", commands.cmd_retry, "retry a revision that failed for a platform reason")
+    rev(p)
+    p = command("activate", commands.cmd_activate, "activate a revision on an alias (it flips once ready)")
+    rev(p)
+    alias(p)
+    p.add_argument("--canary", type=int, default=None, metavar="PERCENT", help="start a canary (1-50 %%)")
+    p.add_argument("--wait", action="store_true", help="wait until the alias serves it")
+    p.add_argument("--timeout", type=float, default=900.0)
+    p = command("rollback", commands.cmd_rollback, "roll an alias back (to the previous, or a given, revision)")
+    p.add_argument("adapter")
+    p.add_argument("revision", nargs="?", default=None)
+    alias(p)
+    for name, handler, text in (
+        ("promote", commands.cmd_promote, "flip an alias to its canary"),
+        ("cancel", commands.cmd_cancel, "withdraw an alias's pending activation"),
+    ):
+        p = command(name, handler, text)
+        p.add_argument("adapter")
+        alias(p)
+    p = command("abort", commands.cmd_abort, "drop an alias's canary")
+    p.add_argument("adapter")
+    alias(p)
+    p.add_argument("--reason", default="")
+    p = command("logs", commands.cmd_logs, "the tenant's audit log (oldest of the last --limit first)")
+    p.add_argument("--action", default=None)
+    p.add_argument("--target", default=None)
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--follow", "-f", action="store_true", help="keep polling for new events")
+    p.add_argument("--interval", type=float, default=2.0)
+    command("whoami", commands.cmd_whoami, "the key's tenant, scopes and capabilities")
+    p = command("usage", commands.cmd_usage, "metered usage")
+    p.add_argument("--from", dest="start", default=None)
+    p.add_argument("--to", dest="end", default=None)
+    p.add_argument("--group-by", default=None)
+    p.add_argument("--adapter", default=None)
+    p = command("eval-suite", commands.cmd_suite, "upload the next version of an adapter's evaluation suite (JSONL)")
+    p.add_argument("adapter")
+    p.add_argument("file")
+    p = command("evaluation", commands.cmd_evaluation, "a revision's evaluation")
+    rev(p)
+    p = command(
+        "completion", commands.cmd_completion, 'print a shell completion script: eval "$(mint completion bash)"'
+    )
+    p.add_argument("shell", choices=["bash"])
+    return parser
+
+
+def bash_completion(parser: argparse.ArgumentParser) -> str:
+    """A bash completion script for `mint`, from the parser itself (commands and each command's options)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    cases = []
+    for name, p in sub.choices.items():
+        options = sorted({s for a in p._actions for s in a.option_strings if s.startswith("--")})
+        cases.append(f'        {name}) opts="{" ".join(options)}" ;;')
+    names = " ".join(sub.choices)
+    return "\n".join(
+        [
+            '# mint bash completion: eval "$(mint completion bash)" (e.g. in ~/.bashrc)',
+            "_mint() {",
+            '    local cur="${COMP_WORDS[COMP_CWORD]}" cmd="${COMP_WORDS[1]}" opts=""',
+            "    if [[ $COMP_CWORD -eq 1 ]]; then",
+            f'        COMPREPLY=($(compgen -W "{names}" -- "$cur")); return',
+            "    fi",
+            '    case "$cmd" in',
+            *cases,
+            "    esac",
+            '    if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W "$opts" -- "$cur"));',
+            '    else COMPREPLY=($(compgen -f -- "$cur")); fi',
+            "}",
+            "complete -o filenames -F _mint mint",
+        ]
+    )
