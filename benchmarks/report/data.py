@@ -23,6 +23,7 @@ BENCHMARKS = [
     "failover",
     "metering",
     "canary",
+    "upload",
 ]
 DOCS = BASE_DIR / "docs" / "benchmarks.md"
 
@@ -61,6 +62,7 @@ TITLES = {
     "failover": "Failover on two hosts",
     "metering": "Metering under load",
     "canary": "Canary rollout",
+    "upload": "Resumable uploads",
 }
 
 

@@ -52,6 +52,12 @@ INTRO = {
     "error). From the client's answer to the request that takes the candidate past the rule (at least "
     "MINT_CANARY_MIN_REQUESTS requests, error rate above live's by more than MINT_CANARY_ERROR_MARGIN) to the first "
     "10 ms poll that finds the alias without its canary.",
+    "upload": "uvicorn (one process) on PostgreSQL, filesystem store, the tenant's throttles raised. A 200 MB "
+    "`.tar` (a PEFT config and random weights) registered with one multipart POST and over the resumable path "
+    "(open a session, PUT 8 MiB parts one after another with their SHA-256, complete), alternating, five times each: "
+    "MB per second from the first byte to the revision's 201. *Resume*: the connection is cut in the middle of the "
+    "part after half of them (a raw socket sends half that part and closes); a new client reads the session, sends "
+    "the parts not `received` and completes; the revision's digest is compared with the one-shot upload's.",
     "metering": "On the serving stack (vLLM CPU on the tiny Llama, the gateway, the control worker, the node agent), "
     "16 concurrent `openai` clients send an even mix of completions, chats, and streamed completions and chats with "
     "and without `stream_options.include_usage` to two live adapters (`ignore_eos`, 1-8 tokens). *Counted ÷ seen*: "

@@ -396,6 +396,33 @@ def rows_canary(d: dict) -> list[Row]:
     ]
 
 
+def rows_upload(d: dict) -> list[Row]:
+    ratio = get(d, "throughput_ratio")
+    only = get(d, "resume.only_unfinished_resent")
+    resent = f"{fmt(get(d, 'resume.parts_resent'), digits=0)} of {fmt(get(d, 'resume.parts'), digits=0)}"
+    return [
+        Row("resumable ÷ one multipart POST, MB/s (medians)", ratio, "≥ 0.9", check(ratio, ">=", 0.9)),
+        Row(
+            f"parts sent again after a cut at 50 % ({resent})",
+            "only the unfinished" if only else "more",
+            "only the unfinished",
+            bool(only) if only is not None else None,
+        ),
+        Row(
+            "MB/s one POST / resumable (medians)",
+            f"{fmt(get(d, 'one_post_mb_per_s.median'))} / {fmt(get(d, 'resumable_mb_per_s.median'))}",
+            "",
+            None,
+        ),
+        Row(
+            "after the cut: to the revision's 201; same digest as the one POST",
+            f"{fmt(get(d, 'resume.resume_to_revision_s'))} s; {get(d, 'resume.sha256_identical')}",
+            "",
+            None,
+        ),
+    ]
+
+
 ROWS: dict[str, Callable[[dict], list[Row]]] = {
     "registration": rows_registration,
     "gateway_overhead": rows_gateway_overhead,
@@ -408,6 +435,7 @@ ROWS: dict[str, Callable[[dict], list[Row]]] = {
     "failover": rows_failover,
     "metering": rows_metering,
     "canary": rows_canary,
+    "upload": rows_upload,
 }
 
 

@@ -37,6 +37,8 @@ BENCHMARKS_WITH_QUICK: dict[str, set[str]] = {
     },
     # A web server, one Celery worker and a WebSocket client; about 8 s.
     "live_events": {"worker_task_changes", "service_changes", "target_p95_ms", "met"},
+    # A web server and a 24 MB archive over one POST and the resumable path, and a resume after a cut; about 10 s.
+    "upload": {"throughput_ratio", "resume", "one_post_mb_per_s", "resumable_mb_per_s", "target"},
     # A small MoE adapter packed and read three ways; no vLLM engine without --engine; about 6 s.
     "packing": {"read", "tensors", "shape", "targets", "pack_s"},
 }
@@ -46,6 +48,7 @@ BENCHMARKS_WITH_QUICK: dict[str, set[str]] = {
 SMOKE_ARGS: dict[str, list[str]] = {
     "catalog": ["--database", "mint_bench_catalog_smoke"],
     "live_events": ["--database", "mint_bench_live_events_smoke"],
+    "upload": ["--database", "mint_bench_upload_smoke"],
 }
 
 # Every results file carries these (benchmarks.common.write_result).
@@ -191,3 +194,10 @@ def test_full_bench_run_asks_packing_for_live_loads(monkeypatch):
     assert runner.main([]) == 0
     assert calls["benchmarks.packing"] == ["--engine"]
     assert calls["benchmarks.catalog"] == []
+
+
+def test_upload_quick_run_resends_only_the_unfinished_parts(quick_run):
+    body = json.loads((quick_run("upload") / "upload.json").read_text())
+    resume = body["resume"]
+    assert resume["parts_resent"] == resume["parts"] - resume["received_before_cut"] > 0
+    assert resume["only_unfinished_resent"] is True and resume["sha256_identical"] is True
