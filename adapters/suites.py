@@ -178,6 +178,8 @@ def parse_suite(body: bytes, *, limits: SuiteLimits) -> list[dict[str, Any]]:
             raw = json.loads(line)
         except ValueError as exc:
             raise SuiteError(f"line {number}: not JSON ({exc})", line=number) from exc
+        except RecursionError:  # nested past Python's parser: no case is that deep
+            raise SuiteError(f"line {number}: JSON nested too deeply", line=number) from None
         cases.append(_case(raw, line=number, limits=limits))
     if not cases:
         raise SuiteError("the suite has no cases: send one JSON object per line")
@@ -204,7 +206,7 @@ def grade(case: dict[str, Any], answer: str, *, regex_max_mem: int) -> tuple[boo
     else:
         try:
             value = _field(json.loads(answer), case["field"])
-        except ValueError:
+        except (ValueError, RecursionError):  # no JSON, or nested past the parser: no score
             value = None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return False, 0.0

@@ -429,6 +429,8 @@ MINT_WEBHOOK_BACKOFF_S = env_float("MINT_WEBHOOK_BACKOFF_S", 10.0, minimum=0)
 MINT_WEBHOOK_TIMEOUT_S = env_float("MINT_WEBHOOK_TIMEOUT_S", 5.0, minimum=0.1)
 # Attempts one tenant makes at once, over all its endpoints: what its slow receivers can hold of the workers.
 MINT_WEBHOOK_TENANT_CONCURRENCY = env_int("MINT_WEBHOOK_TENANT_CONCURRENCY", 1, minimum=1)
+# Pending deliveries past which a tenant's pings and redeliveries are refused (429 webhook_backlog_full).
+MINT_WEBHOOK_MAX_PENDING = env_int("MINT_WEBHOOK_MAX_PENDING", 1000, minimum=1)
 MINT_WEBHOOK_MAX_RESPONSE_BYTES = env_int("MINT_WEBHOOK_MAX_RESPONSE_BYTES", 64 * 1024, minimum=0)
 MINT_WEBHOOK_RETENTION_DAYS = env_int("MINT_WEBHOOK_RETENTION_DAYS", 30, minimum=1)
 MINT_WEBHOOK_ALLOW_PRIVATE = env_bool("MINT_WEBHOOK_ALLOW_PRIVATE", False)

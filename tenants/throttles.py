@@ -308,6 +308,16 @@ class ApiRateThrottle(SimpleRateThrottle):
 GATE_COUNTED = "mint.write_counted"
 
 
+def api_write_check(*, tenant: Tenant, user: Any, scope: dict | None = None) -> None:
+    """Count one write of a person outside DRF (a dashboard form) against the same limit as their API writes;
+    `RateLimited` (429 naming the limit) when over it. A write the ASGI upload gate counted already is free."""
+    if scope and scope.get(GATE_COUNTED):
+        return
+    wait = api_write_wait(tenant=tenant, key=None, user=user)
+    if wait is not None:
+        raise RateLimited(wait=wait, message=_limit_message(tenant=tenant, key=None, user=user, write=True, wait=wait))
+
+
 def api_write_wait(*, tenant: Tenant, key: ApiKey | None, user: Any) -> float | None:
     """Count one API write outside DRF (the ASGI upload gate) against the same limit as `ApiRateThrottle`.
 

@@ -111,9 +111,11 @@ def _clean_events(events: Any) -> list[str]:
     return sorted(set(events))
 
 
-def _check_quota(tenant: Tenant) -> None:
-    """Refuse an endpoint past the plan's `max_webhook_endpoints`; the tenant's row lock serialises the count."""
-    locked = Tenant.objects.select_for_update().get(id=tenant.id)
+def _check_quota(tenant: Tenant, *, lock: bool = True) -> None:
+    """Refuse an endpoint past the plan's `max_webhook_endpoints`; the tenant's row lock serialises the count
+    (`lock=False`: an early look, outside any transaction)."""
+    rows = Tenant.objects.select_for_update() if lock else Tenant.objects
+    locked = rows.get(id=tenant.id)
     count = WebhookEndpoint.objects.filter(tenant=locked).count()
     if count >= locked.max_webhook_endpoints:
         raise QuotaExceeded(
@@ -148,6 +150,7 @@ def endpoint_create(
 
     The URL is checked before anything is written (scheme, length, and every address its host resolves to).
     """
+    _check_quota(tenant, lock=False)  # before the URL's DNS lookup: a tenant at its quota costs no lookup
     clean_url = _clean_url(url)
     clean_events = _clean_events(events)
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
@@ -302,10 +305,23 @@ def webhook_live_event(*, event: dict[str, Any], tenant_id: int | None, **_: Any
     webhook_emit(tenant_id=tenant_id, event=kind, subject=subject, data=data, occurred_at=event.get("at"))
 
 
+def _check_backlog(tenant: Tenant) -> None:
+    """Pings and redeliveries, which a person asks for, wait while the tenant has MINT_WEBHOOK_MAX_PENDING
+    deliveries pending (429): a tenant cannot pile up attempts its one slot at a time would never get through."""
+    pending = WebhookDelivery.objects.filter(endpoint__tenant_id=tenant.id, state=DeliveryState.PENDING)
+    if pending.count() >= settings.MINT_WEBHOOK_MAX_PENDING:
+        raise QuotaExceeded(
+            f"Tenant {tenant.slug} has {settings.MINT_WEBHOOK_MAX_PENDING} webhook deliveries pending "
+            "(MINT_WEBHOOK_MAX_PENDING); ping or redeliver once they are through.",
+            code="webhook_backlog_full",
+        )
+
+
 def endpoint_ping(*, endpoint: WebhookEndpoint, by: Actor) -> WebhookDelivery:
     """Send a `ping` event to one endpoint (whatever it subscribes to), to test the receiver and its check."""
     if not endpoint.is_active:
         raise Conflict(f"webhook:{endpoint.id} is disabled; enable it to ping it.", code="webhook_disabled")
+    _check_backlog(endpoint.tenant)
     with transaction.atomic():
         (delivery,) = webhook_emit(
             tenant_id=endpoint.tenant_id,
@@ -330,6 +346,13 @@ def delivery_redeliver(*, delivery: WebhookDelivery, by: Actor) -> WebhookDelive
     endpoint = delivery.endpoint
     if not endpoint.is_active:
         raise Conflict(f"webhook:{endpoint.id} is disabled; enable it to redeliver to it.", code="webhook_disabled")
+    if delivery.state == DeliveryState.PENDING:
+        raise Conflict(
+            f"{delivery.event} #{delivery.sequence} is still pending (attempt {delivery.attempts} of "
+            f"{settings.MINT_WEBHOOK_MAX_ATTEMPTS}); redeliver it once it is delivered or has failed.",
+            code="delivery_pending",
+        )
+    _check_backlog(endpoint.tenant)
     now = timezone.now()
     again = WebhookDelivery.objects.create(
         endpoint=endpoint,

@@ -81,7 +81,10 @@ def suite_upload(*, adapter: Adapter, body: bytes, by: Actor) -> EvaluationSuite
             created_by_key=by.key,
         )
         kept = settings.MINT_EVALUATION_SUITE_VERSIONS_KEPT
-        dropped = EvaluationSuite.objects.filter(adapter=adapter, version__lte=suite.version - kept)
+        # A version with an evaluation pending or running stays until it ends (its runner holds a borrowed slot).
+        dropped = EvaluationSuite.objects.filter(adapter=adapter, version__lte=suite.version - kept).exclude(
+            evaluations__state__in=(E.PENDING, E.RUNNING)
+        )
         dropped_versions = sorted(dropped.values_list("version", flat=True))
         if dropped_versions:
             dropped.delete()  # with their evaluations: the gate and the runner read only the newest

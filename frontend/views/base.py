@@ -24,6 +24,7 @@ from tenants import selectors as tenant_selectors
 from tenants.access import Access, Capability, member_access
 from tenants.auth import SESSION_TENANT_KEY
 from tenants.models import Membership
+from tenants.throttles import RateLimited, api_write_check
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,14 @@ def page(
     return decorate
 
 
+def check_write_rate(request: HttpRequest) -> None:
+    """A dashboard write counts against the person's API write rate (the tenant's `api_write_rpm`, with its
+    burst), as the same write through the REST API would: a form is no way around the limit."""
+    viewer = getattr(request, "viewer", None)
+    if viewer is not None and viewer.tenant is not None:
+        api_write_check(tenant=viewer.tenant, user=request.user, scope=getattr(request, "scope", None))
+
+
 def check_tenant_field(request: HttpRequest) -> None:
     """Refuse a form posted for another tenant than the one now in the session (a second tab switched it)."""
     posted = request.POST.get("tenant")
@@ -148,12 +157,14 @@ def act(request: HttpRequest, back: str, action: Callable[[], str], *, anchor: s
     script = request.headers.get("X-Requested-With") == "fetch"
     try:
         check_tenant_field(request)
+        check_write_rate(request)
         done = action()
-    except MintError as exc:
+    except (MintError, RateLimited) as exc:
+        code, message = (exc.code, exc.message) if isinstance(exc, MintError) else ("rate_limited", str(exc.detail))
         if script:
-            body = {"ok": False, "code": exc.code, "message": exc.message, "anchor": anchor}
+            body = {"ok": False, "code": code, "message": message, "anchor": anchor}
             return JsonResponse(body, status=exc.status_code)
-        messages.error(request, exc.message, extra_tags=anchor_tag(anchor) if anchor else "")
+        messages.error(request, message, extra_tags=anchor_tag(anchor) if anchor else "")
     else:
         if script:
             return JsonResponse({"ok": True, "message": done, "anchor": anchor})

@@ -10,10 +10,11 @@ from django.views.decorators.http import require_POST
 
 from frontend import selectors
 from frontend.forms import ApiKeyCreateForm, form_errors
-from frontend.views.base import act, anchor_tag, check_tenant_field, page, safe_next
+from frontend.views.base import act, anchor_tag, check_tenant_field, check_write_rate, page, safe_next
 from mint_site.errors import MintError
 from tenants import services
 from tenants.access import Capability
+from tenants.throttles import RateLimited
 
 # The new token travels from the POST to the page that shows it in the session, and is popped there: shown once.
 NEW_TOKEN_KEY = "mint_new_token"
@@ -33,6 +34,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
         form = ApiKeyCreateForm(request.POST)
         try:
             check_tenant_field(request)
+            check_write_rate(request)
             if form.is_valid():
                 key, token = services.api_key_create(
                     tenant=viewer.tenant,
@@ -58,6 +60,8 @@ def api_keys(request: HttpRequest) -> HttpResponse:
             messages.error(request, form_errors(form), extra_tags=anchor_tag("create-key"))
         except MintError as exc:
             messages.error(request, exc.message, extra_tags=anchor_tag("create-key"))
+        except RateLimited as exc:
+            messages.error(request, str(exc.detail), extra_tags=anchor_tag("create-key"))
         return redirect(reverse("frontend:keys") + "#result-create-key")
     keys = selectors.api_key_page(tenant=viewer.tenant, number=request.GET.get("page"))
     fragment = request.GET.get("fragment")

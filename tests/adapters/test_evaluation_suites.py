@@ -255,3 +255,29 @@ def test_suites_count_against_the_storage_quota(tenant_a, adapter_a, suite_body)
     assert error["code"] == "storage_quota_exceeded" and "evaluation suites" in error["message"]
     assert error["detail"]["suite_bytes"] == len(suite_body)
     assert EvaluationSuite.objects.filter(adapter=adapter_a).count() == 1
+
+
+def test_json_nested_past_the_parser_is_a_bad_line_and_scores_nothing():
+    deep = b'{"prompt": "x", "reference": "y", "grader": "exact", "name": ' + b"[" * 3000 + b"}"
+    limits = SuiteLimits(
+        max_cases=5, max_tokens=16, max_bytes=8192, max_line_bytes=4096, max_pattern_bytes=64, regex_max_mem=1 << 20
+    )
+    error = problem(jsonl({"prompt": "a", "reference": "b", "grader": "exact"}) + b"\n" + deep, limits)
+    assert error.line == 2 and "nested too deeply" in error.message
+    case = {"grader": "json_score", "field": "score", "reference": 0.5}
+    assert grade(case, "[" * 5000, regex_max_mem=1 << 20) == (False, 0.0)
+
+
+@pytest.mark.django_db
+def test_a_version_with_an_evaluation_under_way_is_kept_past_the_limit(tenant_a, adapter_a, suite_body, settings):
+    settings.MINT_EVALUATION_SUITE_VERSIONS_KEPT = 1
+    client = tenant_a.client_as("key:pipeline")
+    assert post_jsonl(client, suite_body).status_code == 201
+    first = EvaluationSuite.objects.get(adapter=adapter_a, version=1)
+    revision = AdapterRevision.objects.create(adapter=adapter_a, number=1, state="approved", source_uri="x")
+    Evaluation.objects.create(revision=revision, suite=first, state="running")
+    assert post_jsonl(client, suite_body).status_code == 201
+    assert sorted(EvaluationSuite.objects.filter(adapter=adapter_a).values_list("version", flat=True)) == [1, 2]
+    Evaluation.objects.filter(suite=first).update(state="passed")
+    assert post_jsonl(client, suite_body).status_code == 201
+    assert sorted(EvaluationSuite.objects.filter(adapter=adapter_a).values_list("version", flat=True)) == [3]

@@ -130,3 +130,49 @@ def test_the_sweep_queues_a_few_per_tenant_so_one_backlog_cannot_fill_it(
         assert services.deliveries_sweep()["queued"] == 3
     queued = {call.kwargs["delivery_id"] for call in delay.call_args_list}
     assert theirs.id in queued and len(queued & {d.id for d in mine}) == 2
+
+
+def test_redelivering_a_pending_delivery_is_refused(tenant_a, receiver, allow_loopback):
+    from mint_site.errors import Conflict
+    from tenants.access import Actor
+
+    make_endpoint(tenant_a, receiver.url())
+    (delivery,) = emit(tenant_a)  # pending: never attempted here
+    with pytest.raises(Conflict) as refused:
+        services.delivery_redeliver(delivery=delivery, by=Actor(user=tenant_a.users["owner"]))
+    assert refused.value.code == "delivery_pending"
+    assert WebhookDelivery.objects.count() == 1
+
+
+def test_pings_and_redeliveries_wait_while_the_backlog_is_full(tenant_a, tenant_b, receiver, allow_loopback, settings):
+    from mint_site.errors import QuotaExceeded
+    from tenants.access import Actor
+
+    settings.MINT_WEBHOOK_MAX_PENDING = 3
+    endpoint, _ = make_endpoint(tenant_a, receiver.url())
+    done = emit(tenant_a)[0]
+    WebhookDelivery.objects.filter(id=done.id).update(state=DeliveryState.DELIVERED)
+    for _ in range(3):
+        emit(tenant_a)
+    by = Actor(user=tenant_a.users["owner"])
+    for ask in (
+        lambda: services.endpoint_ping(endpoint=endpoint, by=by),
+        lambda: services.delivery_redeliver(delivery=WebhookDelivery.objects.get(id=done.id), by=by),
+    ):
+        with pytest.raises(QuotaExceeded) as refused:
+            ask()
+        assert refused.value.code == "webhook_backlog_full" and "MINT_WEBHOOK_MAX_PENDING" in refused.value.message
+    # Another tenant's backlog is its own.
+    theirs, _ = make_endpoint(tenant_b, receiver.url())
+    with mock.patch.object(services, "_enqueue"):
+        assert services.endpoint_ping(endpoint=theirs, by=Actor(user=tenant_b.users["owner"])).event == "ping"
+
+
+def test_a_tenant_at_its_endpoint_quota_costs_no_dns_lookup(tenant_a):
+    from mint_site.errors import QuotaExceeded
+
+    type(tenant_a.tenant).objects.filter(id=tenant_a.tenant.id).update(max_webhook_endpoints=0)
+    tenant_a.tenant.refresh_from_db()
+    with mock.patch.object(services.transport, "resolve") as resolve, pytest.raises(QuotaExceeded):
+        make_endpoint(tenant_a, "https://hangs.example/hook")
+    resolve.assert_not_called()
