@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 CANDIDATE, LIVE = rule.CANDIDATE, rule.LIVE
 _SCALE = 10_000  # the hash's share is compared in hundredths of a percent
+SWEPT_WINDOWS = 32  # latency windows gone by whose fields one flush deletes at most (a canary idle longer keeps some)
 
 
 def user_share(alias_id: int, user: str) -> int:
@@ -79,6 +80,7 @@ class CanaryCounters:
         self._pending: dict[str, Counter[str]] = {}
         self._owners: dict[str, _Owner] = {}
         self._asked: set[str] = set()  # canaries this process asked to abort (once each)
+        self._swept: dict[str, int] = {}  # per canary, the last latency window whose fields this process deleted
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flushing = False
@@ -122,11 +124,13 @@ class CanaryCounters:
             fields = rule.check_fields()
             ttl = settings.MINT_CANARY_COUNTER_TTL_S
             pipe = self._client().pipeline(transaction=False)
+            sweeps: dict[str, bool] = {}
             for key, counts in pending.items():
                 for field, n in counts.items():
                     pipe.hincrby(key, field, n)
                 pipe.expire(key, ttl)
                 pipe.hmget(key, fields)
+                sweeps[key] = self._sweep(pipe, key)
             try:
                 results = await pipe.execute()
             except RedisError as exc:
@@ -140,7 +144,7 @@ class CanaryCounters:
             for key, counts in pending.items():
                 index += len(counts) + 1
                 values = {f: int(v) for f, v in zip(fields, results[index], strict=True) if v is not None}
-                index += 1
+                index += 2 if sweeps[key] else 1
                 reason = rule.breach(values)
                 if reason is not None and key not in self._asked:
                     self._asked.add(key)
@@ -153,6 +157,20 @@ class CanaryCounters:
                 with contextlib.suppress(RuntimeError):
                     self._loop = asyncio.get_running_loop()
                     self._timer = self._loop.call_later(settings.MINT_CANARY_FLUSH_S, self._due)
+
+    def _sweep(self, pipe, key: str) -> bool:
+        """With the latency rule on, delete the histogram fields of the windows the rule reads no more (once per
+        window change, up to SWEPT_WINDOWS back): a canary's hash keeps a fixed number of fields, however long
+        it runs. True if a deletion was queued on `pipe`."""
+        if settings.MINT_CANARY_LATENCY_MARGIN <= 0:
+            return False
+        expired = rule.window_of() - settings.MINT_CANARY_LATENCY_WINDOWS
+        since = max(self._swept.get(key, expired - SWEPT_WINDOWS), expired - SWEPT_WINDOWS)
+        if expired <= since:
+            return False
+        pipe.hdel(key, *rule.window_fields(range(since + 1, expired + 1)))
+        self._swept[key] = expired
+        return True
 
     def _abort(self, key: str, owner: _Owner, reason: str, values: dict[str, int]) -> None:
         counts = {

@@ -324,9 +324,20 @@ def check_fields(now: float | None = None) -> list[str]:
     fields = [f"{arm}:{what}" for arm in (CANDIDATE, LIVE) for what in ("req", "err")]
     if settings.MINT_CANARY_LATENCY_MARGIN > 0:
         last = window_of(now)
-        for w in range(last - settings.MINT_CANARY_LATENCY_WINDOWS + 1, last + 1):
-            fields += [f"{arm}:w{w}:{b}" for arm in (CANDIDATE, LIVE) for b in range(_BUCKETS)]
+        fields += window_fields(range(last - settings.MINT_CANARY_LATENCY_WINDOWS + 1, last + 1))
     return fields
+
+
+def window_fields(windows: range) -> list[str]:
+    """Both arms' latency-histogram fields of these windows (the gateway deletes those of windows gone by)."""
+    return [f"{arm}:w{w}:{b}" for w in windows for arm in (CANDIDATE, LIVE) for b in range(_BUCKETS)]
+
+
+def count_fields() -> list[str]:
+    """The fields `canary_counts` shows: each arm's requests, errors and whole latency histogram."""
+    return [
+        f"{arm}:{what}" for arm in (CANDIDATE, LIVE) for what in ("req", "err", *(f"b{b}" for b in range(_BUCKETS)))
+    ]
 
 
 def _median_ms(histogram: list[int]) -> float | None:
@@ -415,16 +426,14 @@ def canary_counts(*, alias: Alias) -> dict | None:
     key = counter_key(alias.id, epoch_us(alias.canary_started_at))
     import redis
 
+    fields = count_fields()
     try:
-        raw = _redis().hgetall(key)
+        raw = _redis().hmget(key, fields)  # a fixed number of fields, however long the canary has run
     except redis.RedisError:
         return {"unavailable": True}
-    values = {k.decode(): int(v) for k, v in raw.items()}
+    values = {field: int(v) for field, v in zip(fields, raw, strict=True) if v is not None}
     arms = {}
     for arm, name in ((CANDIDATE, "candidate"), (LIVE, "live")):
-        histogram = [0] * _BUCKETS
-        for field, n in values.items():
-            if field.startswith(f"{arm}:b"):
-                histogram[int(field[len(arm) + 2 :])] += n
+        histogram = [_int(values, f"{arm}:b{b}") for b in range(_BUCKETS)]
         arms[name] = Arm(_int(values, f"{arm}:req"), _int(values, f"{arm}:err"), _median_ms(histogram)).as_dict()
     return arms

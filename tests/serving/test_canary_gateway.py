@@ -240,3 +240,21 @@ def test_streams_that_end_are_answers_on_both_arms(world, split):
     found = counters(client, key)
     assert "c:err" not in found and "l:err" not in found
     assert found["c:req"] + found["l:req"] == 60 and found["c:req"] >= 5
+
+
+def test_latency_windows_the_rule_reads_no_more_are_deleted(world, split, settings):
+    """With the latency rule on, a canary's hash keeps a bounded number of fields however long it runs."""
+    _alias, key, client = split
+    settings.MINT_CANARY_LATENCY_MARGIN = 0.5
+    now = rule.window_of()
+    old = rule.window_fields(
+        range(now - settings.MINT_CANARY_LATENCY_WINDOWS - 5, now - settings.MINT_CANARY_LATENCY_WINDOWS + 1)
+    )
+    client.hset(key, mapping={field: 1 for field in old})
+    for i in range(20):
+        complete(world, world.token, user=f"user-{i}")
+    flush(world)
+    kept = {k.decode() for k in client.hkeys(key)}
+    assert not kept & set(old)
+    assert any(":w" in field for field in kept)  # the current window's histogram is there
+    assert {"c:req", "l:req"} <= kept
