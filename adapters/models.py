@@ -349,6 +349,9 @@ class UploadSession(models.Model):
     # Set while one `complete` assembles and registers the file, so a second one (a client retrying after a
     # dropped answer) cannot register it twice; a claim older than a crash could hold is taken over.
     completing_since = models.DateTimeField(null=True, blank=True)
+    # On the S3 store, the multipart upload its parts are sent to (adapters/uploads.py); empty on a filesystem
+    # store, and once `complete` assembled the parts into one object (which is then read back, not the parts).
+    s3_upload_id = models.CharField(max_length=1024, blank=True, default="")
     revision = models.ForeignKey(AdapterRevision, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     expires_at = models.DateTimeField()
     created_at = models.DateTimeField(default=timezone.now)
@@ -382,13 +385,16 @@ class UploadSession(models.Model):
 
 
 class UploadPart(models.Model):
-    """One received part of an upload session: its bytes are in the store (`store_path`), checked by `sha256`."""
+    """One received part of an upload session, checked by `sha256`: its bytes are in the store (`store_path`), or
+    on the S3 store a part of the session's multipart upload (`s3_etag`; `store_path` names the object it makes)."""
 
     session = models.ForeignKey(UploadSession, on_delete=models.CASCADE, related_name="parts")
     number = models.PositiveIntegerField()
     size = models.PositiveBigIntegerField()
     sha256 = models.CharField(max_length=64)
     store_path = models.CharField(max_length=500)
+    # On the S3 store: the ETag S3 gave the part of the session's multipart upload (`complete` names it back).
+    s3_etag = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

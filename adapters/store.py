@@ -9,18 +9,25 @@ Tenants may also stage artifacts under `t/<tenant_id>/incoming/` and register th
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import os
 import posixpath
 import shutil
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
 from django.core.files import File
 from django.core.files.storage import FileSystemStorage, Storage, storages
+from storages.backends.s3 import S3Storage
 
 from adapters.models import Adapter, AdapterRevision
+from mint_site.errors import MintError
 
 CHUNK = 1024 * 1024
 
@@ -168,3 +175,134 @@ def promote(staging: str, final: str) -> None:
         with storage.open(path, "rb") as handle:
             save_file(f"{final}/{path[len(staging) + 1 :]}", handle)
     delete_prefix(staging)
+
+
+# ---------------------------------------------------------------- S3 multipart uploads (resumable uploads)
+
+
+class StoreUnavailable(MintError):
+    """503 `s3_store_unavailable`: a call to the S3 artifact store failed (network, credentials, a 5xx)."""
+
+    status_code = 503
+    code = "s3_store_unavailable"
+
+
+class MultipartUploadGone(Exception):
+    """S3 no longer knows the multipart upload (NoSuchUpload): aborted, completed, or expired by a bucket rule."""
+
+
+@dataclass(frozen=True)
+class S3Bucket:
+    """The bucket behind an S3 artifact store, reached with the storage's own boto3 client (its credentials)."""
+
+    client: Any
+    name: str
+    location: str
+
+    def key(self, path: str) -> str:
+        return f"{self.location.strip('/')}/{path}" if self.location.strip("/") else path
+
+
+def s3_bucket() -> S3Bucket | None:
+    """The artifact store's S3 bucket, or None when the store is not S3 (a filesystem, by default)."""
+    storage = artifact_storage()
+    if not isinstance(storage, S3Storage):
+        return None
+    return S3Bucket(storage.connection.meta.client, storage.bucket_name, storage.location or "")
+
+
+@contextlib.contextmanager
+def s3_errors(what: str) -> Iterator[None]:
+    """Turn a failed S3 call (boto3's, or django-storages' S3Storage's) into StoreUnavailable saying what failed;
+    NoSuchUpload into MultipartUploadGone and NoSuchKey into FileNotFoundError, which callers may mend."""
+    try:
+        yield
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code == "NoSuchUpload":
+            raise MultipartUploadGone(what) from exc
+        if code == "NoSuchKey":
+            raise FileNotFoundError(what) from exc
+        raise StoreUnavailable(
+            f"The S3 artifact store failed to {what} ({code or 'error'}); try again.",
+            detail={"operation": what, "s3_code": code},
+        ) from exc
+    except BotoCoreError as exc:
+        raise StoreUnavailable(
+            f"The S3 artifact store could not be reached to {what}; try again.", detail={"operation": what}
+        ) from exc
+
+
+def multipart_start(bucket: S3Bucket, path: str) -> str:
+    """Start a multipart upload of the object `path`; returns its UploadId."""
+    with s3_errors("start a multipart upload"):
+        return bucket.client.create_multipart_upload(Bucket=bucket.name, Key=bucket.key(path))["UploadId"]
+
+
+def multipart_put(bucket: S3Bucket, path: str, upload_id: str, number: int, data: bytes) -> str:
+    """Send part `number` of the multipart upload (replacing one sent before); returns its ETag.
+
+    Content-MD5 makes S3 refuse bytes damaged between here and there instead of storing them.
+    """
+    md5 = base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
+    with s3_errors("store an upload part"):
+        return bucket.client.upload_part(
+            Bucket=bucket.name,
+            Key=bucket.key(path),
+            UploadId=upload_id,
+            PartNumber=number,
+            Body=data,
+            ContentMD5=md5,
+        )["ETag"]
+
+
+def multipart_parts(bucket: S3Bucket, path: str, upload_id: str) -> dict[int, str]:
+    """The parts S3 holds for the multipart upload, as {PartNumber: ETag} (every page of them)."""
+    held: dict[int, str] = {}
+    with s3_errors("list the upload's parts"):
+        pages = bucket.client.get_paginator("list_parts").paginate(
+            Bucket=bucket.name, Key=bucket.key(path), UploadId=upload_id
+        )
+        for page in pages:
+            held |= {part["PartNumber"]: part["ETag"] for part in page.get("Parts", [])}
+    return held
+
+
+def multipart_complete(bucket: S3Bucket, path: str, upload_id: str, parts: list[tuple[int, str]]) -> None:
+    """Assemble the object `path` from `parts` ((PartNumber, ETag), in order).
+
+    An upload gone now (it was there when its parts were listed) is StoreUnavailable too: the next attempt
+    lists the parts again and finds it gone.
+    """
+    try:
+        with s3_errors("assemble the upload's parts"):
+            bucket.client.complete_multipart_upload(
+                Bucket=bucket.name,
+                Key=bucket.key(path),
+                UploadId=upload_id,
+                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": etag} for n, etag in parts]},
+            )
+    except MultipartUploadGone:
+        raise StoreUnavailable(
+            "The S3 artifact store lost the upload's parts while assembling them; try again.",
+            detail={"operation": "assemble the upload's parts", "s3_code": "NoSuchUpload"},
+        ) from None
+
+
+def multipart_abort(bucket: S3Bucket, path: str, upload_id: str) -> None:
+    """Abort the multipart upload, so S3 drops (and stops billing) its parts. Already gone is fine."""
+    with contextlib.suppress(MultipartUploadGone), s3_errors("abort a multipart upload"):
+        bucket.client.abort_multipart_upload(Bucket=bucket.name, Key=bucket.key(path), UploadId=upload_id)
+
+
+def s3_chunks(bucket: S3Bucket, path: str, chunk: int = CHUNK) -> Iterator[bytes]:
+    """The object `path`, streamed in chunks of at most `chunk` bytes (one in memory at a time).
+
+    Straight from boto3: django-storages' S3File would buffer the whole object in memory first.
+    """
+    with s3_errors("read the assembled upload"):
+        body = bucket.client.get_object(Bucket=bucket.name, Key=bucket.key(path))["Body"]
+        try:
+            yield from body.iter_chunks(chunk)
+        finally:
+            body.close()

@@ -4,15 +4,23 @@ A session declares the whole file first (`size`, `sha256`, `filename`), so the t
 storage quota (open sessions' declared sizes count against it) and its open-session limit refuse it before a
 byte is stored. Parts 1..n of MINT_UPLOAD_PART_BYTES (the last one shorter) arrive in any order, each checked
 against its own SHA-256 and its exact expected length before it is stored; a part already received is accepted
-again only with the same digest. Parts are objects in the artifact store under
-`t/<tenant_id>/uploads/<session>/`, on S3 as on a filesystem (no S3 multipart upload underneath: registration
-needs the whole file on local disk anyway, to precheck and digest it before it is stored once more as the
-revision's source).
+again only with the same digest.
 
-`complete` assembles the parts in order into one temporary file (streamed: one chunk in memory at a time),
-checks the whole file's digest, and hands that file to `revision_register` as the one-shot upload's `archive`:
-precheck, duplicate check, quota, store, validation and export are exactly those of a one-shot upload.
-Abandoned sessions are collected with their parts once past `expires_at` (beat: `upload_sessions_collect`).
+Where the parts go depends on the artifact store:
+- a filesystem store keeps each part as a file under `t/<tenant_id>/uploads/<session>/`; `complete` concatenates
+  them, in order, into one temporary file;
+- the S3 store sends them to one S3 multipart upload of the object `t/<tenant_id>/uploads/<session>/whole`,
+  started with the session (its UploadId in `s3_upload_id`, each part's ETag in `s3_etag`). `complete` checks
+  the parts S3 holds against the ETags recorded, has S3 assemble them (`complete_multipart_upload`), then streams
+  that object into a temporary file. S3 wants every part but the last to be at least 5 MiB, hence
+  MINT_UPLOAD_PART_BYTES's minimum. A failed S3 call is a 503 `s3_store_unavailable` that leaves the session as
+  it was (a part not recorded, a session not opened), so the client sends the same request again.
+
+Either way registration needs the whole file on local disk, to precheck and digest it before it is stored once
+more as the revision's source: `complete` checks the whole file's digest and hands that file to
+`revision_register` as the one-shot upload's `archive`: precheck, duplicate check, quota, store, validation and
+export are exactly those of a one-shot upload. Abandoned sessions are collected with their parts (and their
+multipart upload aborted) once past `expires_at` (beat: `upload_sessions_collect`).
 """
 
 from __future__ import annotations
@@ -121,6 +129,16 @@ def session_prefix(session: UploadSession) -> str:
     return f"t/{session.tenant_id}/uploads/{session.id.hex}"
 
 
+def _whole_path(tenant_id: int, session_id: uuid.UUID) -> str:
+    """The object an S3 session's multipart upload assembles into (under the session's prefix, so that
+    removing the prefix removes it)."""
+    return f"t/{tenant_id}/uploads/{session_id.hex}/whole"
+
+
+def whole_path(session: UploadSession) -> str:
+    return _whole_path(session.tenant_id, session.id)
+
+
 # ---------------------------------------------------------------- create
 
 
@@ -160,6 +178,38 @@ def upload_session_create(*, adapter: Adapter, by: Actor, size: int, sha256: str
     """
     tenant = adapter.tenant
     digest, name = _check_declaration(tenant=tenant, size=size, sha256=sha256, filename=filename)
+    session_id = uuid.uuid4()
+    # On S3 the multipart upload is started first, outside the tenant lock: a session row always has its
+    # upload. A refused (or failed) session aborts the upload it started.
+    bucket = store.s3_bucket()
+    upload_id = store.multipart_start(bucket, _whole_path(tenant.id, session_id)) if bucket else ""
+    try:
+        session = _session_insert(
+            adapter=adapter, by=by, session_id=session_id, upload_id=upload_id, declared=(size, digest, name)
+        )
+    except BaseException:
+        if bucket is not None:
+            _abort_quietly(bucket, _whole_path(tenant.id, session_id), upload_id)
+        raise
+    session.adapter = adapter
+    return session
+
+
+def _abort_quietly(bucket: store.S3Bucket, path: str, upload_id: str) -> None:
+    """Abort a multipart upload nothing refers to, logging (not raising) a failure: the caller is already
+    answering with another error, and a bucket lifecycle rule is the backstop for what is left behind."""
+    try:
+        store.multipart_abort(bucket, path, upload_id)
+    except store.StoreUnavailable:
+        log.warning("could not abort S3 multipart upload %s of %s", upload_id, path, exc_info=True)
+
+
+def _session_insert(
+    *, adapter: Adapter, by: Actor, session_id: uuid.UUID, upload_id: str, declared: tuple[int, str, str]
+) -> UploadSession:
+    """The session row, inserted under the tenant's lock after the open-session limit and the quota."""
+    tenant = adapter.tenant
+    size, digest, name = declared
     part_size = settings.MINT_UPLOAD_PART_BYTES
     now = timezone.now()
     with transaction.atomic():
@@ -178,6 +228,8 @@ def upload_session_create(*, adapter: Adapter, by: Actor, size: int, sha256: str
         services.check_storage_quota(locked, adding_bytes=reserved + size)
         person = by.person if by.person is not None and by.person.pk is not None else None
         session = UploadSession.objects.create(
+            id=session_id,
+            s3_upload_id=upload_id,
             tenant=tenant,
             adapter=adapter,
             created_by=person,
@@ -196,7 +248,6 @@ def upload_session_create(*, adapter: Adapter, by: Actor, size: int, sha256: str
             target=f"upload:{adapter.name}/{session.id}",
             after={"size": size, "sha256": digest, "filename": name, "parts": session.part_count},
         )
-    session.adapter = adapter
     return session
 
 
@@ -307,6 +358,9 @@ def upload_part_put(
     if held is not None:
         _touch(session)
         return held
+    bucket = store.s3_bucket()
+    if bucket is not None:
+        return _s3_part_put(session, bucket, number=number, digest=digest, data=data)
     path = f"{session_prefix(session)}/part-{number}.{digest[:16]}"
     store.save_file(path, io.BytesIO(data))
     del data
@@ -334,6 +388,83 @@ def upload_part_put(
     return part
 
 
+def _s3_part_put(
+    session: UploadSession, bucket: store.S3Bucket, *, number: int, digest: str, data: bytes
+) -> UploadPart:
+    """Send a checked part to the session's multipart upload, then record it with its ETag.
+
+    S3 keeps one part per number, so of two senders of different bytes for one number at once the loser may
+    have replaced the winner's bytes: `complete` finds that from the ETags and asks for the part again. An
+    upload S3 no longer knows (expired by a bucket rule) is started afresh, and its parts must be sent again.
+    """
+    path = whole_path(session)
+    upload_id = session.s3_upload_id
+    if not upload_id:  # assembled by a `complete` that every part had reached: none can be missing
+        raise Conflict(
+            f"Upload session {session.id} already has its parts assembled; complete it.", code="upload_assembled"
+        )
+    try:
+        etag = store.multipart_put(bucket, path, upload_id, number, data)
+    except store.MultipartUploadGone:
+        upload_id = _s3_restart(session, bucket, gone=upload_id)
+        try:
+            etag = store.multipart_put(bucket, path, upload_id, number, data)
+        except store.MultipartUploadGone:
+            raise store.StoreUnavailable(
+                "The S3 artifact store lost this upload's multipart upload twice; try again.",
+                detail={"operation": "store an upload part"},
+            ) from None
+    with transaction.atomic():
+        locked = UploadSession.objects.select_for_update().filter(id=session.id).first()
+        if locked is None:  # collected meanwhile
+            raise NotFound("Not found.")
+        if locked.state != UploadState.OPEN:
+            raise _not_open(locked)
+        if locked.s3_upload_id != upload_id:
+            raise Conflict(
+                f"Upload session {session.id} started its multipart upload again while part {number} was sent; "
+                "send the part again.",
+                code="upload_restarted",
+            )
+        existing = UploadPart.objects.filter(session=locked, number=number).first()
+        if existing is None:
+            part = UploadPart.objects.create(
+                session=locked, number=number, size=len(data), sha256=digest, store_path=path, s3_etag=etag
+            )
+        elif existing.sha256 == digest:
+            part = existing  # the same part sent twice at once: the same bytes, the same ETag
+        else:
+            raise _conflict(number, existing.sha256, digest)
+        _touch(locked)
+    return part
+
+
+def _s3_restart(session: UploadSession, bucket: store.S3Bucket, *, gone: str) -> str:
+    """Give the session a new multipart upload in place of `gone` (one S3 lost, or "" for parts assembled into
+    a wrong file) and drop its part rows: they are to be sent again. Returns the session's upload id now.
+
+    The swap is a conditional update: of two requests that find the same upload gone, one swaps and the other
+    aborts the upload it started and takes the winner's.
+    """
+    fresh = store.multipart_start(bucket, whole_path(session))
+    with transaction.atomic():
+        swapped = UploadSession.objects.filter(id=session.id, state=UploadState.OPEN, s3_upload_id=gone).update(
+            s3_upload_id=fresh
+        )
+        if swapped:
+            UploadPart.objects.filter(session_id=session.id).delete()
+    if not swapped:
+        _abort_quietly(bucket, whole_path(session), fresh)
+        current = UploadSession.objects.filter(id=session.id).first()
+        if current is None:
+            raise NotFound("Not found.")
+        if current.state != UploadState.OPEN:
+            raise _not_open(current)
+        fresh = current.s3_upload_id
+    session.s3_upload_id = fresh
+    return fresh
+
+
 def _touch(session: UploadSession) -> None:
     """Push the session's expiry back to a full TTL from now (it is being worked on)."""
     expires = timezone.now() + timedelta(seconds=settings.MINT_UPLOAD_SESSION_TTL_S)
@@ -342,8 +473,16 @@ def _touch(session: UploadSession) -> None:
 
 
 def _delete_parts(session: UploadSession) -> None:
-    """Remove the session's stored parts and their rows (the store first: a row never names a missing file)."""
-    store.delete_prefix(session_prefix(session))
+    """Remove the session's stored parts and their rows (the store first: a row never names a missing file).
+
+    On S3 its multipart upload is aborted (the upload id read again: a restart may have replaced it).
+    """
+    upload_id = UploadSession.objects.filter(id=session.id).values_list("s3_upload_id", flat=True).first()
+    bucket = store.s3_bucket()
+    if upload_id and bucket is not None:
+        store.multipart_abort(bucket, whole_path(session), upload_id)
+    with store.s3_errors("remove the upload's stored parts"):
+        store.delete_prefix(session_prefix(session))
     UploadPart.objects.filter(session_id=session.id).delete()
 
 
@@ -400,6 +539,80 @@ def _assemble(session: UploadSession, parts: list[UploadPart]) -> tuple[str, str
     return path, whole.hexdigest()
 
 
+def _s3_assemble(session: UploadSession, bucket: store.S3Bucket, parts: list[UploadPart]) -> tuple[str, str]:
+    """Have S3 assemble the session's multipart upload, then stream that object into a new temporary file;
+    returns its path and SHA-256 (the caller owns the file).
+
+    The parts S3 holds are first checked against the ETags recorded: one it lost, or whose bytes a losing
+    sender replaced, has its row dropped and the complete is a 409 `upload_incomplete` naming it (the upload
+    S3 lost altogether is started afresh, every part missing). Once assembled, the session's `s3_upload_id` is
+    cleared: a later `complete` (registration refused this one) reads the object again.
+    """
+    path = whole_path(session)
+    upload_id = session.s3_upload_id
+    if upload_id:
+        try:
+            held = store.multipart_parts(bucket, path, upload_id)
+        except store.MultipartUploadGone:
+            _s3_restart(session, bucket, gone=upload_id)  # its part rows go with it
+            held = {}
+        lost = [p.number for p in parts if held.get(p.number) != p.s3_etag]
+        if lost:
+            UploadPart.objects.filter(session_id=session.id, number__in=lost).delete()
+            raise UploadIncomplete(
+                f"The S3 store does not hold {len(lost)} of upload session {session.id}'s parts as they were "
+                "received; send them again, then complete it.",
+                detail={"missing": lost[:1000], "parts": session.part_count},
+            )
+        store.multipart_complete(bucket, path, upload_id, [(p.number, p.s3_etag) for p in parts])
+        UploadSession.objects.filter(id=session.id, s3_upload_id=upload_id).update(s3_upload_id="")
+        session.s3_upload_id = ""
+    try:
+        return _s3_download(session, bucket, path)
+    except FileNotFoundError:  # the assembled object was removed behind our back: start again
+        _s3_restart(session, bucket, gone="")
+        raise UploadIncomplete(
+            f"The S3 store lost upload session {session.id}'s assembled file; send every part again, then complete it.",
+            detail={"missing": list(range(1, session.part_count + 1))[:1000], "parts": session.part_count},
+        ) from None
+
+
+def _s3_download(session: UploadSession, bucket: store.S3Bucket, path: str) -> tuple[str, str]:
+    """Stream the object `path` (at most the declared size) into a new temporary file; its path and SHA-256."""
+    whole = hashlib.sha256()
+    length = 0
+    fd, local = tempfile.mkstemp(prefix="mint-upload-", dir=settings.FILE_UPLOAD_TEMP_DIR)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in store.s3_chunks(bucket, path, CHUNK):
+                length += len(chunk)
+                if length > session.size:
+                    break  # never more than declared is read
+                whole.update(chunk)
+                out.write(chunk)
+        if length != session.size:
+            raise OSError(f"the assembled object of upload {session.id} has {length} bytes, not {session.size}")
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(local)
+        raise
+    return local, whole.hexdigest()
+
+
+def _drop_received(session: UploadSession) -> None:
+    """Forget every received part, so that all are sent again (the assembled file's digest was wrong)."""
+    bucket = store.s3_bucket()
+    if bucket is None:
+        _delete_parts(session)
+        return
+    _s3_restart(session, bucket, gone=session.s3_upload_id)
+    try:  # a stale assembled object is harmless: the next assembly replaces it, abort and collection remove it
+        with store.s3_errors("remove the assembled upload"):
+            store.artifact_storage().delete(whole_path(session))
+    except (store.StoreUnavailable, FileNotFoundError):
+        log.warning("could not remove the assembled file of upload session %s", session.id, exc_info=True)
+
+
 def upload_session_complete(
     *,
     session: UploadSession,
@@ -429,10 +642,11 @@ def upload_session_complete(
                 "send them, then complete it.",
                 detail={"missing": missing[:1000], "parts": session.part_count},
             )
-        path, digest = _assemble(session, parts)
+        bucket = store.s3_bucket()
+        path, digest = _s3_assemble(session, bucket, parts) if bucket else _assemble(session, parts)
         try:
             if digest != session.sha256:
-                _delete_parts(session)
+                _drop_received(session)
                 raise MintError(
                     f"The assembled file has sha256 {digest}, not the declared {session.sha256}. Its parts were "
                     "dropped: send every part again (or, if the declared digest was wrong, open a new session).",
@@ -466,7 +680,10 @@ def upload_session_complete(
             target=f"upload:{session.adapter.name}/{session.id}",
             after={"revision": revision.label, "size": session.size},
         )
-    _delete_parts(session)
+    try:
+        _delete_parts(session)
+    except store.StoreUnavailable:  # the revision is registered: the collector removes what is left later
+        log.warning("could not remove the parts of completed upload session %s", session.id, exc_info=True)
     return revision
 
 
@@ -511,12 +728,25 @@ def upload_sessions_collect(*, now=None, batch: int = COLLECT_BATCH) -> int:
         .order_by("expires_at")[:batch]
     )
     collected = 0
+    bucket = store.s3_bucket()
     for session in due:
+        # An S3 session's multipart upload is aborted first, and the row kept if that fails (the next run tries
+        # again): once the row is gone nothing names the upload. An expired session takes no parts (it is 404).
+        if session.s3_upload_id and bucket is not None:
+            try:
+                store.multipart_abort(bucket, whole_path(session), session.s3_upload_id)
+            except store.StoreUnavailable:
+                log.warning("could not abort the multipart upload of upload session %s", session.id, exc_info=True)
+                continue
         # The row goes first (its part rows cascade), and only if no part pushed its expiry back meanwhile; a part
         # stored while it went finds no session to record it in and removes its own file.
         deleted, _ = UploadSession.objects.filter(id=session.id, expires_at__lte=now).delete()
         if deleted:
-            store.delete_prefix(session_prefix(session))
+            try:
+                with store.s3_errors("remove an expired upload's stored parts"):
+                    store.delete_prefix(session_prefix(session))
+            except store.StoreUnavailable:
+                log.warning("could not remove the stored parts of upload session %s", session.id, exc_info=True)
             collected += 1
     if collected:
         log.info("collected %d expired upload sessions", collected)

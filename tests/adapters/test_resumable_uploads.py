@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -105,6 +107,9 @@ def test_parts_sent_out_of_order_complete_into_an_exported_revision(
     send_all(client, session["id"], archive, numbers=list(range(count, 0, -1)))
     prefix = f"t/{tenant_a.tenant.id}/uploads/"
     assert len(stored(artifact_root, prefix)) == count
+    # A filesystem store keeps each part as a file of its own: no multipart upload, no ETags.
+    assert UploadSession.objects.get(id=session["id"]).s3_upload_id == ""
+    assert set(UploadPart.objects.values_list("s3_etag", flat=True)) == {""}
 
     with django_capture_on_commit_callbacks(execute=True):
         done = complete(client, session["id"], {"training_step": 1200})
@@ -473,27 +478,283 @@ def test_a_malformed_session_id_is_not_found(adapter_a, client):
     assert response.status_code == 404 and error_of(response)["code"] == "not_found"
 
 
-# ---------------------------------------------------------------- S3
+# ---------------------------------------------------------------- S3: one multipart upload underneath
+
+MIB = 1024 * 1024
+S3_PART = 5 * MIB  # S3's (and moto's) smallest part but the last: the store refuses to assemble shorter ones
 
 
-def test_an_upload_completes_on_the_s3_store(
-    tenant_a, adapter_a, archive, client, s3_store, django_capture_on_commit_callbacks
+@pytest.fixture
+def s3_parts(settings, s3_store):
+    """The S3 store, with parts of S3's minimum size."""
+    settings.MINT_UPLOAD_PART_BYTES = S3_PART
+    return s3_store
+
+
+@pytest.fixture
+def big_archive(good_adapter_dir, tmp_path) -> bytes:
+    """A valid adapter of about 5.5 MiB (a README of random bytes pads it): two parts, the last one short."""
+    (good_adapter_dir / "README.md").write_bytes(os.urandom(S3_PART + MIB // 2))
+    data = make_archive(good_adapter_dir, tmp_path / "big.tar.gz", "tar.gz").read_bytes()
+    assert S3_PART < len(data) < 2 * S3_PART
+    return data
+
+
+def multipart_uploads(s3_store) -> list[dict]:
+    """The multipart uploads open in the test's bucket, read from the server itself."""
+    return s3_store.server.client().list_multipart_uploads(Bucket=s3_store.bucket).get("Uploads", [])
+
+
+def s3_parts_of(s3_store, upload: dict) -> dict[int, str]:
+    listed = s3_store.server.client().list_parts(Bucket=s3_store.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+    return {part["PartNumber"]: part["ETag"] for part in listed.get("Parts", [])}
+
+
+def send_big(client, session_id: str, data: bytes, numbers=None) -> None:
+    parts = pieces(data, S3_PART)
+    for number in numbers or parts:
+        response = put_part(client, session_id, number, parts[number])
+        assert response.status_code == 200, response.content
+        assert response.json() == {"part": number, "size": len(parts[number]), "sha256": sha(parts[number])}
+
+
+def test_on_the_s3_store_the_parts_go_to_one_multipart_upload_and_complete_into_an_exported_revision(
+    tenant_a, adapter_a, big_archive, client, s3_parts, django_capture_on_commit_callbacks
 ):
-    session = open_session(client, archive).json()
-    send_all(client, session["id"], archive, numbers=sorted(pieces(archive), reverse=True))
-    prefix = f"t/{tenant_a.tenant.id}/uploads/{session['id'].replace('-', '')}/"
-    keys = s3_store.keys(prefix)
-    assert len(keys) == len(pieces(archive))
-    assert sorted(s3_store.digests(prefix).values()) == sorted(sha(p) for p in pieces(archive).values())
+    session = open_session(client, big_archive).json()
+    assert (session["part_size"], session["parts"]) == (S3_PART, 2)
+    row = UploadSession.objects.get(id=session["id"])
+    prefix = f"t/{tenant_a.tenant.id}/uploads/{row.id.hex}/"
+    [upload] = multipart_uploads(s3_parts)
+    assert (upload["Key"], upload["UploadId"]) == (f"{prefix}whole", row.s3_upload_id)
+
+    send_big(client, session["id"], big_archive, numbers=[2, 1])
+    held = s3_parts_of(s3_parts, upload)
+    assert sorted(held) == [1, 2]
+    assert held == dict(UploadPart.objects.filter(session=row).values_list("number", "s3_etag"))
+    assert s3_parts.keys(prefix) == []  # parts of a multipart upload, not objects of their own
+    assert [u["UploadId"] for u in multipart_uploads(s3_parts)] == [row.s3_upload_id]
 
     with django_capture_on_commit_callbacks(execute=True):
-        done = complete(client, session["id"])
+        done = complete(client, session["id"], {"training_step": 7})
     assert done.status_code == 201, done.content
+    assert done.json()["size_bytes"] == len(big_archive) and done.json()["sha256"]
     revision = AdapterRevision.objects.get(adapter=adapter_a, number=1)
     assert revision.state == "exported", (revision.failure_code, revision.failure_reason)
-    assert s3_store.keys(prefix) == []
-    assert s3_store.keys(revision.source_uri.rstrip("/") + "/")
-    assert s3_store.keys(f"{revision.export_uri}/")
+    assert multipart_uploads(s3_parts) == []
+    assert s3_parts.keys(prefix) == []  # the assembled object is gone: the revision has its own copy
+    source = s3_parts.keys(revision.source_uri.rstrip("/") + "/")
+    assert sha(
+        b"".join(s3_parts.server.client().get_object(Bucket=s3_parts.bucket, Key=k)["Body"].read() for k in source)
+    ) == sha(big_archive)
+    assert s3_parts.keys(f"{revision.export_uri}/")
+    assert not UploadPart.objects.filter(session=row).exists()
+
+
+def test_an_identical_part_sent_again_on_s3_is_idempotent_and_a_different_one_conflicts(
+    adapter_a, big_archive, client, s3_parts
+):
+    session_id = open_session(client, big_archive).json()["id"]
+    body = pieces(big_archive, S3_PART)[1]
+    assert put_part(client, session_id, 1, body).status_code == 200
+    [upload] = multipart_uploads(s3_parts)
+    first = s3_parts_of(s3_parts, upload)
+    again = put_part(client, session_id, 1, body)
+    assert again.status_code == 200 and again.json() == {"part": 1, "size": S3_PART, "sha256": sha(body)}
+    assert UploadPart.objects.filter(session_id=session_id).count() == 1
+    assert s3_parts_of(s3_parts, upload) == first
+
+    other = put_part(client, session_id, 1, bytes(255 - b for b in body))
+    assert other.status_code == 409 and error_of(other)["code"] == "part_conflict"
+    assert s3_parts_of(s3_parts, upload) == first == {1: UploadPart.objects.get(session_id=session_id).s3_etag}
+
+
+def test_deleting_an_s3_session_aborts_its_multipart_upload(adapter_a, big_archive, client, s3_parts):
+    session_id = open_session(client, big_archive).json()["id"]
+    send_big(client, session_id, big_archive, numbers=[1])
+    assert len(multipart_uploads(s3_parts)) == 1
+    assert client.delete(f"{URL}{session_id}/").status_code == 204
+    assert multipart_uploads(s3_parts) == []
+    assert UploadSession.objects.get(id=session_id).state == "aborted"
+    assert not UploadPart.objects.exists() and s3_parts.keys() == []
+    assert client.delete(f"{URL}{session_id}/").status_code == 204  # again: the upload is already gone
+
+
+def test_collecting_expired_s3_sessions_aborts_their_multipart_uploads(adapter_a, big_archive, client, s3_parts):
+    stale = open_session(client, big_archive).json()["id"]
+    fresh = open_session(client, big_archive).json()["id"]
+    send_big(client, stale, big_archive, numbers=[1])
+    UploadSession.objects.filter(id=stale).update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    assert uploads.upload_sessions_collect() == 1
+
+    assert [u["UploadId"] for u in multipart_uploads(s3_parts)] == [UploadSession.objects.get(id=fresh).s3_upload_id]
+    assert not UploadSession.objects.filter(id=stale).exists() and not UploadPart.objects.exists()
+
+
+def test_an_s3_part_replaced_by_other_bytes_is_asked_for_again_at_complete(
+    adapter_a, big_archive, client, s3_parts, django_capture_on_commit_callbacks
+):
+    # Two senders of part 1 at once: the loser's different bytes reached S3 after the winner's were recorded.
+    session_id = open_session(client, big_archive).json()["id"]
+    send_big(client, session_id, big_archive)
+    [upload] = multipart_uploads(s3_parts)
+    s3_parts.server.client().upload_part(
+        Bucket=s3_parts.bucket, Key=upload["Key"], UploadId=upload["UploadId"], PartNumber=1, Body=b"x" * S3_PART
+    )
+
+    response = complete(client, session_id)
+    assert response.status_code == 409, response.content
+    assert error_of(response)["code"] == "upload_incomplete" and error_of(response)["detail"]["missing"] == [1]
+    assert client.get(f"{URL}{session_id}/").json()["received"] == [2]
+
+    send_big(client, session_id, big_archive, numbers=[1])
+    with django_capture_on_commit_callbacks(execute=True):
+        done = complete(client, session_id)
+    assert done.status_code == 201, done.content
+    assert AdapterRevision.objects.get(adapter=adapter_a).state == "exported"
+
+
+def test_a_multipart_upload_s3_lost_is_started_again_and_its_parts_asked_for(
+    adapter_a, big_archive, client, s3_parts, django_capture_on_commit_callbacks
+):
+    # E.g. a bucket lifecycle rule that aborts incomplete multipart uploads after a day.
+    session_id = open_session(client, big_archive).json()["id"]
+    send_big(client, session_id, big_archive)
+    lost = UploadSession.objects.get(id=session_id).s3_upload_id
+    s3_parts.server.client().abort_multipart_upload(
+        Bucket=s3_parts.bucket, Key=multipart_uploads(s3_parts)[0]["Key"], UploadId=lost
+    )
+
+    response = complete(client, session_id)
+    assert response.status_code == 409 and error_of(response)["detail"]["missing"] == [1, 2]
+    row = UploadSession.objects.get(id=session_id)
+    assert row.s3_upload_id not in ("", lost) and not UploadPart.objects.exists()
+    assert [u["UploadId"] for u in multipart_uploads(s3_parts)] == [row.s3_upload_id]
+
+    send_big(client, session_id, big_archive)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert complete(client, session_id).status_code == 201
+
+
+def test_a_refused_registration_on_s3_keeps_the_assembled_file_for_the_next_complete(
+    adapter_a, big_archive, client, s3_parts, django_capture_on_commit_callbacks
+):
+    one_shot = client.post(
+        "/api/v1/adapters/support-bot/revisions/",
+        {"archive": SimpleUploadedFile("adapter.tar.gz", big_archive)},
+        format="multipart",
+    )
+    assert one_shot.status_code == 201, one_shot.content
+    session_id = open_session(client, big_archive).json()["id"]
+    send_big(client, session_id, big_archive)
+
+    refused = complete(client, session_id)
+    assert refused.status_code == 409 and error_of(refused)["code"] == "duplicate_revision"
+    seen = client.get(f"{URL}{session_id}/").json()
+    assert (seen["state"], seen["received"]) == ("open", [1, 2])
+    assert multipart_uploads(s3_parts) == []  # assembled: S3 holds the one object now
+    again = put_part(client, session_id, 2, pieces(big_archive, S3_PART)[2])
+    assert again.status_code == 200  # still idempotent
+
+    with django_capture_on_commit_callbacks(execute=True):
+        done = complete(client, session_id, {"allow_duplicate": True})
+    assert done.status_code == 201, done.content
+    assert done.json()["sha256"] == one_shot.json()["sha256"]
+    assert s3_parts.keys(f"t/{adapter_a.tenant_id}/uploads/{uuid.UUID(session_id).hex}/") == []
+
+
+def test_an_assembled_file_s3_lost_is_asked_for_again(
+    adapter_a, big_archive, client, s3_parts, django_capture_on_commit_callbacks
+):
+    session_id = open_session(client, big_archive).json()["id"]
+    send_big(client, session_id, big_archive)
+    UploadSession.objects.filter(id=session_id).update(completing_since=timezone.now())  # one `complete` at it
+    row = UploadSession.objects.get(id=session_id)
+    [upload] = multipart_uploads(s3_parts)
+    # It assembled the parts and died; then the assembled object was removed behind its back.
+    client_s3 = s3_parts.server.client()
+    etags = s3_parts_of(s3_parts, upload)
+    client_s3.complete_multipart_upload(
+        Bucket=s3_parts.bucket,
+        Key=upload["Key"],
+        UploadId=row.s3_upload_id,
+        MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e} for n, e in sorted(etags.items())]},
+    )
+    UploadSession.objects.filter(id=session_id).update(s3_upload_id="", completing_since=None)
+    client_s3.delete_object(Bucket=s3_parts.bucket, Key=upload["Key"])
+
+    response = complete(client, session_id)
+    assert response.status_code == 409 and error_of(response)["detail"]["missing"] == [1, 2]
+    assert UploadSession.objects.get(id=session_id).s3_upload_id and not UploadPart.objects.exists()
+    send_big(client, session_id, big_archive)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert complete(client, session_id).status_code == 201
+
+
+def test_a_collection_that_cannot_reach_s3_keeps_the_session_for_the_next_run(
+    settings, adapter_a, big_archive, client, s3_parts
+):
+    session_id = open_session(client, big_archive).json()["id"]
+    UploadSession.objects.filter(id=session_id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    working = settings.STORAGES
+    broken = working["artifacts"] | {
+        "OPTIONS": working["artifacts"]["OPTIONS"] | {"bucket_name": "mint-no-such-bucket"}
+    }
+    settings.STORAGES = working | {"artifacts": broken}
+    assert uploads.upload_sessions_collect() == 0
+    assert UploadSession.objects.filter(id=session_id).exists() and len(multipart_uploads(s3_parts)) == 1
+
+    settings.STORAGES = working
+    assert uploads.upload_sessions_collect() == 1
+    assert multipart_uploads(s3_parts) == [] and not UploadSession.objects.exists()
+
+
+def test_a_whole_file_not_matching_its_digest_on_s3_starts_a_new_multipart_upload(
+    adapter_a, big_archive, client, s3_parts, django_capture_on_commit_callbacks
+):
+    session_id = open_session(client, big_archive).json()["id"]
+    before = UploadSession.objects.get(id=session_id).s3_upload_id
+    parts = pieces(big_archive, S3_PART)
+    send_big(client, session_id, big_archive, numbers=[1])
+    damaged = bytes(255 - b for b in parts[2])  # consistent with its own part checksum, wrong for the file
+    assert put_part(client, session_id, 2, damaged).status_code == 200
+
+    response = complete(client, session_id)
+    assert response.status_code == 400 and error_of(response)["code"] == "upload_checksum_mismatch"
+    row = UploadSession.objects.get(id=session_id)
+    assert row.state == "open" and row.s3_upload_id not in ("", before) and not UploadPart.objects.exists()
+    assert [u["UploadId"] for u in multipart_uploads(s3_parts)] == [row.s3_upload_id]
+    assert s3_parts.keys(f"t/{adapter_a.tenant_id}/uploads/") == []
+
+    send_big(client, session_id, big_archive)
+    with django_capture_on_commit_callbacks(execute=True):
+        done = complete(client, session_id)
+    assert done.status_code == 201, done.content
+    assert AdapterRevision.objects.get(adapter=adapter_a).state == "exported"
+
+
+def test_an_s3_store_failure_is_a_503_that_leaves_no_half_written_session(
+    settings, adapter_a, big_archive, client, s3_parts
+):
+    session_id = open_session(client, big_archive).json()["id"]
+    working = settings.STORAGES
+    broken = working["artifacts"] | {
+        "OPTIONS": working["artifacts"]["OPTIONS"] | {"bucket_name": "mint-no-such-bucket"}
+    }
+    settings.STORAGES = working | {"artifacts": broken}
+
+    refused = open_session(client, big_archive)
+    assert refused.status_code == 503, refused.content
+    assert error_of(refused)["code"] == "s3_store_unavailable" and "S3" in error_of(refused)["message"]
+    assert UploadSession.objects.count() == 1
+    part = put_part(client, session_id, 1, pieces(big_archive, S3_PART)[1])
+    assert part.status_code == 503 and error_of(part)["code"] == "s3_store_unavailable"
+    assert not UploadPart.objects.exists()
+
+    settings.STORAGES = working  # the store is back: the same request now succeeds
+    send_big(client, session_id, big_archive, numbers=[1])
+    assert len(s3_parts_of(s3_parts, multipart_uploads(s3_parts)[0])) == 1
 
 
 # ---------------------------------------------------------------- the ASGI body limit (mint_site/limits.py)
