@@ -56,8 +56,9 @@ HEADER = "HTTP_IDEMPOTENCY_KEY"
 REPLAYED_HEADER = "Idempotent-Replayed"
 API_PREFIX = "/api/v1/"
 KEY_MAX_LENGTH = 255  # IdempotencyRecord.key's column
-# Creating an API key answers with its token, which MinT never stores: no answer of that route is kept.
-NEVER_KEPT = re.compile(r"^/api/v1/keys/$")
+# Creating an API key answers with its token, and signing in with a session and its CSRF token: secrets MinT
+# never stores, so no answer of those routes is kept.
+NEVER_KEPT = re.compile(r"^/api/v1/(keys|session)/$")
 # Answers that tell the client to try again (or were failures of the server): not kept, a retry runs.
 RUN_AGAIN = frozenset({401, 403, 408, 425, 429})
 _KEY_CHARS = re.compile(r"^[\x21-\x7e]+$")

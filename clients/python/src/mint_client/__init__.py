@@ -1,4 +1,5 @@
-"""mint-client: the Python SDK (and `mint` CLI) for MinT's control plane, for training pipelines."""
+"""mint-client: the Python SDK (and `mint` CLI) for MinT's control plane, for training pipelines; `Session`: a
+person signed in, for what only people do (API keys)."""
 
 from mint_client.client import DEFAULT_UPLOAD_THRESHOLD, Client
 from mint_client.errors import (
@@ -10,9 +11,11 @@ from mint_client.errors import (
     DuplicateRevision,
     EvaluationGateRefused,
     FourEyesRefused,
+    LoginLockedOut,
     MintError,
     NotFound,
     NotReady,
+    NotSignedIn,
     PayloadTooLarge,
     PermissionDenied,
     QuotaExceeded,
@@ -28,6 +31,7 @@ from mint_client.errors import (
 from mint_client.models import (
     Adapter,
     Alias,
+    ApiKey,
     AuditEvent,
     Evaluation,
     EvaluationPolicy,
@@ -39,6 +43,7 @@ from mint_client.models import (
     WhoAmI,
 )
 from mint_client.routes import ROUTES, Route
+from mint_client.session import Session, SessionStore, StoredSession
 
 __all__ = [
     "DEFAULT_UPLOAD_THRESHOLD",
@@ -46,6 +51,7 @@ __all__ = [
     "ActivationFailed",
     "Adapter",
     "Alias",
+    "ApiKey",
     "AuditEvent",
     "AuthError",
     "Client",
@@ -59,9 +65,11 @@ __all__ = [
     "EvaluationSuite",
     "Failure",
     "FourEyesRefused",
+    "LoginLockedOut",
     "MintError",
     "NotFound",
     "NotReady",
+    "NotSignedIn",
     "PayloadTooLarge",
     "PermissionDenied",
     "QuotaExceeded",
@@ -71,6 +79,9 @@ __all__ = [
     "RevisionRejected",
     "Route",
     "ServerError",
+    "Session",
+    "SessionStore",
+    "StoredSession",
     "Unavailable",
     "UploadInterrupted",
     "UploadSession",

@@ -1,11 +1,12 @@
-"""The HTTP edge: bearer auth, typed errors, and retries that are safe to make.
+"""The HTTP edge: bearer auth (or a person's session cookies), typed errors, and retries that are safe to make.
 
 A request is retried (at most `retries` times, with exponential backoff, or the server's Retry-After when
 it sends one) when no answer came (a connection that failed, dropped or timed out), on 503, on 429 with
 Retry-After (a rate limit; a plan quota without it is final), and on 409 `idempotency_in_progress` (the
 first try still runs). Every POST carries an `Idempotency-Key`, the same on each try, so the server runs
 it once and answers a retry with the first answer (README: "Safe retries"); PUT, GET and DELETE are
-idempotent as they are.
+idempotent as they are. A POST sent `idempotent=False` (a route that refuses the header: its answer holds a
+secret shown once) carries no key and is never retried.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class Http:
         self,
         *,
         base_url: str,
-        api_key: str,
+        api_key: str | None,
         timeout: float,
         retries: int,
         backoff: float,
@@ -52,6 +53,7 @@ class Http:
         transport: httpx.BaseTransport | None,
         sleep: Callable[[float], None],
         headers: dict[str, str] | None = None,
+        cookies: dict[str, str] | None = None,
     ) -> None:
         self.retries = max(0, retries)
         self.backoff = backoff
@@ -60,11 +62,12 @@ class Http:
         self.client = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers={
-                "Authorization": f"Bearer {api_key}",
+                **({"Authorization": f"Bearer {api_key}"} if api_key is not None else {}),
                 "User-Agent": f"mint-client/{_version()}",
                 "Accept": "application/json",
                 **(headers or {}),
             },
+            cookies=cookies,
             timeout=timeout,
             transport=transport,
             follow_redirects=False,
@@ -90,13 +93,16 @@ class Http:
         body: BodyFactory | None = None,
         headers: dict[str, str] | None = None,
         idempotency_key: str | None = None,
+        idempotent: bool = True,
         retries: int | None = None,
     ) -> httpx.Response:
         """Send one request (with retries); the 2xx answer, or the typed `MintError` of the last one."""
         headers = dict(headers or {})
-        if method == "POST":
+        if method == "POST" and idempotent:
             headers.setdefault(IDEMPOTENCY_HEADER, idempotency_key or uuid.uuid4().hex)
         budget = self.retries if retries is None else retries
+        if method == "POST" and not idempotent:
+            budget = 0  # without a key, a retry could do the work twice
         attempt = 0
         while True:
             kwargs: dict[str, Any] = {"params": params, "headers": headers}

@@ -64,9 +64,22 @@ class PayloadTooLarge(ValidationError):
 
 
 class AuthError(MintError):
-    """401: the API key is missing, malformed, revoked or expired."""
+    """401: the API key is missing, malformed, revoked or expired (or a session's password was not right)."""
 
     default_code = "not_authenticated"
+
+
+class NotSignedIn(AuthError):
+    """No valid session for the base URL (none stored, or it expired or was ended): sign in again (`mint login`)."""
+
+    default_code = "not_signed_in"
+
+
+class LoginLockedOut(AuthError):
+    """429 `login_locked_out`: too many wrong passwords for this username from this address; `retry_after` says
+    when to try again (each attempt before then starts the wait again)."""
+
+    default_code = "login_locked_out"
 
 
 class PermissionDenied(MintError):
@@ -207,6 +220,7 @@ _BY_CODE: dict[str, type[MintError]] = {
     "evaluation_failed": EvaluationGateRefused,
     "evaluation_unavailable": EvaluationGateRefused,
     "adapter_not_ready": NotReady,
+    "login_locked_out": LoginLockedOut,
 }
 
 

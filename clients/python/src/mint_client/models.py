@@ -270,3 +270,22 @@ class UploadSession(Model):
     def missing(self) -> list[int]:
         held = set(self.received)
         return [n for n in range(1, self.parts + 1) if n not in held]
+
+
+@dataclass
+class ApiKey(Model):
+    """An API key as its tenant's owners see it (`Session.api_keys()`); `token` only in `create_key`'s answer, once."""
+
+    name: str = ""
+    prefix: str = ""
+    scopes: list[str] = field(default_factory=list)
+    state: str = ""
+    created_by: str | None = None
+    created_at: str | None = None
+    last_used_at: str | None = None
+    expires_at: str | None = None
+    revoked_at: str | None = None
+    adapters: list[str] = field(default_factory=list)
+    max_tokens_per_minute: int | None = None
+    monthly_token_budget: int | None = None
+    token: str | None = field(default=None, repr=False)

@@ -58,6 +58,12 @@ ROUTES: dict[str, Route] = {
     "evaluation_policy.get": Route("GET", _A + "evaluation-policy/"),
     "evaluation_policy.set": Route("PUT", _A + "evaluation-policy/"),
     "audit.list": Route("GET", API + "audit/"),
+    # A person's session (mint_client.session.Session) and what only it may do: manage keys.
+    "session.create": Route("POST", API + "session/"),
+    "session.delete": Route("DELETE", API + "session/"),
+    "keys.list": Route("GET", API + "keys/"),
+    "keys.create": Route("POST", API + "keys/"),
+    "keys.revoke": Route("DELETE", API + "keys/{prefix}/"),
     "usage.get": Route("GET", API + "usage/"),
     # Resumable uploads (the contract in clients/python/README.md).
     "uploads.create": Route("POST", _A + "uploads/"),

@@ -60,11 +60,16 @@ class Context:
         )
         self._client: Client | None = None
         self._others: list[Client] = []
+        self._owned: list[Any] = []
 
     def close(self) -> None:
-        for client in [self._client, *self._others]:
+        for client in [self._client, *self._others, *self._owned]:
             if client is not None:
                 client.close()
+
+    def own(self, closable: Any) -> None:
+        """Close `closable` (a `Session`, …) when the command ends."""
+        self._owned.append(closable)
 
     def client(self, api_key: str | None = None) -> Client:
         if api_key is not None:

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from mint_client.cli import commands
+from mint_client.cli import commands, keys
 
 
 def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -127,6 +127,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p = command("evaluation", commands.cmd_evaluation, "a revision's evaluation")
     rev(p)
+    p = command("login", keys.cmd_login, "sign in as a person (password): a session for `mint keys`, kept 0600")
+    p.add_argument("--username", "-u", default=None, help="who signs in (asked for when not given)")
+    p.add_argument("--tenant", default=None, help="the tenant to act for, if you belong to several")
+    p.add_argument("--password-stdin", action="store_true", help="read the password from stdin's first line")
+    command("logout", keys.cmd_logout, "end the session `mint login` started and forget it")
+    text = "the tenant's API keys: list, create, revoke (owners; after `mint login`)"
+    p = sub.add_parser("keys", parents=[common], help=text, description=text)
+    actions = p.add_subparsers(dest="keys_command", metavar="action", required=True)
+
+    def key_action(name: str, handler: Callable[..., int], help: str) -> argparse.ArgumentParser:
+        k = actions.add_parser(name, parents=[common], help=help, description=help)
+        k.set_defaults(handler=handler)
+        k.add_argument("--tenant", default=None, help="the tenant (default: the one chosen at `mint login`)")
+        return k
+
+    key_action("list", keys.cmd_keys_list, "the tenant's keys: live, revoked and expired")
+    k = key_action("create", keys.cmd_keys_create, "create a key; its token is printed once")
+    k.add_argument("name")
+    k.add_argument("--scopes", required=True, help="comma-separated: pipeline, deploy, inference")
+    k.add_argument("--expires", default=None, help="a duration (30d, 12h, 90m) or an ISO date or date-time")
+    k.add_argument("--adapters", default=None, help="comma-separated adapters the key may call (default all)")
+    k.add_argument("--max-tokens-per-minute", type=int, default=None, help="the key's own gateway limit")
+    k.add_argument("--monthly-token-budget", type=int, default=None, help="the key's own monthly token budget")
+    k = key_action("revoke", keys.cmd_keys_revoke, "revoke a key by its prefix (mint_<prefix>_…)")
+    k.add_argument("prefix")
     p = command(
         "completion", commands.cmd_completion, 'print a shell completion script: eval "$(mint completion bash)"'
     )
@@ -139,20 +164,27 @@ def bash_completion(parser: argparse.ArgumentParser) -> str:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     cases = []
     for name, p in sub.choices.items():
-        options = sorted({s for a in p._actions for s in a.option_strings if s.startswith("--")})
-        cases.append(f'        {name}) opts="{" ".join(options)}" ;;')
+        parsers = [p]
+        actions = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        words = [w for a in actions for w in a.choices]  # `mint keys list|create|revoke`
+        parsers += [q for a in actions for q in a.choices.values()]
+        options = sorted({s for q in parsers for a in q._actions for s in a.option_strings if s.startswith("--")})
+        cases.append(f'        {name}) opts="{" ".join(options)}" words="{" ".join(words)}" ;;')
     names = " ".join(sub.choices)
     return "\n".join(
         [
             '# mint bash completion: eval "$(mint completion bash)" (e.g. in ~/.bashrc)',
             "_mint() {",
-            '    local cur="${COMP_WORDS[COMP_CWORD]}" cmd="${COMP_WORDS[1]}" opts=""',
+            '    local cur="${COMP_WORDS[COMP_CWORD]}" cmd="${COMP_WORDS[1]}" opts="" words=""',
             "    if [[ $COMP_CWORD -eq 1 ]]; then",
             f'        COMPREPLY=($(compgen -W "{names}" -- "$cur")); return',
             "    fi",
             '    case "$cmd" in',
             *cases,
             "    esac",
+            '    if [[ $COMP_CWORD -eq 2 && -n "$words" && "$cur" != -* ]]; then',
+            '        COMPREPLY=($(compgen -W "$words" -- "$cur")); return',
+            "    fi",
             '    if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W "$opts" -- "$cur"));',
             '    else COMPREPLY=($(compgen -f -- "$cur")); fi',
             "}",
