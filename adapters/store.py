@@ -180,7 +180,7 @@ def promote(staging: str, final: str) -> None:
 # ---------------------------------------------------------------- S3 multipart uploads (resumable uploads)
 
 
-class StoreUnavailable(MintError):
+class S3Unavailable(MintError):
     """503 `s3_store_unavailable`: a call to the S3 artifact store failed (network, credentials, a 5xx)."""
 
     status_code = 503
@@ -213,7 +213,7 @@ def s3_bucket() -> S3Bucket | None:
 
 @contextlib.contextmanager
 def s3_errors(what: str) -> Iterator[None]:
-    """Turn a failed S3 call (boto3's, or django-storages' S3Storage's) into StoreUnavailable saying what failed;
+    """Turn a failed S3 call (boto3's, or django-storages' S3Storage's) into S3Unavailable saying what failed;
     NoSuchUpload into MultipartUploadGone and NoSuchKey into FileNotFoundError, which callers may mend."""
     try:
         yield
@@ -223,12 +223,12 @@ def s3_errors(what: str) -> Iterator[None]:
             raise MultipartUploadGone(what) from exc
         if code == "NoSuchKey":
             raise FileNotFoundError(what) from exc
-        raise StoreUnavailable(
+        raise S3Unavailable(
             f"The S3 artifact store failed to {what} ({code or 'error'}); try again.",
             detail={"operation": what, "s3_code": code},
         ) from exc
     except BotoCoreError as exc:
-        raise StoreUnavailable(
+        raise S3Unavailable(
             f"The S3 artifact store could not be reached to {what}; try again.", detail={"operation": what}
         ) from exc
 
@@ -271,7 +271,7 @@ def multipart_parts(bucket: S3Bucket, path: str, upload_id: str) -> dict[int, st
 def multipart_complete(bucket: S3Bucket, path: str, upload_id: str, parts: list[tuple[int, str]]) -> None:
     """Assemble the object `path` from `parts` ((PartNumber, ETag), in order).
 
-    An upload gone now (it was there when its parts were listed) is StoreUnavailable too: the next attempt
+    An upload gone now (it was there when its parts were listed) is S3Unavailable too: the next attempt
     lists the parts again and finds it gone.
     """
     try:
@@ -283,7 +283,7 @@ def multipart_complete(bucket: S3Bucket, path: str, upload_id: str, parts: list[
                 MultipartUpload={"Parts": [{"PartNumber": n, "ETag": etag} for n, etag in parts]},
             )
     except MultipartUploadGone:
-        raise StoreUnavailable(
+        raise S3Unavailable(
             "The S3 artifact store lost the upload's parts while assembling them; try again.",
             detail={"operation": "assemble the upload's parts", "s3_code": "NoSuchUpload"},
         ) from None

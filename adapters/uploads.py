@@ -200,7 +200,7 @@ def _abort_quietly(bucket: store.S3Bucket, path: str, upload_id: str) -> None:
     answering with another error, and a bucket lifecycle rule is the backstop for what is left behind."""
     try:
         store.multipart_abort(bucket, path, upload_id)
-    except store.StoreUnavailable:
+    except store.S3Unavailable:
         log.warning("could not abort S3 multipart upload %s of %s", upload_id, path, exc_info=True)
 
 
@@ -410,7 +410,7 @@ def _s3_part_put(
         try:
             etag = store.multipart_put(bucket, path, upload_id, number, data)
         except store.MultipartUploadGone:
-            raise store.StoreUnavailable(
+            raise store.S3Unavailable(
                 "The S3 artifact store lost this upload's multipart upload twice; try again.",
                 detail={"operation": "store an upload part"},
             ) from None
@@ -609,7 +609,7 @@ def _drop_received(session: UploadSession) -> None:
     try:  # a stale assembled object is harmless: the next assembly replaces it, abort and collection remove it
         with store.s3_errors("remove the assembled upload"):
             store.artifact_storage().delete(whole_path(session))
-    except (store.StoreUnavailable, FileNotFoundError):
+    except (store.S3Unavailable, FileNotFoundError):
         log.warning("could not remove the assembled file of upload session %s", session.id, exc_info=True)
 
 
@@ -682,7 +682,7 @@ def upload_session_complete(
         )
     try:
         _delete_parts(session)
-    except store.StoreUnavailable:  # the revision is registered: the collector removes what is left later
+    except store.S3Unavailable:  # the revision is registered: the collector removes what is left later
         log.warning("could not remove the parts of completed upload session %s", session.id, exc_info=True)
     return revision
 
@@ -735,7 +735,7 @@ def upload_sessions_collect(*, now=None, batch: int = COLLECT_BATCH) -> int:
         if session.s3_upload_id and bucket is not None:
             try:
                 store.multipart_abort(bucket, whole_path(session), session.s3_upload_id)
-            except store.StoreUnavailable:
+            except store.S3Unavailable:
                 log.warning("could not abort the multipart upload of upload session %s", session.id, exc_info=True)
                 continue
         # The row goes first (its part rows cascade), and only if no part pushed its expiry back meanwhile; a part
@@ -745,7 +745,7 @@ def upload_sessions_collect(*, now=None, batch: int = COLLECT_BATCH) -> int:
             try:
                 with store.s3_errors("remove an expired upload's stored parts"):
                     store.delete_prefix(session_prefix(session))
-            except store.StoreUnavailable:
+            except store.S3Unavailable:
                 log.warning("could not remove the stored parts of upload session %s", session.id, exc_info=True)
             collected += 1
     if collected:

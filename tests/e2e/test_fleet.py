@@ -101,11 +101,18 @@ def test_two_hosts_replicas_failover_and_drain(fleet, tenant_a, tiny_llama_dir, 
         fleet_wait(lambda: len(single.between(0)) >= 5, timeout=60, what="traffic before the drain")
         drain_at = time.monotonic()
         serving_services.node_drain(node=ServingNode.objects.get(name=drained), by=Actor.system())
-        fleet_wait(
-            lambda: not Placement.objects.filter(node__name=drained).exists(),
-            timeout=180,
-            what=f"{drained} empty",
-        )
+        try:
+            fleet_wait(
+                lambda: not Placement.objects.filter(node__name=drained).exists(),
+                timeout=180,
+                what=f"{drained} empty",
+            )
+        except TimeoutError as exc:  # what the drain waits for, to tell a stuck drain from a slow one
+            placements = list(
+                Placement.objects.values("node__name", "revision__adapter__name", "state", "failure_reason")
+            )
+            nodes = list(ServingNode.objects.values("name", "state", "last_heartbeat_at"))
+            raise AssertionError(f"{exc}\nplacements: {placements}\nnodes: {nodes}\n{fleet.logs()}") from exc
         drain_end = time.monotonic()
         # And after: the routes every gateway process holds moved with it.
         fleet_wait(lambda: len(single.between(drain_end + 2)) >= 3, timeout=60, what="traffic after the drain")
