@@ -19,7 +19,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from mint_site.errors import MintError
+from mint_site.errors import MintError, QuotaExceeded
 from tenants import selectors as tenant_selectors
 from tenants.access import Access, Capability, member_access
 from tenants.auth import SESSION_TENANT_KEY
@@ -112,8 +112,12 @@ def check_write_rate(request: HttpRequest) -> None:
     """A dashboard write counts against the person's API write rate (the tenant's `api_write_rpm`, with its
     burst), as the same write through the REST API would: a form is no way around the limit."""
     viewer = getattr(request, "viewer", None)
-    if viewer is not None and viewer.tenant is not None:
+    if viewer is None or viewer.tenant is None:
+        return
+    try:
         api_write_check(tenant=viewer.tenant, user=request.user, scope=getattr(request, "scope", None))
+    except RateLimited as exc:  # as a MintError, so every form's handler shows it like any refusal
+        raise QuotaExceeded(str(exc.detail), code="rate_limited", headers={"Retry-After": str(exc.wait)}) from None
 
 
 def check_tenant_field(request: HttpRequest) -> None:
@@ -159,12 +163,11 @@ def act(request: HttpRequest, back: str, action: Callable[[], str], *, anchor: s
         check_tenant_field(request)
         check_write_rate(request)
         done = action()
-    except (MintError, RateLimited) as exc:
-        code, message = (exc.code, exc.message) if isinstance(exc, MintError) else ("rate_limited", str(exc.detail))
+    except MintError as exc:
         if script:
-            body = {"ok": False, "code": code, "message": message, "anchor": anchor}
+            body = {"ok": False, "code": exc.code, "message": exc.message, "anchor": anchor}
             return JsonResponse(body, status=exc.status_code)
-        messages.error(request, message, extra_tags=anchor_tag(anchor) if anchor else "")
+        messages.error(request, exc.message, extra_tags=anchor_tag(anchor) if anchor else "")
     else:
         if script:
             return JsonResponse({"ok": True, "message": done, "anchor": anchor})

@@ -14,7 +14,6 @@ from frontend.views.base import act, anchor_tag, check_tenant_field, check_write
 from mint_site.errors import MintError
 from tenants import services
 from tenants.access import Capability
-from tenants.throttles import RateLimited
 
 # The new token travels from the POST to the page that shows it in the session, and is popped there: shown once.
 NEW_TOKEN_KEY = "mint_new_token"
@@ -60,8 +59,6 @@ def api_keys(request: HttpRequest) -> HttpResponse:
             messages.error(request, form_errors(form), extra_tags=anchor_tag("create-key"))
         except MintError as exc:
             messages.error(request, exc.message, extra_tags=anchor_tag("create-key"))
-        except RateLimited as exc:
-            messages.error(request, str(exc.detail), extra_tags=anchor_tag("create-key"))
         return redirect(reverse("frontend:keys") + "#result-create-key")
     keys = selectors.api_key_page(tenant=viewer.tenant, number=request.GET.get("page"))
     fragment = request.GET.get("fragment")

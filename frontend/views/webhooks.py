@@ -15,7 +15,6 @@ from frontend.forms import form_errors
 from frontend.views.base import act, anchor_tag, check_tenant_field, check_write_rate, page
 from mint_site.errors import MintError
 from tenants.access import Capability
-from tenants.throttles import RateLimited
 from webhooks import selectors, services
 from webhooks.models import URL_MAX_LENGTH, WEBHOOK_EVENTS
 
@@ -60,8 +59,6 @@ def webhooks(request: HttpRequest) -> HttpResponse:
             messages.error(request, form_errors(form), extra_tags=anchor_tag("create-webhook"))
         except MintError as exc:
             messages.error(request, exc.message, extra_tags=anchor_tag("create-webhook"))
-        except RateLimited as exc:
-            messages.error(request, str(exc.detail), extra_tags=anchor_tag("create-webhook"))
         request.session[FORM_KEY] = {
             "url": request.POST.get("url", "")[:URL_MAX_LENGTH],
             "description": request.POST.get("description", "")[:200],
