@@ -197,6 +197,10 @@ def nodes_heartbeat(self) -> None:
             with transaction.atomic():
                 sweep.handoffs_overdue(node, now=timezone.now())  # its unloads, its last loads
         sweep.probe_node_queue(node=node)
+    # A canary whose candidate a node took down with it (or its engine lost) ends before failover places anything.
+    stranded = services.canaries_stranded_abort()
+    if stranded:
+        log.warning("canaries aborted, their candidates unreachable: %s", stranded)
     # What waits for capacity is placed as soon as a slot frees; this catches what no event announced.
     retried = services.placements_retry()
     if any(retried.values()):
@@ -234,6 +238,7 @@ def node_probe(self, *, node_id: int) -> None:
             return
     log.warning("node %s was reported unreachable and fails its health check: down", node)
     services.node_set_state(node=node, state=NodeState.DOWN, by=Actor.system())
+    services.canaries_stranded_abort(base_model_id=node.base_model_id)
     services.placements_retry(base_model_id=node.base_model_id)
 
 

@@ -14,7 +14,7 @@ from enum import IntEnum
 from functools import partial
 
 from django.conf import settings
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Exists, OuterRef, Prefetch, QuerySet
 from django.utils import timezone
 
 from adapters.models import Adapter, AdapterRevision
@@ -121,6 +121,21 @@ def ready_placements(*, revision: AdapterRevision) -> QuerySet[Placement]:
         .select_related("node")
         .order_by("id")
     )
+
+
+def stranded_canaries(*, base_model_id: int | None = None) -> QuerySet[Alias]:
+    """Aliases whose canary routes (its candidate was ready once) while nobody can reach the candidate now: it has
+    no ready placement on a node that serves (up, or draining), because its node went down or its engine lost
+    it. `serving.services.canary.canaries_stranded_abort` ends them."""
+    routable = Placement.objects.filter(
+        revision_id=OuterRef("canary_revision_id"),
+        state=PlacementState.READY,
+        node__state__in=(NodeState.UP, NodeState.DRAINING),
+    )
+    aliases = Alias.objects.filter(canary_ready_at__isnull=False).exclude(Exists(routable))
+    if base_model_id is not None:
+        aliases = aliases.filter(adapter__base_model_id=base_model_id)
+    return aliases.order_by("id")
 
 
 def alias_for_converge(alias_id: int) -> Alias | None:

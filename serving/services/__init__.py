@@ -22,7 +22,14 @@ from serving.services.aliases import (
     revision_rollback,
 )
 from serving.services.budgets import usage_budget_crossed, usage_month_tokens
-from serving.services.canary import canary_abort, canary_abort_auto, canary_counts, canary_promote, canary_start
+from serving.services.canary import (
+    canaries_stranded_abort,
+    canary_abort,
+    canary_abort_auto,
+    canary_counts,
+    canary_promote,
+    canary_start,
+)
 from serving.services.nodes import node_register, node_report_unreachable, node_set_state
 from serving.services.placement import (
     admit,
@@ -51,6 +58,7 @@ __all__ = [
     "admit_after_pause",
     "alias_converge",
     "alias_flip",
+    "canaries_stranded_abort",
     "canary_abort",
     "canary_abort_auto",
     "canary_counts",

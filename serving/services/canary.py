@@ -29,7 +29,7 @@ from django.utils import timezone
 from adapters.models import Adapter, AdapterRevision, RevisionState
 from mint_site.errors import Conflict, InvalidTransition, MintError, NotFound
 from mint_site.events import epoch_us, live_event
-from serving import tasks
+from serving import selectors, tasks
 from serving.models import LATENCY_BOUNDS_MS, Alias
 from serving.services import capacity
 from serving.services import placement as placements
@@ -279,10 +279,14 @@ def canary_abort(*, adapter: Adapter, by: Actor, alias: str = Alias.PRODUCTION, 
     return target
 
 
-def canary_abort_auto(*, alias_id: int, started_us: int, reason: str, counts: dict) -> bool:
-    """The gateway saw the canary that began at `started_us` breach its margin: abort it, audited with the counts
-    as the reason, by the system. Idempotent: False when that canary is gone already (aborted, promoted, or
-    replaced by a later one), so any number of gateway processes may ask."""
+def canary_abort_auto(
+    *, alias_id: int, started_us: int, reason: str, counts: dict | None, stranded: bool = False
+) -> bool:
+    """The canary that began at `started_us` must end: the gateway saw it breach its margin, or (`stranded`) nobody
+    can reach its candidate. Abort it, audited with the reason and the counts (None: read them now), by the
+    system. Idempotent: False when that canary is gone already (aborted, promoted, or replaced by a later one), or,
+    `stranded`, when its candidate is reachable again by the time the alias is locked; so any number of gateway
+    processes and heartbeats may ask."""
     with transaction.atomic():
         alias = Alias.objects.select_related("adapter").filter(id=alias_id).first()
         if alias is None:
@@ -294,9 +298,42 @@ def canary_abort_auto(*, alias_id: int, started_us: int, reason: str, counts: di
         target.adapter = alias.adapter
         if target.canary_started_at is None or epoch_us(target.canary_started_at) != started_us:
             return False
-        _abort(target, by=Actor.system(), reason=reason, counts=counts)
+        if stranded and not selectors.stranded_canaries().filter(id=alias_id).exists():
+            return False
+        _abort(
+            target, by=Actor.system(), reason=reason, counts=canary_counts(alias=target) if counts is None else counts
+        )
     log.warning("canary of alias %s aborted: %s", alias_id, reason)
     return True
+
+
+UNREACHABLE = "candidate unreachable"
+
+
+def canaries_stranded_abort(*, base_model_id: int | None = None, limit: int = 100) -> int:
+    """Abort every routing canary whose candidate nobody can reach (`selectors.stranded_canaries`); how many.
+
+    Its share of requests is served by the live revision meanwhile and counted as the candidate's errors, but
+    whether those reach the error rule before failover could place the candidate again elsewhere was a race (a
+    prewarm takes a fraction of a second). A canary measures its candidate where it was placed: one that lost
+    every placement is over, whatever its counters say, and failover never places it again
+    (`placement.placements_retry`). Called wherever that can begin, before failover places anything: when a
+    node is marked down (the gateway's probe, the heartbeat) and after each heartbeat's reconcile (an engine
+    that restarted and lost the candidate), so no canary runs stranded for longer than one heartbeat.
+    """
+    stranded = selectors.stranded_canaries(base_model_id=base_model_id).values_list(
+        "id", "canary_started_at", "canary_revision__number"
+    )
+    aborted = 0
+    for alias_id, started_at, number in stranded[:limit]:
+        reason = (
+            f"{UNREACHABLE}: r{number} has no ready placement on a node that serves "
+            "(its node went down or its engine lost it)"
+        )
+        aborted += canary_abort_auto(
+            alias_id=alias_id, started_us=epoch_us(started_at), reason=reason, counts=None, stranded=True
+        )
+    return aborted
 
 
 # ---------------------------------------------------------------- counters (written by the gateway) and the rule

@@ -303,7 +303,8 @@ def placements_retry(*, base_model_id: int | None = None, limit: int = 200) -> d
     failover. Live revisions go first, then desired ones, then previous ones within their rollback grace
     (`selectors.PinRole`), and inside each, tenants take turns (`_failover_order`), so that `limit`, which
     bounds the requests of one round too, never spends a round on one tenant's many revisions while another
-    tenant's live one waits. Each try is its own transaction.
+    tenant's live one waits. A routing canary's candidate that lost every placement is left for
+    `canary.canaries_stranded_abort` to end, never placed again. Each try is its own transaction.
     """
     roles = selectors.pinned_roles(base_model_id=base_model_id)
     pins = {revision_id: tenant_id for revision_id, (tenant_id, _) in roles.items()}
@@ -353,7 +354,13 @@ def placements_retry(*, base_model_id: int | None = None, limit: int = 200) -> d
         .filter(placed__lt=F("nodes"))
         .values_list("id", flat=True)
     )
-    chosen = _failover_order(list(short), roles, held)[:limit]
+    # A routing canary's candidate that lost every placement is not placed again: the canary ends
+    # (canary.canaries_stranded_abort), and a pin it no longer has would only hold a slot until then.
+    stranded = set(
+        selectors.stranded_canaries(base_model_id=base_model_id).values_list("canary_revision_id", flat=True)
+    )
+    short_ids = [r for r in short if not (r in stranded and roles[r][1] == selectors.PinRole.CANARY)]
+    chosen = _failover_order(short_ids, roles, held)[:limit]
     revisions = AdapterRevision.objects.select_related("adapter__base_model", "adapter__tenant").in_bulk(chosen)
     for revision_id in chosen:
         revision = revisions[revision_id]
