@@ -7,7 +7,7 @@ PYTHON ?= python3
 TEST_DATABASE_URL ?= $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/mint)
 TEST_REDIS_URL ?= $(or $(REDIS_URL),redis://127.0.0.1:6379/0)
 
-.PHONY: install run test lint format bench clean
+.PHONY: install run test e2e-repeat lint format bench clean
 
 $(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ run: install
 test: install
 	scripts/services.sh --install
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
+
+# tests/e2e/ RUNS times in a row (default 10), to find flakes: scripts/e2e-repeat.sh, results in var/e2e-repeat/.
+e2e-repeat: install
+	scripts/services.sh --install
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) scripts/e2e-repeat.sh
 
 lint: install
 	$(VENV)/bin/ruff check .
