@@ -122,11 +122,46 @@ class Tenant(models.Model):
     four_eyes = models.BooleanField(
         default=True, help_text="Nobody approves a revision they registered (or that a key they created registered)."
     )
+    # Single sign-on (tenants/sso.py): the company's OpenID Connect issuer its people sign in with, bound by
+    # platform staff (the client registration holds a secret); who may join through it is the tenant's choice.
+    sso_provider = models.ForeignKey(
+        "tenants.IdentityProvider",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="tenants",
+        help_text="The OpenID Connect issuer this tenant's people sign in with at /sso/<tenant>/; empty: none.",
+    )
+    sso_join = models.CharField(
+        max_length=16,
+        choices=[
+            ("invitation", "Only people invited"),
+            ("default_role", "Anyone of the issuer, with the default role"),
+        ],
+        default="invitation",
+        db_default="invitation",
+        help_text="Who signing in through the issuer for the first time becomes a member.",
+    )
+    sso_default_role = models.CharField(
+        max_length=16,
+        default="viewer",
+        db_default="viewer",
+        help_text="The role of a person who joins by signing in through the issuer (sso_join = default_role).",
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["slug"]
-        constraints = [models.CheckConstraint(condition=models.Q(max_replicas__gte=1), name="tenant_max_replicas_min")]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(max_replicas__gte=1), name="tenant_max_replicas_min"),
+            models.CheckConstraint(
+                condition=models.Q(sso_join__in=["invitation", "default_role"]), name="tenant_sso_join_valid"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(sso_default_role__in=["approver", "developer", "viewer"]),
+                name="tenant_sso_default_role_valid",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.slug
@@ -289,3 +324,96 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.scope} {self.key!r} {self.state}"
+
+
+class Invitation(models.Model):
+    """An owner's invitation for a person to join a tenant with a role (tenants/members.py).
+
+    Addressed to an email address (a person who may have no account yet: they choose a username and a password
+    when they accept) or to an existing account (`user`, invited by username). The link mailed to the address
+    is signed; it works once, until `expires_at`, and not after the invitation was revoked.
+    """
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        ACCEPTED = "accepted", "Accepted"
+        REVOKED = "revoked", "Revoked"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField(help_text="Where the link was mailed.")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+        help_text="The account invited by username; empty for an invitation by email.",
+    )
+    role = models.CharField(max_length=16, choices=Role.choices)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    # Part of the signed link, so a link stops working when its invitation is sent again (a new nonce).
+    nonce = models.CharField(max_length=32, editable=False)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    decided_at = models.DateTimeField(null=True, blank=True, help_text="When it was accepted or revoked.")
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "state"], name="invitation_tenant_state")]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(role__in=Role.values), name="invitation_role_valid"),
+            models.CheckConstraint(
+                condition=models.Q(state__in=["pending", "accepted", "revoked"]), name="invitation_state_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"invitation of {self.email} to {self.tenant} as {self.role} ({self.state})"
+
+    @property
+    def expired(self) -> bool:
+        return self.state == self.State.PENDING and self.expires_at <= timezone.now()
+
+
+class IdentityProvider(models.Model):
+    """An OpenID Connect issuer (a company's identity provider) with which the platform registered MinT as a
+    client. Staff create it in the admin and bind tenants to it (`Tenant.sso_provider`); tenants/sso.py signs
+    people in through it (authorization code flow with PKCE; the ID token's signature, issuer, audience and
+    expiry are checked)."""
+
+    name = models.SlugField(max_length=63, unique=True)
+    issuer = models.URLField(max_length=500, help_text="The `iss` every ID token of this provider must carry.")
+    client_id = models.CharField(max_length=255, help_text="MinT's client id there: every ID token's audience.")
+    client_secret = models.CharField(max_length=500, blank=True)
+    authorization_endpoint = models.URLField(max_length=500)
+    token_endpoint = models.URLField(max_length=500)
+    userinfo_endpoint = models.URLField(max_length=500)
+    jwks_uri = models.URLField(max_length=500, help_text="Where the provider publishes its signing keys.")
+    signing_algorithm = models.CharField(max_length=10, default="RS256")
+    scopes = models.CharField(max_length=200, default="openid email profile")
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.issuer})"
+
+
+class SsoIdentity(models.Model):
+    """A person's account as an identity provider knows it: (provider, `sub`) → user. Accounts are matched by
+    this link, never by an email address an issuer asserts, so one issuer cannot sign in as another's user."""
+
+    provider = models.ForeignKey(IdentityProvider, on_delete=models.CASCADE, related_name="identities")
+    subject = models.CharField(max_length=255)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sso_identities")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["provider", "subject"], name="sso_identity_provider_subject_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.provider.name}:{self.subject} → {self.user}"
