@@ -64,6 +64,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # DEBUG's pages (URL patterns, tracebacks) for staff only; plain errors for everyone else.
+    "mint_site.debug_pages.StaffOnlyDebugPagesMiddleware",
     # After sessions and authentication: `Idempotency-Key` on the REST API's POSTs (MINT_IDEMPOTENCY_* below).
     "tenants.idempotency.IdempotencyMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -163,6 +165,8 @@ AUTHENTICATION_BACKENDS = [
     # First: refuses a locked-out username + address before any password is checked (django-axes).
     "frontend.views.auth.LoginThrottleBackend",
     "django.contrib.auth.backends.ModelBackend",
+    # Single sign-on through a tenant's OpenID Connect issuer; answers only the /sso/callback/ request.
+    "tenants.sso.SsoBackend",
 ]
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -439,6 +443,34 @@ MINT_WEBHOOK_ALLOW_PRIVATE = env_bool("MINT_WEBHOOK_ALLOW_PRIVATE", False)
 MINT_KEY_TOUCH_INTERVAL_S = env_int("MINT_KEY_TOUCH_INTERVAL_S", 60, minimum=1)
 # API keys: the most adapters one key's allow-list may name (tenants/services.py, api_key_create).
 MINT_KEY_MAX_ADAPTERS = env_int("MINT_KEY_MAX_ADAPTERS", 100, minimum=1)
+
+# ---------------------------------------------------------------- teams (README, "Teams")
+# Mail: invitations and password resets. `smtp` sends through EMAIL_HOST:EMAIL_PORT (with EMAIL_HOST_USER,
+# EMAIL_HOST_PASSWORD, EMAIL_USE_TLS or EMAIL_USE_SSL); `console` prints each message to the log (`make run`).
+MINT_EMAIL = env_choice("MINT_EMAIL", "smtp", ("smtp", "console"))
+EMAIL_BACKEND = {
+    "smtp": "django.core.mail.backends.smtp.EmailBackend",
+    "console": "django.core.mail.backends.console.EmailBackend",
+}[MINT_EMAIL]
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "MinT <mint@localhost>")
+# The site's address in mailed links (https://mint.example.com); empty: the address the request came to.
+MINT_SITE_URL = env_str("MINT_SITE_URL", "").rstrip("/")
+# Invitations (tenants/members.py): how long a mailed link works; how many a tenant may have pending at once.
+MINT_INVITATION_TTL_S = env_int("MINT_INVITATION_TTL_S", 7 * 86400, minimum=60)
+MINT_MAX_PENDING_INVITATIONS = env_int("MINT_MAX_PENDING_INVITATIONS", 50, minimum=1)
+# Password reset links (Django's): how long one works.
+PASSWORD_RESET_TIMEOUT = env_int("MINT_PASSWORD_RESET_TTL_S", 3600, minimum=60)
+# Password reset mails per address and per client address a minute (tenants/throttles-style, in Redis).
+MINT_PASSWORD_RESETS_PER_MIN = env_int("MINT_PASSWORD_RESETS_PER_MIN", 5, minimum=1)
+# Single sign-on (tenants/sso.py): how long to wait for the identity provider's token, key and user endpoints.
+MINT_OIDC_TIMEOUT_S = env_int("MINT_OIDC_TIMEOUT_S", 10, minimum=1)
 
 LOGGING = {
     "version": 1,
