@@ -21,9 +21,30 @@ class Tenant(models.Model):
     max_ready_revisions = models.PositiveIntegerField(
         default=4,
         help_text=(
-            "Pinned revisions per base model: distinct revisions an alias of this tenant holds loaded (live, desired, "
-            "previous within the rollback grace). A swap in flight may exceed it by one desired revision per alias."
+            "Reserved revisions per base model: distinct revisions the reserved aliases of this tenant hold loaded "
+            "(live, desired, previous within the rollback grace) and running canaries' candidates; never evicted "
+            "for another tenant. A swap in flight may exceed it by one desired revision per alias."
         ),
+    )
+    # Residency (serving/residency/, serving/services/residency.py): live aliases that are not reserved are served
+    # on demand from the nodes' caches, so the catalog of live aliases is bounded apart from the slots.
+    max_live_aliases = models.PositiveIntegerField(
+        default=1000,
+        db_default=1000,
+        help_text="Live aliases per base model (reserved or on demand).",
+    )
+    max_cold_wait_s = models.PositiveIntegerField(
+        default=10,
+        db_default=10,
+        help_text=(
+            "Longest a request for a revision loading on demand may be held until it is ready, when it asks with "
+            "X-Mint-Wait (otherwise it gets 503 adapter_not_ready with Retry-After at once); 0: never held."
+        ),
+    )
+    max_held_requests = models.PositiveIntegerField(
+        default=16,
+        db_default=16,
+        help_text="Requests of this tenant held for a load at once, per gateway process (429 past it).",
     )
     rate_limit_rpm = models.PositiveIntegerField(default=600, help_text="Gateway requests per minute.")
     max_upload_bytes = models.PositiveBigIntegerField(default=512 * MiB, help_text="Largest adapter upload.")
@@ -277,6 +298,8 @@ class AuditEvent(models.Model):
         indexes = [
             models.Index(fields=["tenant", "-id"], name="audit_tenant_recent"),
             models.Index(fields=["tenant", "action", "-id"], name="audit_tenant_action"),
+            # A member's last change in a tenant (the members list's last activity).
+            models.Index(fields=["tenant", "actor_user", "-id"], name="audit_tenant_actor"),
         ]
 
     def __str__(self) -> str:
