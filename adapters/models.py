@@ -144,6 +144,14 @@ class AdapterRevision(models.Model):
     target_modules = models.JSONField(default=list, blank=True)
     training_step = models.PositiveBigIntegerField(null=True, blank=True)
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    # Lineage of a training run (adapters/runs.py): the trainer's run name and what it measured at this step
+    # (loss, reward, …), bounded by MINT_RUN_METRICS_* when registered. The API lists a run's revisions in step
+    # order with these; the adapter page draws them.
+    run = models.CharField(max_length=64, blank=True, default="", db_default="")
+    metrics = models.JSONField(default=dict, blank=True)
+    # Registered to be sampled at once (an RL step): as soon as it is exported, serving places it on a node at a
+    # cold request's priority (serving.services.sampling), so the first sample finds it loaded.
+    prewarm = models.BooleanField(default=False, db_default=False)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -189,6 +197,10 @@ class AdapterRevision(models.Model):
                 fields=["created_at"],
                 condition=Q(state__in=["registered", "validated"]),
                 name="revision_control_queue",
+            ),
+            # A run's revisions in step order (adapters.selectors.run_revisions).
+            models.Index(
+                fields=["adapter", "run", "training_step", "number"], condition=~Q(run=""), name="revision_run_steps"
             ),
             # Duplicate uploads: the adapter's revisions with this source digest.
             models.Index(fields=["adapter", "sha256"], condition=~Q(sha256=""), name="revision_adapter_sha256"),

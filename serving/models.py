@@ -220,8 +220,13 @@ class UsageKind(models.TextChoices):
     """Whose traffic a usage row counts: a tenant's calls through the gateway (billed), or MinT's own."""
 
     INFERENCE = "inference", "Inference (billed)"
+    SAMPLING = "sampling", "Sampling (billed): a pipeline's rollouts of `adapter@rN`, approved or not"
     WARMUP = "warmup", "Warm-up (MinT's own, not billed)"
     EVALUATION = "evaluation", "Evaluation (MinT's own, not billed)"
+
+
+# The kinds a tenant is billed for, and whose tokens count toward its token limits and monthly budget.
+BILLED_KINDS = (UsageKind.INFERENCE, UsageKind.SAMPLING)
 
 
 class UsagePeriod(models.TextChoices):
