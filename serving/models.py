@@ -60,6 +60,10 @@ class Alias(models.Model):
         null=True, blank=True, help_text="When the canary began taking its share (ready on its replica count)."
     )
     canary_by = models.CharField(max_length=200, blank=True)
+    # Reserved: what the alias serves is held loaded (never evicted for another tenant) and counts against the
+    # plan's max_ready_revisions. Otherwise it is served on demand: prewarmed once at activation, then loaded when
+    # asked for and evicted when cold (serving/residency/).
+    reserved = models.BooleanField(default=False, db_default=False)
     updated_by = models.CharField(max_length=200, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
 
@@ -172,6 +176,11 @@ class Placement(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     failure_reason = models.TextField(blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
+    # Where a ready on-demand placement sits in its node's cache (serving/residency/policy.py): window, probation
+    # or protected. Reserved placements are outside the cache; the field is then unused.
+    segment = models.CharField(max_length=10, default="window", db_default="window")
+    # Where its files came from at its last load: "disk" (the node's own copy) or "store" (fetched and checked).
+    load_source = models.CharField(max_length=5, blank=True, default="")
 
     class Meta:
         constraints = [
@@ -209,6 +218,40 @@ class PrewarmTurn(models.Model):
 
     def __str__(self) -> str:
         return f"tenant {self.tenant_id} on {self.node}: started {self.started_at:%H:%M:%S}"
+
+
+class NodeCopy(models.Model):
+    """A revision's export on a node's local disk (the disk tier): written and SHA-256 checked by the node agent,
+    kept after an unload so that loading it again skips the store, removed least recently used first once the
+    node's copies pass MINT_NODE_DISK_BYTES (never while a placement of it holds a slot: vLLM re-reads them)."""
+
+    node = models.ForeignKey(ServingNode, on_delete=models.CASCADE, related_name="copies")
+    revision = models.ForeignKey(AdapterRevision, on_delete=models.CASCADE, related_name="node_copies")
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    fetched_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "revision"], name="node_copy_unique")]
+        indexes = [models.Index(fields=["node", "last_used_at"], name="node_copy_lru")]
+
+    def __str__(self) -> str:
+        return f"{self.revision} on {self.node}'s disk"
+
+
+class ColdStart(models.Model):
+    """A revision's last load on demand: asked for by a request (`asked_at`) until ready (`seconds`), and how many
+    it had; shown on the adapter page and API (placements are deleted when evicted, this is kept)."""
+
+    revision = models.OneToOneField(AdapterRevision, on_delete=models.CASCADE, related_name="cold_start")
+    node = models.CharField(max_length=63)
+    asked_at = models.DateTimeField()
+    seconds = models.FloatField()
+    source = models.CharField(max_length=5, blank=True)
+    count = models.PositiveIntegerField(default=1)
+
+    def __str__(self) -> str:
+        return f"{self.revision}: {self.seconds:.2f} s on {self.node}"
 
 
 def lora_name(revision: AdapterRevision) -> str:
