@@ -13,7 +13,7 @@ def reserve_existing(apps, schema_editor):
 class Migration(migrations.Migration):
     dependencies = [
         ("adapters", "0010_upload_s3_multipart"),
-        ("serving", "0011_alias_canary"),
+        ("serving", "0012_usage_kind_sampling"),
     ]
 
     operations = [
