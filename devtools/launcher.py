@@ -189,6 +189,7 @@ def main() -> int:
     host = env.get("MINT_HOST", "127.0.0.1")
     port = int(env.get("MINT_PORT", "8000"))
     env.setdefault("DEBUG", "1")
+    env.setdefault("MINT_EMAIL", "console")  # invitations and password resets are printed, not sent
     try:
         processes = web_processes()
     except ImproperlyConfigured as exc:

@@ -9,8 +9,11 @@ from __future__ import annotations
 from django import forms
 from django.utils import timezone
 
-from adapters.serializers import ALIAS_NAME
-from tenants.models import Scope
+from adapters.models import ADAPTER_NAME_MAX
+from adapters.selectors import adapter_search_term
+from adapters.serializers import ADAPTER_NAME, ALIAS_NAME
+from mint_site.errors import MintError
+from tenants.models import Role, Scope
 
 REVISION_STATE_CHOICES = [
     ("", "any state"),
@@ -159,8 +162,29 @@ class RevisionFilterForm(forms.Form):
 
 
 class AdapterFilterForm(forms.Form):
-    q = forms.CharField(label="Name contains", max_length=100, required=False)
+    """The overview's search (a part of the name, a state) and its page: the names the page starts after or ends
+    before (the page links carry them; names are unique in a tenant, so a name is a cursor)."""
+
+    CURSOR_ERROR = "not an adapter name; follow the page links as they are."
+
+    q = forms.CharField(label="Name contains", max_length=ADAPTER_NAME_MAX, required=False)
     state = forms.ChoiceField(label="State", choices=ADAPTER_STATE_CHOICES, required=False)
+    after = forms.RegexField(ADAPTER_NAME, label="Page after", required=False, error_messages={"invalid": CURSOR_ERROR})
+    before = forms.RegexField(
+        ADAPTER_NAME, label="Page before", required=False, error_messages={"invalid": CURSOR_ERROR}
+    )
+
+    def clean_q(self) -> str:
+        try:
+            return adapter_search_term(self.cleaned_data["q"])  # the API's rule (400 `invalid_search` there)
+        except MintError as exc:
+            raise forms.ValidationError(exc.message.removeprefix("q: ")) from exc
+
+    def clean(self):
+        data = super().clean()
+        if data.get("after") and data.get("before"):
+            raise forms.ValidationError("A page starts after one name or ends before one, not both.")
+        return data
 
 
 class AuditFilterForm(forms.Form):
@@ -186,3 +210,19 @@ class UsageFilterForm(forms.Form):
 
     range = forms.ChoiceField(label="Range", choices=USAGE_RANGE_CHOICES, required=False)
     adapter = forms.CharField(label="Adapter", max_length=64, required=False)
+
+
+class InviteForm(forms.Form):
+    who = forms.CharField(
+        label="Email or username",
+        max_length=254,
+        help_text="An email address (the person may have no account yet), or the username of an existing account.",
+    )
+    role = forms.ChoiceField(label="Role", choices=Role.choices, initial=Role.DEVELOPER)
+
+    def clean_who(self) -> str:
+        return self.cleaned_data["who"].strip()
+
+
+class MemberRoleForm(forms.Form):
+    role = forms.ChoiceField(label="Role", choices=Role.choices)

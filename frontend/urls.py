@@ -2,7 +2,8 @@
 
 from django.urls import path
 
-from frontend.views import actions, auth, keys, pages, webhooks
+from frontend import apis
+from frontend.views import accounts, actions, auth, keys, members, pages, sso, webhooks
 
 app_name = "frontend"
 
@@ -11,6 +12,26 @@ urlpatterns = [
     path("login/", auth.LoginView.as_view(), name="login"),
     path("logout/", auth.LogoutView.as_view(), name="logout"),
     path("tenant/", auth.tenant_switch, name="tenant-switch"),
+    path("password-reset/", accounts.PasswordResetView.as_view(), name="password-reset"),
+    path("password-reset/sent/", accounts.PasswordResetSentView.as_view(), name="password-reset-sent"),
+    path(
+        "password-reset/<uidb64>/<token>/",
+        accounts.PasswordResetConfirmView.as_view(),
+        name="password-reset-confirm",
+    ),
+    path("password-reset/done/", accounts.PasswordResetDoneView.as_view(), name="password-reset-done"),
+    path("invitations/<str:token>/", accounts.invitation, name="invitation"),
+    path("sso/", sso.sso_choose, name="sso"),
+    path("sso/callback/", sso.SsoCallbackView.as_view(), name="sso-callback"),
+    path("sso/<slug:slug>/", sso.SsoStartView.as_view(), name="sso-start"),
+    path("members/", members.member_list, name="members"),
+    path("members/<str:username>/role/", members.member_role, name="member-role"),
+    path("members/<str:username>/remove/", members.member_remove, name="member-remove"),
+    path("members/<str:username>/transfer/", members.member_transfer, name="member-transfer"),
+    path("invitations/<int:invitation_id>/revoke/", members.invitation_revoke, name="invitation-revoke"),
+    path("settings/", members.tenant_settings, name="settings"),
+    # The caller's tenant and its plan on the REST API; here because it reads every app's counts.
+    path("api/v1/tenant/", apis.TenantPlanApi.as_view(), name="api-tenant"),
     path("nodes/", pages.nodes, name="nodes"),
     path("nodes/<str:name>/drain/", actions.node_drain, name="node-drain"),
     path("nodes/<str:name>/undrain/", actions.node_undrain, name="node-undrain"),

@@ -23,15 +23,21 @@ class Capability(StrEnum):
     DECIDE = "decide"  # approve, reject, activate, roll back
     MANAGE_KEYS = "manage_keys"  # create, list and revoke API keys
     MANAGE_WEBHOOKS = "manage_webhooks"  # create, change and delete webhook endpoints; ping, redeliver
+    MANAGE_MEMBERS = "manage_members"  # invite people, change roles, remove members, transfer ownership
     INFERENCE = "inference"  # the OpenAI-compatible gateway
+    # The gateway too, for a training pipeline's rollouts: any exported revision of the tenant by `adapter@rN`,
+    # approved or not (serving/gateway/sampling.py). Approval gates what applications see, not a trainer's reads.
+    SAMPLE = "sample"
 
 
 # Every member may run inference, so that an inference key of any member works; people themselves
 # reach the gateway only through a key (it accepts nothing else).
 ROLE_CAPABILITIES: dict[str, frozenset[Capability]] = {
     Role.VIEWER: frozenset({Capability.READ, Capability.INFERENCE}),
-    Role.DEVELOPER: frozenset({Capability.READ, Capability.REGISTER, Capability.INFERENCE}),
-    Role.APPROVER: frozenset({Capability.READ, Capability.REGISTER, Capability.DECIDE, Capability.INFERENCE}),
+    Role.DEVELOPER: frozenset({Capability.READ, Capability.REGISTER, Capability.INFERENCE, Capability.SAMPLE}),
+    Role.APPROVER: frozenset(
+        {Capability.READ, Capability.REGISTER, Capability.DECIDE, Capability.INFERENCE, Capability.SAMPLE}
+    ),
     Role.OWNER: frozenset(
         {
             Capability.READ,
@@ -39,15 +45,18 @@ ROLE_CAPABILITIES: dict[str, frozenset[Capability]] = {
             Capability.DECIDE,
             Capability.MANAGE_KEYS,
             Capability.MANAGE_WEBHOOKS,
+            Capability.MANAGE_MEMBERS,
             Capability.INFERENCE,
+            Capability.SAMPLE,
         }
     ),
 }
 
 SCOPE_CAPABILITIES: dict[str, frozenset[Capability]] = {
     Scope.INFERENCE: frozenset({Capability.INFERENCE}),
-    Scope.PIPELINE: frozenset({Capability.READ, Capability.REGISTER}),
+    Scope.PIPELINE: frozenset({Capability.READ, Capability.REGISTER, Capability.SAMPLE}),
     Scope.DEPLOY: frozenset({Capability.READ, Capability.DECIDE}),
+    Scope.SAMPLING: frozenset({Capability.SAMPLE}),
 }
 
 

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import OuterRef, QuerySet, Subquery
+from django.utils import timezone
 
-from tenants.models import ApiKey, AuditEvent, Membership, Tenant
+from tenants.models import ApiKey, AuditEvent, Invitation, Membership, Tenant
 
 
 def api_key_by_prefix(*, prefix: str) -> ApiKey | None:
@@ -20,6 +21,13 @@ def api_key_by_prefix(*, prefix: str) -> ApiKey | None:
         .filter(prefix=prefix)
         .first()
     )
+
+
+def api_key_prefixes_known(*, prefixes: set[str]) -> set[str]:
+    """Which of these prefixes name a key (revoked or not), in one query."""
+    if not prefixes:
+        return set()
+    return set(ApiKey.objects.filter(prefix__in=prefixes).values_list("prefix", flat=True))
 
 
 def api_keys_live_created_by(*, user: AbstractBaseUser) -> QuerySet[ApiKey]:
@@ -80,6 +88,39 @@ def choose_tenant(*, user: AbstractBaseUser, named: str | None) -> TenantChoice:
 
 def membership_list(*, tenant: Tenant) -> QuerySet[Membership]:
     return Membership.objects.filter(tenant=tenant).select_related("user").order_by("user__username")
+
+
+def member_list(*, tenant: Tenant, username: str | None = None) -> list[Membership]:
+    """The tenant's members with their user, by username, each with `last_activity`: the latest of their last
+    sign-in, the last use of a key they made in this tenant, and their last audited change here (None: never).
+    One query, whatever the number of members. `username`: that member only (an empty list if not one)."""
+    key_used = (
+        ApiKey.objects.filter(tenant=OuterRef("tenant"), created_by=OuterRef("user"), last_used_at__isnull=False)
+        .order_by("-last_used_at")
+        .values("last_used_at")[:1]
+    )
+    acted = AuditEvent.objects.filter(tenant=OuterRef("tenant"), actor_user=OuterRef("user")).order_by("-id")
+    rows = membership_list(tenant=tenant).annotate(
+        key_used_at=Subquery(key_used), acted_at=Subquery(acted.values("at")[:1])
+    )
+    members = list(rows.filter(user__username=username) if username is not None else rows)
+    for membership in members:
+        moments = [m for m in (membership.user.last_login, membership.key_used_at, membership.acted_at) if m]
+        membership.last_activity = max(moments) if moments else None
+    return members
+
+
+def member_get(*, tenant: Tenant, username: str) -> Membership | None:
+    """A member of the tenant by username; None for a person who is not one (whether or not they exist)."""
+    return Membership.objects.select_related("user", "tenant").filter(tenant=tenant, user__username=username).first()
+
+
+def invitation_list(*, tenant: Tenant, pending_only: bool = True) -> QuerySet[Invitation]:
+    """The tenant's invitations, newest first; by default those still pending and not expired."""
+    invitations = Invitation.objects.filter(tenant=tenant).select_related("user", "invited_by").order_by("-id")
+    if pending_only:
+        invitations = invitations.filter(state=Invitation.State.PENDING, expires_at__gt=timezone.now())
+    return invitations
 
 
 def audit_event_list(*, tenant: Tenant, action: str | None = None, target: str | None = None) -> QuerySet[AuditEvent]:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from tenants.models import ApiKey, AuditEvent, Scope
+from tenants.models import ApiKey, AuditEvent, Invitation, Role, Scope
 
 
 class ApiKeySerializer(serializers.ModelSerializer):
@@ -68,3 +68,51 @@ class WhoAmISerializer(serializers.Serializer):
     role = serializers.CharField(allow_null=True)
     scopes = serializers.ListField(child=serializers.CharField(), allow_null=True)
     capabilities = serializers.ListField(child=serializers.CharField())
+
+
+class MemberSerializer(serializers.Serializer):
+    username = serializers.CharField(source="user.username")
+    email = serializers.EmailField(source="user.email")
+    role = serializers.CharField()
+    joined_at = serializers.DateTimeField(source="created_at")
+    last_login = serializers.DateTimeField(source="user.last_login", allow_null=True)
+    last_activity = serializers.DateTimeField(
+        allow_null=True,
+        help_text="The latest of: last sign-in, last use of a key they made here, last audited change here.",
+    )
+
+
+class MemberRoleSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+class OwnershipTransferSerializer(serializers.Serializer):
+    previous_role = serializers.ChoiceField(
+        choices=[c for c in Role.choices if c[0] != Role.OWNER],
+        default=Role.APPROVER,
+        help_text="The role the person transferring ownership keeps.",
+    )
+
+
+class InvitationSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    email = serializers.EmailField()
+    username = serializers.SerializerMethodField()
+    role = serializers.CharField()
+    state = serializers.CharField()
+    invited_by = serializers.SerializerMethodField()
+    created_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+
+    def get_username(self, invitation: Invitation) -> str | None:
+        return invitation.user.get_username() if invitation.user_id else None
+
+    def get_invited_by(self, invitation: Invitation) -> str | None:
+        return invitation.invited_by.get_username() if invitation.invited_by_id else None
+
+
+class InvitationCreateSerializer(serializers.Serializer):
+    # Checked by the service (tenants/members.py): exactly one of the two; an address; an account with one.
+    email = serializers.CharField(required=False, allow_blank=True, max_length=254)
+    username = serializers.CharField(required=False, allow_blank=True, max_length=150)
+    role = serializers.ChoiceField(choices=Role.choices)

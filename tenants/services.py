@@ -76,6 +76,25 @@ def api_keys_changed(*, tenant_id: int, reason: str, key_id: int | None = None) 
     live_event(tenant_id=tenant_id, type=API_KEY_CHANGED, id=key_id or tenant_id, state=reason, key=key_id)
 
 
+# The live event of a change to a tenant's people (the members page follows it; webhooks/ sends it as `member.*`).
+MEMBER_CHANGED = "member.state"
+
+
+def member_event(*, tenant_id: int, state: str, member: str, role: str | None, by: Actor, id: int) -> None:
+    """Announce, once committed, a change to a tenant's people: `state` is invited, invitation_revoked, joined,
+    role_changed or removed; `member` the username (or, for an invitation, the address it went to)."""
+    live_event(
+        tenant_id=tenant_id,
+        type=MEMBER_CHANGED,
+        id=id,
+        state=state,
+        member=member,
+        role=role,
+        by=by.label,
+        subject=f"member:{member}",
+    )
+
+
 @transaction.atomic
 def membership_set(*, tenant: Tenant, user: AbstractBaseUser, role: str, by: Actor) -> Membership:
     """Add `user` to `tenant` with `role`, or change the role they have. Their keys follow at once."""
@@ -86,11 +105,15 @@ def membership_set(*, tenant: Tenant, user: AbstractBaseUser, role: str, by: Act
     if membership is None:
         membership = Membership.objects.create(tenant=tenant, user=user, role=role)
         api_keys_changed(tenant_id=tenant.id, reason="membership")
+        member_event(tenant_id=tenant.id, state="joined", member=user.get_username(), role=role, by=by, id=user.pk)
     elif membership.role != role:
         _keep_an_owner(tenant=tenant, leaving=membership)
         membership.role = role
         membership.save(update_fields=["role"])
         api_keys_changed(tenant_id=tenant.id, reason="membership")
+        member_event(
+            tenant_id=tenant.id, state="role_changed", member=user.get_username(), role=role, by=by, id=user.pk
+        )
     audit_record(
         tenant=tenant,
         actor=by,
@@ -111,6 +134,7 @@ def membership_remove(*, tenant: Tenant, user: AbstractBaseUser, by: Actor) -> N
     _keep_an_owner(tenant=tenant, leaving=membership)
     membership.delete()
     api_keys_changed(tenant_id=tenant.id, reason="membership")
+    member_event(tenant_id=tenant.id, state="removed", member=user.get_username(), role=None, by=by, id=user.pk)
     audit_record(
         tenant=tenant,
         actor=by,
@@ -373,6 +397,8 @@ TENANT_UPDATABLE_FIELDS = (
     "max_evaluation_cases",
     "max_evaluation_tokens",
     "max_webhook_endpoints",
+    "retention_keep_last",
+    "retention_grace_days",
 )
 
 

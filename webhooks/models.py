@@ -24,6 +24,13 @@ WEBHOOK_EVENTS = (
     "canary.promoted",
     "canary.aborted",
     "placement.failed",
+    # A tenant's people (tenants/members.py): `data` names the member (username, or the address invited), the
+    # role (none once removed) and who made the change.
+    "member.invited",
+    "member.invitation_revoked",
+    "member.joined",
+    "member.role_changed",
+    "member.removed",
 )
 PING = "ping"
 URL_MAX_LENGTH = 2000

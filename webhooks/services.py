@@ -53,6 +53,7 @@ SWEEP_BATCH = 1000
 _REVISION_STATES = {"validated", "failed", "exported", "approved", "rejected"}
 _EVALUATION_DONE = {"passed", "failed", "unavailable"}
 _CANARY_STATES = {"started", "promoted", "aborted"}
+_MEMBER_STATES = {"invited", "invitation_revoked", "joined", "role_changed", "removed"}
 # Fields of a live event that are its envelope or internal ids, not what a receiver reads.
 _ENVELOPE = {"type", "id", "at", "updated_us"}
 
@@ -70,6 +71,8 @@ def webhook_event_of(event: dict[str, Any]) -> str | None:
         return "evaluation.finished"
     if kind == "canary.state" and state in _CANARY_STATES:
         return f"canary.{state}"
+    if kind == "member.state" and state in _MEMBER_STATES:
+        return f"member.{state}"
     return None
 
 
@@ -302,6 +305,8 @@ def webhook_live_event(*, event: dict[str, Any], tenant_id: int | None, **_: Any
         data["evaluation_id"] = event["id"]
     adapter, revision = event.get("adapter"), event.get("revision")
     subject = f"adapter:{adapter}:{revision}" if adapter and revision else f"{event['type']}:{event['id']}"
+    if event["type"] == "member.state":
+        subject = data.pop("subject")  # member:<username or address>: one person's changes in order
     webhook_emit(tenant_id=tenant_id, event=kind, subject=subject, data=data, occurred_at=event.get("at"))
 
 

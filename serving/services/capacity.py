@@ -1,11 +1,16 @@
-"""Who may hold how much of the serving nodes: pinned-revision quotas, aliases per adapter, fair shares.
+"""Who may hold how much of the serving nodes: reserved-revision quotas, live aliases, fair shares.
 
-A tenant *pins* a revision when one of its aliases names it (live, desired, or previous within the
-rollback grace): pinned revisions are kept loaded. Each tenant may pin at most `max_ready_revisions`
-distinct revisions per base model, however many aliases or replicas name them, counted as what its aliases
-serve once converged; a swap in flight may exceed that by one revision per alias (the one it serves while
-the new one loads, then keeps through the rollback grace). An adapter has
-at most `max_aliases_per_adapter` aliases. Past either, activation is refused: 429 `serving_quota_exceeded`.
+Live is not resident (serving/residency/). An alias is *live* when it serves a revision; a tenant may have
+`max_live_aliases` of them per base model (a catalog quota, large), and most are served on demand: loaded when
+asked for, evicted when cold. A *reserved* alias (`Alias.reserved`) *pins* what it names (live, desired, or
+previous within the rollback grace), and so does a running canary's candidate: pinned revisions are kept loaded
+and never evicted for another tenant's on-demand load. Each tenant may pin at most `max_ready_revisions`
+distinct revisions per base model, however many aliases or replicas name them, counted as what its reserved
+aliases serve once converged; a swap in flight may exceed that by one revision per alias (the one it serves
+while the new one loads, then keeps through the rollback grace). Any alias's pending activation pins its desired
+revision until it flips (no downtime: the alias flips only to a ready revision). An adapter has at most
+`max_aliases_per_adapter` aliases. Past any of these, activation is refused: 429 `serving_quota_exceeded`
+naming the plan field.
 
 Replicas: each pinned revision is placed on its adapter's replica count of nodes (`Adapter.replica_count`,
 at most the plan's `max_replicas`), holding that many slots. The pinned quota still counts revisions, not
@@ -17,9 +22,10 @@ activation elsewhere) without bounding anything the plan does not bound already.
 
 Quotas alone do not guarantee room: every tenant may be within quota while the nodes are full. The slots
 of a base model's up nodes are shared: a tenant's fair share is slots ÷ tenants with demand (a pinned
-revision, or the request at hand). A tenant that needs a slot when none is free may take one from the
-tenant furthest over its fair share, if the taker stays within its own share after taking it; a tenant at
-or under its fair share is never evicted for another, and the two cannot take the slot back and forth.
+revision, or the request at hand). A tenant that needs a slot for a pin when none is free may take one from
+the tenant furthest over its fair share, if the taker stays within its own share after taking it; a tenant at
+or under its fair share is never evicted for another, and the two cannot take the slot back and forth. On-demand
+slots are shared by the residency policy (serving/residency/policy.py), fairly too.
 """
 
 from __future__ import annotations
@@ -40,17 +46,22 @@ QUOTA_CODE = "serving_quota_exceeded"
 # ---------------------------------------------------------------- quotas (checked at activation)
 
 
-def _aliases_on(*, tenant_id: int, base_model_id: int) -> list[tuple[int, str, int | None]]:
-    """(alias id, `adapter:alias`, the revision it serves once converged) for a tenant's aliases on a base model."""
+def _aliases_on(
+    *, tenant_id: int, base_model_id: int, reserving: int | None = None
+) -> list[tuple[int, str, int | None]]:
+    """(alias id, `adapter:alias`, the revision it serves once converged) for a tenant's reserved aliases on a base
+    model (and alias `reserving`, as if reserved), and its canaries' candidates."""
     rows = Alias.objects.filter(adapter__tenant_id=tenant_id, adapter__base_model_id=base_model_id).values_list(
-        "id", "name", "adapter__name", "desired_revision_id", "revision_id", "canary_revision_id"
+        "id", "name", "adapter__name", "desired_revision_id", "revision_id", "canary_revision_id", "reserved"
     )
     found = [
-        (alias_id, f"{adapter_name}:{name}", desired or live) for alias_id, name, adapter_name, desired, live, _ in rows
+        (alias_id, f"{adapter_name}:{name}", desired or live)
+        for alias_id, name, adapter_name, desired, live, _, reserved in rows
+        if reserved or alias_id == reserving
     ]
     # A canary's candidate is pinned beside the live revision (serving/services/canary.py). Under the alias's id
     # negated: an activation of that alias (`instead`) replaces what it serves, not its canary.
-    found += [(-alias_id, f"{a}:{n} (canary)", canary) for alias_id, n, a, _, _, canary in rows if canary]
+    found += [(-alias_id, f"{a}:{n} (canary)", canary) for alias_id, n, a, _, _, canary, _ in rows if canary]
     return found
 
 
@@ -73,8 +84,14 @@ def _targets(
     return targets
 
 
+def pinned_now(*, tenant_id: int, base_model_id: int) -> dict[int, list[str]]:
+    """What the pinned quota counts for a tenant on a base model now (revision id → the aliases naming it): the
+    `used` of a 429 serving_quota_exceeded, shown to owners beside `max_ready_revisions` (their Settings page)."""
+    return _targets(_aliases_on(tenant_id=tenant_id, base_model_id=base_model_id))
+
+
 def check_pin(*, adapter: Adapter, alias: Alias | None, revision: AdapterRevision) -> None:
-    """Refuse (429) to make `revision` the desired target of `alias` (None: a new alias) past the tenant's
+    """Refuse (429) to make `revision` the desired target of reserved `alias` (None: a new alias) past the tenant's
     pinned-revision quota. The caller holds the tenant's row lock, so two activations cannot both take the
     last pin."""
     tenant = adapter.tenant
@@ -101,12 +118,42 @@ def _refuse_pin(adapter: Adapter, before: dict[int, list[str]]) -> None:
     numbers = dict(AdapterRevision.objects.filter(id__in=before).values_list("id", "number"))
     listed = "; ".join(f"r{numbers[rid]} for {', '.join(names)}" for rid, names in sorted(before.items()))
     raise QuotaExceeded(
-        f"Tenant {tenant.slug} may pin {tenant.max_ready_revisions} revisions of base model "
-        f"{adapter.base_model.name} (plan field max_ready_revisions) and pins {len(before)}: {listed}. "
-        "Activate a revision already pinned, move an alias to one, or ask for a larger plan.",
+        f"Tenant {tenant.slug} may reserve {tenant.max_ready_revisions} revisions of base model "
+        f"{adapter.base_model.name} (plan field max_ready_revisions) and reserves {len(before)}: {listed}. "
+        "Activate without reserving (served on demand), move a reserved alias to a revision already reserved, "
+        "or ask for a larger plan.",
         code=QUOTA_CODE,
         detail={"quota": "max_ready_revisions", "limit": tenant.max_ready_revisions, "used": len(before)},
     )
+
+
+def check_reservation(*, adapter: Adapter, alias: Alias) -> None:
+    """Refuse (429) to reserve an alias whose revisions would take the tenant past its pinned-revision quota. The
+    caller holds the tenant's row lock."""
+    tenant = adapter.tenant
+    before = _targets(_aliases_on(tenant_id=tenant.id, base_model_id=adapter.base_model_id))
+    after = _targets(_aliases_on(tenant_id=tenant.id, base_model_id=adapter.base_model_id, reserving=alias.id))
+    if len(after) <= tenant.max_ready_revisions or len(after) <= len(before):
+        return
+    _refuse_pin(adapter, before)
+
+
+def check_live_alias(*, adapter: Adapter) -> None:
+    """Refuse (429) one more live alias (an alias that serves, or will serve, a revision) past the tenant's
+    `max_live_aliases` on the adapter's base model. The caller holds the tenant's row lock."""
+    tenant = adapter.tenant
+    used = (
+        Alias.objects.filter(adapter__tenant_id=tenant.id, adapter__base_model_id=adapter.base_model_id)
+        .filter(Q(revision__isnull=False) | Q(desired_revision__isnull=False))
+        .count()
+    )
+    if used >= tenant.max_live_aliases:
+        raise QuotaExceeded(
+            f"Tenant {tenant.slug} has {used} live aliases of base model {adapter.base_model.name}, the most its plan "
+            "allows (plan field max_live_aliases). Retire an alias, or ask for a larger plan.",
+            code=QUOTA_CODE,
+            detail={"quota": "max_live_aliases", "limit": tenant.max_live_aliases, "used": used},
+        )
 
 
 def check_new_alias(*, adapter: Adapter) -> None:

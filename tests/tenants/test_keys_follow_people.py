@@ -49,7 +49,13 @@ def pending(adapter, *, user) -> AdapterRevision:
 def test_every_role_may_run_inference_and_nothing_else_changed():
     for role, capabilities in ROLE_CAPABILITIES.items():
         assert Capability.INFERENCE in capabilities, role
-    without = {role: caps - {Capability.INFERENCE} for role, caps in ROLE_CAPABILITIES.items()}
+    # Sampling (any exported revision by adapter@rN) comes with registering: whoever may register may read back.
+    assert [role for role, caps in ROLE_CAPABILITIES.items() if Capability.SAMPLE in caps] == [
+        Role.DEVELOPER,
+        Role.APPROVER,
+        Role.OWNER,
+    ]
+    without = {role: caps - {Capability.INFERENCE, Capability.SAMPLE} for role, caps in ROLE_CAPABILITIES.items()}
     assert without == {
         Role.VIEWER: {Capability.READ},
         Role.DEVELOPER: {Capability.READ, Capability.REGISTER},
@@ -60,6 +66,7 @@ def test_every_role_may_run_inference_and_nothing_else_changed():
             Capability.DECIDE,
             Capability.MANAGE_KEYS,
             Capability.MANAGE_WEBHOOKS,
+            Capability.MANAGE_MEMBERS,
         },
     }
 
@@ -67,9 +74,9 @@ def test_every_role_may_run_inference_and_nothing_else_changed():
 @pytest.mark.parametrize(
     ("role", "expected"),
     [
-        ("owner", ["decide", "inference", "read", "register"]),
-        ("approver", ["decide", "inference", "read", "register"]),
-        ("developer", ["inference", "read", "register"]),
+        ("owner", ["decide", "inference", "read", "register", "sample"]),
+        ("approver", ["decide", "inference", "read", "register", "sample"]),
+        ("developer", ["inference", "read", "register", "sample"]),
         ("viewer", ["inference", "read"]),
     ],
 )
@@ -84,7 +91,7 @@ def test_a_key_without_a_creator_keeps_its_scopes(tenant_a):
     out = StringIO()
     call_command("mint_key", "create", "--tenant", "acme", "--scopes", "inference,pipeline,deploy", stdout=out)
     response = bearer(out.getvalue().strip()).get("/api/v1/")
-    assert response.json()["capabilities"] == ["decide", "inference", "read", "register"]
+    assert response.json()["capabilities"] == ["decide", "inference", "read", "register", "sample"]
 
 
 def test_a_developers_deploy_key_cannot_approve(tenant_a, adapter_a):
