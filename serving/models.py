@@ -85,6 +85,10 @@ class Alias(models.Model):
         return f"{self.adapter}:{self.name}"
 
 
+# The vLLM flag a node's `engine_flags` carries when its engine returns routed experts (R3) with every choice.
+ROUTED_EXPERTS_FLAG = "--enable-return-routed-experts"
+
+
 class NodeState(models.TextChoices):
     UP = "up", "Up"
     DOWN = "down", "Down"
@@ -106,6 +110,9 @@ class ServingNode(models.Model):
     cache_dir = models.CharField(max_length=500, help_text="Node-local directory the agent copies adapters into.")
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     engine_version = models.CharField(max_length=64, blank=True)
+    # The engine's context window (its /v1/models answer, read by the heartbeat): the gateway bounds the default
+    # max_tokens of a chat request by it, so that the most common call is never refused for its own default.
+    max_model_len = models.PositiveIntegerField(null=True, blank=True, help_text="vLLM --max-model-len, as served.")
     state_changed_at = models.DateTimeField(default=timezone.now)
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -121,6 +128,11 @@ class ServingNode(models.Model):
         from mint_site.celery import node_queue
 
         return node_queue(self.name)
+
+    @property
+    def returns_routed_experts(self) -> bool:
+        """Its engine returns the experts each token was routed to (a node setting: the engine flag below)."""
+        return ROUTED_EXPERTS_FLAG in (self.engine_flags or ())
 
 
 class PlacementState(models.TextChoices):
