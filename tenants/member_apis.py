@@ -51,13 +51,13 @@ class MemberDetailApi(TenantApi):
     def member(self, username: str) -> Membership:
         membership = selectors.member_get(tenant=self.tenant, username=username)
         if membership is None:
-            raise exceptions.NotFound(f"No member {username!r} in this tenant.")
+            raise exceptions.NotFound("No such member in this tenant.")
         return membership
 
     def get(self, request, username: str):
         found = selectors.member_list(tenant=self.tenant, username=username)
         if not found:
-            raise exceptions.NotFound(f"No member {username!r} in this tenant.")
+            raise exceptions.NotFound("No such member in this tenant.")
         return Response(MemberSerializer(found[0]).data)
 
     @extend_schema(request=MemberRoleSerializer, responses={200: MemberSerializer})
@@ -89,7 +89,7 @@ class OwnershipTransferApi(TenantApi):
     def post(self, request, username: str):
         membership = selectors.member_get(tenant=self.tenant, username=username)
         if membership is None:
-            raise exceptions.NotFound(f"No member {username!r} in this tenant.")
+            raise exceptions.NotFound("No such member in this tenant.")
         payload = OwnershipTransferSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         owner = members.ownership_transfer(

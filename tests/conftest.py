@@ -65,11 +65,17 @@ def _fresh_throttles():
     from django.conf import settings as django_settings
     from django.core.cache import cache
 
+    from frontend.views.accounts import RESET_KEY_PREFIX
     from tenants.throttles import API_THROTTLE_KEY_BASE, AUTH_FAILURE_KEY_PREFIX
 
     client = redis.Redis.from_url(django_settings.REDIS_URL)
     try:
-        for pattern in (f"{AUTH_FAILURE_KEY_PREFIX}:*", f"{cache.make_key(API_THROTTLE_KEY_BASE)}*"):
+        patterns = (
+            f"{AUTH_FAILURE_KEY_PREFIX}:*",
+            f"{cache.make_key(API_THROTTLE_KEY_BASE)}*",
+            f"{RESET_KEY_PREFIX}:*",
+        )
+        for pattern in patterns:
             for key in client.scan_iter(match=pattern, count=1000):
                 client.delete(key)
     finally:

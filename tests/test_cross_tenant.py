@@ -19,7 +19,7 @@ from django.utils import timezone
 from adapters.models import Adapter, AdapterRevision, BaseModel, EvaluationSuite, UploadSession
 from serving.models import UsagePeriod, UsageRecord
 from tenants.api_base import TenantApi
-from tenants.models import ApiKey, Tenant
+from tenants.models import ApiKey, Invitation, Membership, Tenant
 from tests.conftest import ALL_SCOPES, TenantWorld
 from webhooks.models import WebhookDelivery, WebhookEndpoint
 
@@ -91,8 +91,20 @@ def b_upload(b: TenantWorld) -> UploadSession:
     )
 
 
+def b_invitation(b: TenantWorld) -> Invitation:
+    """A pending invitation into tenant B (made once)."""
+    invitation, _ = Invitation.objects.get_or_create(
+        tenant=b.tenant,
+        email="new@globex.example",
+        defaults={"role": "approver", "nonce": "globex", "expires_at": timezone.now() + timedelta(days=1)},
+    )
+    return invitation
+
+
 # How to name one of tenant B's objects for each URL parameter.
 B_OBJECT: dict[str, Callable[[TenantWorld], str]] = {
+    "username": lambda b: b.users["approver"].get_username(),
+    "invitation_id": lambda b: str(b_invitation(b).id),
     "prefix": lambda b: b.key("pipeline")[0].prefix,
     "name": lambda b: b_revision(b).adapter.name,
     "number": lambda b: str(b_revision(b).number),
@@ -180,3 +192,45 @@ def test_list_routes_never_show_another_tenants_data(tenant_a, tenant_b):
         text = json.dumps(response.json())
         leaked = [s for s in secrets_of_b if s in text]
         assert not leaked, f"{route} shows tenant B's {leaked}"
+
+
+# ---------------------------------------------------------------------------------------------
+# People: an owner of tenant A manages A's people only, whatever tenant the request names.
+
+
+def test_an_owner_of_a_cannot_invite_into_list_or_change_b(tenant_a, tenant_b):
+    from django.core import mail
+
+    b_invitation(tenant_b)
+    client = tenant_a.client_as("owner")
+    named_b = {"HTTP_X_MINT_TENANT": "globex"}
+    for method, path, body in (
+        ("get", "/api/v1/members/", None),
+        ("get", "/api/v1/invitations/", None),
+        ("post", "/api/v1/invitations/", {"email": "spy@acme.example", "role": "owner"}),
+        ("patch", "/api/v1/members/globex-owner/", {"role": "viewer"}),
+        ("delete", "/api/v1/members/globex-approver/", None),
+        ("post", "/api/v1/members/globex-approver/transfer-ownership/", {}),
+        ("get", "/api/v1/tenant/", None),
+    ):
+        answer = getattr(client, method)(path, body, format="json", **named_b)
+        assert answer.status_code == 404, (method, path, answer.status_code)
+        assert answer.json()["error"]["code"] == "tenant_not_found", (method, path)
+        assert "globex-" not in answer.content.decode()
+    # Without naming B, the same requests act on A: B's people are not A's.
+    assert client.patch("/api/v1/members/globex-owner/", {"role": "viewer"}, format="json").status_code == 404
+    assert client.delete("/api/v1/members/globex-approver/").status_code == 404
+    b_pending = b_invitation(tenant_b)
+    assert client.delete(f"/api/v1/invitations/{b_pending.id}/").status_code == 404
+    listed = client.get("/api/v1/members/").json()
+    assert {m["username"] for m in listed} == {f"acme-{role}" for role in ("owner", "approver", "developer", "viewer")}
+    # An invitation made in A never makes anyone a member of B.
+    assert (
+        client.post("/api/v1/invitations/", {"email": "new@globex.example", "role": "owner"}, format="json").status_code
+        == 201
+    )
+    assert mail.outbox[0].to == ["new@globex.example"]
+    roles_b = dict(Membership.objects.filter(tenant=tenant_b.tenant).values_list("user__username", "role"))
+    assert roles_b == {f"globex-{role}": role for role in ("owner", "approver", "developer", "viewer")}
+    b_pending.refresh_from_db()
+    assert b_pending.state == "pending" and Invitation.objects.filter(tenant=tenant_b.tenant).count() == 1

@@ -27,6 +27,7 @@ from tenants.models import Invitation
 
 PASSWORD_BACKEND = "django.contrib.auth.backends.ModelBackend"
 RESET_WINDOW_S = 60
+RESET_KEY_PREFIX = "mint:pwreset"  # Redis keys of the reset-mail counts
 
 
 class NewAccountForm(forms.Form):
@@ -103,7 +104,7 @@ def invitation(request: HttpRequest, token: str) -> HttpResponse:
 @cache
 def _reset_limiter(redis_url: str) -> FixedWindowRateLimiter:
     storage = RedisStorage(
-        redis_url, key_prefix="mint:pwreset", wrap_exceptions=True, socket_timeout=0.5, socket_connect_timeout=0.5
+        redis_url, key_prefix=RESET_KEY_PREFIX, wrap_exceptions=True, socket_timeout=0.5, socket_connect_timeout=0.5
     )
     return FixedWindowRateLimiter(storage)
 

@@ -47,7 +47,7 @@ class SsoStartView(OIDCAuthenticationRequestView):
     def get(self, request: HttpRequest, slug: str) -> HttpResponse:
         tenant = Tenant.objects.select_related("sso_provider").filter(slug=slug, is_active=True).first()
         if tenant is None or tenant.sso_provider is None:
-            return refused(request, f"No single sign-on is set up for tenant {slug[:63]!r}.", status=404)
+            return refused(request, "No single sign-on is set up for this tenant.", status=404)
         self.provider = tenant.sso_provider
         self.OIDC_OP_AUTH_ENDPOINT = self.provider.authorization_endpoint
         self.OIDC_RP_CLIENT_ID = self.provider.client_id

@@ -8,14 +8,16 @@ route with a parameter this test cannot fill fails it, so whoever adds one exten
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
 
 from adapters.models import AdapterRevision
 from frontend import urls as frontend_urls
 from serving.models import Alias
-from tenants.models import ApiKey
+from tenants.models import ApiKey, Invitation
 from tests.frontend.conftest import page_client
 from webhooks.models import WebhookDelivery, WebhookEndpoint
 
@@ -66,13 +68,29 @@ def both(catalog_a, catalog_b, tenant_a, tenant_b):
     b_delivery = WebhookDelivery.objects.create(
         endpoint=b_hook, event="revision.approved", subject="adapter:globex-secret-bot:r1", payload={}
     )
+    b_invitation = Invitation.objects.create(
+        tenant=tenant_b.tenant,
+        email="someone@globex.example",
+        role="viewer",
+        nonce="b",
+        expires_at=timezone.now() + timedelta(days=1),
+    )
     return {
         "name": catalog_b.adapter.name,
         "number": "1",
         "prefix": b_key.prefix,
         "webhook_id": str(b_hook.id),
         "delivery_id": str(b_delivery.id),
+        "username": tenant_b.users["approver"].get_username(),
+        "invitation_id": str(b_invitation.id),
+        **PUBLIC,
     }
+
+
+# Pages of links mailed to people (an invitation, a password reset) and single sign-on's start: no tenant's
+# objects but what the link's own signed token names (whoever holds the link may read it: it is mailed to
+# the person it is for). A made-up token is not found.
+PUBLIC = {"token": "no-such-token", "uidb64": "MQ", "slug": "acme"}
 
 
 def test_every_dashboard_route_is_covered():
@@ -90,6 +108,9 @@ def test_pages_of_a_never_show_b(both, tenant_a, role):
         "prefix": tenant_a.key("inference")[0].prefix,
         "webhook_id": "1",
         "delivery_id": "1",
+        "username": tenant_a.users["viewer"].get_username(),
+        "invitation_id": "1",
+        **PUBLIC,
     }
     for route in dashboard_routes():
         url = fill_route(route, own)
@@ -114,7 +135,12 @@ def test_routes_naming_bs_objects_are_not_found_for_a(both, tenant_a, catalog_b,
             response = getattr(client, method)(url, {"revision": "2", "comment": "x"})
             if response.status_code == 405:
                 continue
-            if role == "approver" and route.startswith(("/keys/", "/webhooks/<")):
+            if route.startswith(("/invitations/<str", "/password-reset/<", "/sso/<")):
+                # Public pages: a made-up link is not found (a reset link: "not valid any more"), and an SSO start
+                # of a tenant without single sign-on too.
+                assert response.status_code in (200, 404), f"{method.upper()} {url}: {response.status_code}"
+                assert b"Invitation not found" in response.content or not route.startswith("/invitations/")
+            elif role == "approver" and route.startswith(("/keys/", "/webhooks/<", "/members/<", "/invitations/<")):
                 assert response.status_code == 403, url  # the role check comes first
             elif route.startswith("/nodes/"):
                 assert response.status_code == 403, url  # nodes belong to no tenant: staff only

@@ -1,0 +1,1 @@
+from tests.tenants.smtp import smtp_server  # noqa: F401  (a real SMTP server: tests/tenants/smtp.py)
