@@ -64,6 +64,11 @@ ROUTES: dict[str, Route] = {
     "keys.list": Route("GET", API + "keys/"),
     "keys.create": Route("POST", API + "keys/"),
     "keys.revoke": Route("DELETE", API + "keys/{prefix}/"),
+    # … and manage people (owners).
+    "members.list": Route("GET", API + "members/"),
+    "members.role": Route("PATCH", API + "members/{username}/"),
+    "members.remove": Route("DELETE", API + "members/{username}/"),
+    "invitations.create": Route("POST", API + "invitations/"),
     "usage.get": Route("GET", API + "usage/"),
     # Resumable uploads (the contract in clients/python/README.md).
     "uploads.create": Route("POST", _A + "uploads/"),

@@ -350,3 +350,24 @@ class Session:
         """Revoke a key of the tenant by its prefix (`mint_<prefix>_…`); `NotFound` for none, or another tenant's."""
         prefix = prefix.removeprefix("mint_").split("_", 1)[0]
         self._request("keys.revoke", path={"prefix": prefix})
+
+    # ------------------------------------------------------------------ people (owners)
+
+    def members(self) -> list[dict[str, Any]]:
+        """The tenant's members: username, email, role, joined_at, last_login, last_activity. Owners only."""
+        return list(self._request("members.list").json())
+
+    def invite(self, role: str, *, email: str = "", username: str = "") -> dict[str, Any]:
+        """Invite a person by email or by username (exactly one) with a role; the server mails them the link."""
+        if bool(email) == bool(username):
+            raise ValueError("Invite by email or by username: give exactly one of them.")
+        body = {"role": role, **({"email": email} if email else {"username": username})}
+        return dict(self._request("invitations.create", json=body, idempotent=False).json())
+
+    def set_role(self, username: str, role: str) -> dict[str, Any]:
+        """Change a member's role (the last owner cannot be demoted: `Conflict`)."""
+        return dict(self._request("members.role", path={"username": username}, json={"role": role}).json())
+
+    def remove_member(self, username: str) -> None:
+        """Remove a member: the keys they made in the tenant stop working at once."""
+        self._request("members.remove", path={"username": username})

@@ -69,7 +69,7 @@ def _names(text: str | None) -> list[str]:
     return [part.strip() for part in (text or "").split(",") if part.strip()]
 
 
-def _session(ctx: Context) -> Session:
+def session_of(ctx: Context) -> Session:
     a = ctx.args
     session = Session.from_store(a.base_url, tenant=a.tenant, timeout=a.http_timeout, retries=a.retries)
     ctx.own(session)
@@ -77,7 +77,7 @@ def _session(ctx: Context) -> Session:
 
 
 @contextmanager
-def _tenant_named(session: Session) -> Iterator[None]:
+def tenant_named(session: Session) -> Iterator[None]:
     """The server's 400 for a person in several tenants, none named, as the CLI's usage error: pass --tenant."""
     try:
         yield
@@ -163,8 +163,8 @@ def _keys_table(keys: list[ApiKey]) -> Table:
 
 
 def cmd_keys_list(ctx: Context) -> int:
-    session = _session(ctx)
-    with _tenant_named(session):
+    session = session_of(ctx)
+    with tenant_named(session):
         keys = list(session.api_keys())
     ctx.emit([k.raw for k in keys], lambda: ctx.console.print(_keys_table(keys)))
     return EXIT_OK
@@ -176,8 +176,8 @@ def cmd_keys_create(ctx: Context) -> int:
     if not scopes:
         raise ValueError("--scopes names at least one of inference, pipeline, deploy (comma-separated).")
     expires_at = parse_expires(a.expires) if a.expires else None
-    session = _session(ctx)
-    with _tenant_named(session):
+    session = session_of(ctx)
+    with tenant_named(session):
         key = session.create_key(
             a.name,
             scopes,
@@ -201,8 +201,8 @@ def cmd_keys_create(ctx: Context) -> int:
 
 def cmd_keys_revoke(ctx: Context) -> int:
     prefix = ctx.args.prefix.removeprefix("mint_").split("_", 1)[0]
-    session = _session(ctx)
-    with _tenant_named(session):
+    session = session_of(ctx)
+    with tenant_named(session):
         session.revoke_key(prefix)
     ctx.emit({"revoked": prefix}, lambda: ctx.say(f"Revoked mint_{prefix}_…; requests with it are refused from now."))
     return EXIT_OK

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from mint_client.cli import commands, keys
+from mint_client.cli import commands, keys, members
 
 
 def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -152,6 +152,26 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--monthly-token-budget", type=int, default=None, help="the key's own monthly token budget")
     k = key_action("revoke", keys.cmd_keys_revoke, "revoke a key by its prefix (mint_<prefix>_…)")
     k.add_argument("prefix")
+    text = "the tenant's people: list, invite, change a role, remove (owners; after `mint login`)"
+    p = sub.add_parser("members", parents=[common], help=text, description=text)
+    people = p.add_subparsers(dest="members_command", metavar="action", required=True)
+    roles = ["owner", "approver", "developer", "viewer"]
+
+    def member_action(name: str, handler: Callable[..., int], help: str) -> argparse.ArgumentParser:
+        m = people.add_parser(name, parents=[common], help=help, description=help)
+        m.set_defaults(handler=handler)
+        m.add_argument("--tenant", default=None, help="the tenant (default: the one chosen at `mint login`)")
+        return m
+
+    member_action("list", members.cmd_members_list, "members with their role and last activity")
+    m = member_action("invite", members.cmd_members_invite, "invite someone by email or username; the link is mailed")
+    m.add_argument("who", help="an email address, or the username of an existing account")
+    m.add_argument("--role", required=True, choices=roles)
+    m = member_action("role", members.cmd_members_role, "change a member's role")
+    m.add_argument("username")
+    m.add_argument("role", choices=roles)
+    m = member_action("remove", members.cmd_members_remove, "remove a member; the keys they made stop at once")
+    m.add_argument("username")
     p = command(
         "completion", commands.cmd_completion, 'print a shell completion script: eval "$(mint completion bash)"'
     )
