@@ -69,6 +69,16 @@ def approved_revision(*, adapter: Adapter, number: int) -> AdapterRevision | Non
     return AdapterRevision.objects.filter(adapter=adapter, number=number, state=RevisionState.APPROVED).first()
 
 
+def revision_numbered(*, adapter: Adapter, number: int) -> AdapterRevision | None:
+    """`adapter`'s r<number> in whatever state, with what routing needs (a pin `<adapter>@r<n>`: who may call it
+    depends on its state and the caller, serving/gateway/sampling.py); None if it has none."""
+    return (
+        AdapterRevision.objects.filter(adapter=adapter, number=number)
+        .only("id", "number", "state", "adapter_id")
+        .first()
+    )
+
+
 def revision_with_adapter(*, revision_id: int) -> AdapterRevision | None:
     return AdapterRevision.objects.select_related("adapter").filter(id=revision_id).first()
 

@@ -327,11 +327,12 @@ class UsageApi(TenantApi):
     they are kept, hour rows while those are, day rows otherwise), and a row counts when its period starts in
     [from, to): the answer's `from`/`to` are the bounds rounded up to it. `group_by`: one or two of adapter,
     revision, key, day, hour, minute (minute rows only), node, status (default adapter); `adapter`: one adapter
-    only. `kind`: inference (default; billed), warmup
-    (MinT's own prewarm traffic, never billed) or all. Each row: its group fields, requests, errors (status ≥
-    400), prompt/completion/total tokens, latency p50/p95 (interpolated linearly inside the latency histogram's
-    bucket, as Prometheus does; in the last bucket, its lower bound 30000) and mean; `totals` covers the whole
-    range. At most 10,000 groups (`truncated`). CSV with `Accept: text/csv` or `?format=csv`.
+    only. `kind`: inference (default; billed), sampling (a pipeline's rollouts of `adapter@rN` with its sampling
+    right; billed), warmup (MinT's own prewarm traffic, never billed) or all. Each row: its group fields,
+    requests, errors (status ≥ 400), prompt/completion/total tokens, latency p50/p95 (interpolated linearly
+    inside the latency histogram's bucket, as Prometheus does; in the last bucket, its lower bound 30000) and
+    mean; `totals` covers the whole range. At most 10,000 groups (`truncated`). CSV with `Accept: text/csv` or
+    `?format=csv`.
     """
 
     renderer_classes = [JSONRenderer, UsageCsvRenderer]

@@ -304,7 +304,10 @@ class UsageQuerySerializer(serializers.Serializer):
     kind = serializers.ChoiceField(
         choices=list(selectors.usage.USAGE_KINDS),
         default="inference",
-        help_text="`inference` (what the tenant is billed for), `warmup` (MinT's own prewarm traffic), or `all`.",
+        help_text=(
+            "`inference` (applications' calls, billed), `sampling` (a pipeline's rollouts of `adapter@rN`, billed), "
+            "`warmup` (MinT's own prewarm traffic), or `all`."
+        ),
     )
     tenant = serializers.SlugField(
         required=False, help_text="Platform staff: one tenant's usage only (others: their own tenant, or 404)."

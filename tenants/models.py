@@ -140,6 +140,12 @@ class Tenant(models.Model):
     max_webhook_endpoints = models.PositiveIntegerField(
         default=10, db_default=10, help_text="Webhook endpoints this tenant may have."
     )
+    # Sampling (serving/gateway/sampling.py): what one answer may carry of the experts each token was routed to.
+    max_routed_experts_bytes = models.PositiveIntegerField(
+        default=16 * MiB,
+        db_default=16 * MiB,
+        help_text="Bytes of routed experts (R3) one sampling answer may carry, over its choices; 0: none returned.",
+    )
     four_eyes = models.BooleanField(
         default=True, help_text="Nobody approves a revision they registered (or that a key they created registered)."
     )
@@ -215,8 +221,10 @@ class Membership(models.Model):
 
 class Scope(models.TextChoices):
     INFERENCE = "inference", "Inference (OpenAI-compatible gateway)"
-    PIPELINE = "pipeline", "Pipeline (register revisions, read the catalog)"
+    PIPELINE = "pipeline", "Pipeline (register revisions, read the catalog, sample them)"
     DEPLOY = "deploy", "Deploy (approve, activate, roll back)"
+    # A rollout worker's key: samples any exported revision by `adapter@rN`, and nothing else.
+    SAMPLING = "sampling", "Sampling (sample any exported revision as adapter@rN, approved or not)"
 
 
 class ApiKey(models.Model):

@@ -31,7 +31,7 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route, Router
 from starlette.types import ASGIApp
 
-from serving.gateway import GatewayError, auth, feed, policy, proxy, resolve
+from serving.gateway import GatewayError, auth, feed, policy, proxy, resolve, sampling
 from serving.gateway import canary as canaries
 from serving.gateway.auth import Caller
 from serving.gateway.inflight import Held
@@ -48,6 +48,7 @@ from serving.gateway.metrics import (
 from serving.gateway.resolve import NotReady, parse_model
 from serving.gateway.responses import NobodyToAnswer, error_response, json_response
 from serving.gateway.state import GatewayState
+from serving.models import UsageKind
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class Outcome:
     tally: Tally = field(default_factory=Tally)
     caller: Caller | None = None  # whose token limits the tally counts against (serving/gateway/budgets.py)
     on_end: Callable[[], None] | None = None  # what must wait for the answer's end (a streamed canary request's count)
+    kind: str = UsageKind.INFERENCE  # what it is metered as: `sampling` when a key's sampling right served it
 
 
 Handler = Callable[[GatewayState, bytes, Caller, Outcome, dict[str, Any]], Awaitable[Response]]
@@ -113,7 +115,11 @@ def _meter(state: GatewayState, outcome: Outcome, status: int, started: float) -
     if outcome.on_end is not None:
         outcome.on_end()
     state.meter.record(
-        tally, status=status, seconds=time.perf_counter() - started, labels=(outcome.tenant, outcome.adapter)
+        tally,
+        status=status,
+        seconds=time.perf_counter() - started,
+        kind=outcome.kind,
+        labels=(outcome.tenant, outcome.adapter),
     )
     state.meter.maybe_flush()
     if outcome.caller is not None:
@@ -214,7 +220,18 @@ def _inference(path: str) -> Handler:
         ref = parse_model(model)
         if not caller.may_call(ref.adapter):  # outside the key's allow-list: as if it did not exist
             raise resolve.model_not_found(model)
-        resolution = await resolve.resolve(state, caller.tenant_id, ref, model)
+        sampling.check_ref(caller, ref)
+        experts = sampling.routed_experts_asked(caller, ref, data)  # 403 for a key or model that may not ask
+
+        def admit(found: resolve.Resolution) -> None:
+            outcome.kind = sampling.admit(caller, ref, found, rollout=experts)
+
+        resolution = await resolve.resolve(state, caller.tenant_id, ref, model, admit=admit)
+        answer = proxy.AnswerRules()
+        if experts:
+            data = sampling.routed_experts_request(data)
+            resolution = sampling.with_routed_experts_nodes(resolution)
+            answer = proxy.AnswerRules(keep=frozenset({sampling.FIELD}), check=sampling.answer_bound(caller.plan))
         outcome.adapter = resolution.adapter_name
         tally = outcome.tally
         tally.adapter_id, tally.adapter_name = resolution.adapter_id, resolution.adapter_name
@@ -230,6 +247,7 @@ def _inference(path: str) -> Handler:
                     model=model,
                     tenant_id=caller.tenant_id,
                     tally=tally,
+                    answer=answer,
                 )
             except NotReady:
                 resolve.forget(state, caller.tenant_id, ref)

@@ -52,6 +52,7 @@ class GatewayPlan:
     max_structured_output_bytes: int = 4096
     max_tokens_per_minute: int = 0  # 0: no limit (serving/gateway/budgets.py)
     monthly_token_budget: int = 0  # 0: no budget
+    max_routed_experts_bytes: int = 16 * 1024 * 1024  # 0: routed experts are never returned (sampling.py)
 
     @classmethod
     def of(cls, tenant) -> GatewayPlan:
@@ -87,6 +88,11 @@ class Caller:
     @property
     def can_infer(self) -> bool:
         return Capability.INFERENCE in self.capabilities
+
+    @property
+    def can_sample(self) -> bool:
+        """May call any exported revision of its tenant by number, approved or not (serving/gateway/sampling.py)."""
+        return Capability.SAMPLE in self.capabilities
 
     def may_call(self, adapter_name: str) -> bool:
         """Whether the key's allow-list lets it call this adapter (any, when the list is empty)."""
@@ -233,11 +239,12 @@ async def authenticate(state: GatewayState, authorization: str, *, client: str |
     if expired := expiry_refusal(prefix=caller.key_prefix, expires_at=caller.expires_at, now=timezone.now()):
         state.keys.pop(digest)
         raise GatewayError(401, "api_key_expired", expired)
-    if not caller.can_infer:
+    if not caller.can_infer and not caller.can_sample:
         raise GatewayError(
             403,
             "insufficient_scope",
             f"This key's scopes ({', '.join(caller.scopes) or 'none'}) do not allow inference; "
-            f"it needs a key with scope {Scope.INFERENCE}.",
+            f"it needs a key with scope {Scope.INFERENCE} (or, to sample revisions by number, "
+            f"{Scope.PIPELINE} or {Scope.SAMPLING}).",
         )
     return caller

@@ -13,6 +13,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -37,6 +38,15 @@ _CALLER_ERRORS = {400, 413, 422}
 # covers a node killed under an innocent request; a request that itself kills the engine it reaches takes down
 # no more than that, however many replicas its revision has (other tenants' requests share those engines).
 MAX_DROPS = 2
+
+
+@dataclass(frozen=True)
+class AnswerRules:
+    """What a non-streamed answer may carry beyond OpenAI's fields (`keep`, of each choice) and a `check` of the
+    node's whole answer that may refuse it (a GatewayError); serving/gateway/sampling.py sets both."""
+
+    keep: frozenset[str] = frozenset()
+    check: Callable[[dict[str, Any]], None] | None = None
 
 
 def pick(
@@ -88,6 +98,7 @@ async def forward(
     model: str,
     tenant_id: int,
     tally: Tally | None = None,
+    answer: AnswerRules = AnswerRules(),
 ) -> tuple[Response, float]:
     """Send a completion request to a ready node and relay its answer, or raise a 502/503/504 `GatewayError`.
 
@@ -196,6 +207,7 @@ async def forward(
                 hide_usage=hide_usage,
                 show_running=show_running,
                 choices_per_prompt=body.get("n") or 1,
+                answer=answer,
             )
         except BaseException:
             release()
@@ -228,6 +240,7 @@ async def _relay(
     hide_usage: bool,
     show_running: bool,
     choices_per_prompt: int,
+    answer: AnswerRules,
 ) -> Response:
     lora = resolution.lora_name
     if upstream.status == 200 and upstream.content_type.startswith("text/event-stream"):
@@ -268,7 +281,9 @@ async def _relay(
             raise GatewayError(502, "upstream_error", "The serving node answered with malformed JSON.") from None
         if isinstance(data, dict):
             tally.add_usage(data.get("usage"))
-        return json_response(_rewrite(data, lora=lora, model=model), status)
+            if answer.check is not None:
+                answer.check(data)  # after the usage is counted: the tokens were spent
+        return json_response(_rewrite(data, lora=lora, model=model, keep=answer.keep), status)
     if status in _CALLER_ERRORS:
         message = _upstream_message(content) or "The serving node refused the request."
         return error_response(GatewayError(status, "invalid_request", message.replace(lora, model)))
@@ -287,11 +302,11 @@ def _upstream_message(content: bytes) -> str | None:
     return None
 
 
-def _rewrite(data: Any, *, lora: str, model: str) -> Any:
+def _rewrite(data: Any, *, lora: str, model: str, keep: frozenset[str] = frozenset()) -> Any:
     """Name the caller's model where vLLM named the LoRA (the `model` field and any error message), and keep
-    only OpenAI's fields of a completion, chat completion or chunk (policy.openai_answer)."""
+    only OpenAI's fields of a completion, chat completion or chunk (policy.openai_answer), and `keep`'s."""
     if isinstance(data, dict):
-        data = policy.openai_answer(data)
+        data = policy.openai_answer(data, keep=keep)
         if "model" in data:
             data["model"] = model
         error = data.get("error")

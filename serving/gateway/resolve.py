@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +98,7 @@ class Target:
     node_url: str
     lora_name: str
     draining: bool = False  # the node is being drained: it serves until the revision is ready elsewhere
+    routed_experts: bool = False  # the node's engine returns routed experts (serving/gateway/sampling.py)
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,9 @@ class Resolution:
     lora_name: str
     targets: tuple[Target, ...]
     canary: Canary | None = None  # an alias's running canary (never for a pinned `@rN`)
+    # The revision's state: aliases name approved ones only; a pin `@rN` may name any (who may call which:
+    # serving/gateway/sampling.py).
+    state: str = "approved"
 
 
 @dataclass(frozen=True)
@@ -149,7 +154,7 @@ def _resolve_sync(tenant_id: int, ref: ModelRef) -> Resolution | AliasNotLive | 
         return None
     canary = None
     if ref.number is not None:
-        revision = adapter_selectors.approved_revision(adapter=adapter, number=ref.number)
+        revision = adapter_selectors.revision_numbered(adapter=adapter, number=ref.number)
         if revision is None:
             return None
     else:
@@ -178,6 +183,7 @@ def _resolution(adapter, revision, canary: Canary | None = None) -> Resolution:
             node_url=p.node.url.rstrip("/"),
             lora_name=name,
             draining=p.node.state == NodeState.DRAINING,
+            routed_experts=p.node.returns_routed_experts,
         )
         for p in selectors.ready_placements(revision=revision)
     )
@@ -189,6 +195,7 @@ def _resolution(adapter, revision, canary: Canary | None = None) -> Resolution:
         lora_name=name,
         targets=targets,
         canary=canary,
+        state=revision.state,
     )
 
 
@@ -237,12 +244,23 @@ def report_unreachable_sync(node_name: str) -> None:
 # Cached lookups
 
 
-async def resolve(state: GatewayState, tenant_id: int, ref: ModelRef, model: str) -> Resolution:
+async def resolve(
+    state: GatewayState,
+    tenant_id: int,
+    ref: ModelRef,
+    model: str,
+    *,
+    admit: Callable[[Resolution], None] | None = None,
+) -> Resolution:
     """The revision `ref` names for this tenant and its ready targets, or a 404/503 `GatewayError`.
 
     A revision with no ready placement answers 503 at once and asks (at most once per
     revision per TTL, in the background) for a cold-request prewarm: no request ever
     waits on a load.
+
+    `admit` decides whether the caller may call the revision found (it raises to refuse: the sampling rules,
+    serving/gateway/sampling.py), before anything is loaded for it; without it, only approved revisions are
+    callable and a pin of any other answers 404, as before sampling existed.
     """
     key = (tenant_id, ref)
     hit, found = state.routes.get(key)
@@ -257,6 +275,10 @@ async def resolve(state: GatewayState, tenant_id: int, ref: ModelRef, model: str
             f"Adapter {found.adapter_name!r} has no live revision under alias {found.alias!r} yet.",
             adapter_name=found.adapter_name,
         )
+    if admit is not None:
+        admit(found)
+    elif found.state != "approved":
+        raise model_not_found(model)
     if not found.targets:
         schedule_prewarm(state, found.revision_id, tenant_id=tenant_id)
         raise NotReady(

@@ -38,7 +38,7 @@ from tenants.models import ApiKey, Tenant
 # alone names nothing.
 USAGE_DIMENSIONS = ("adapter", "revision", "key", "day", "hour", "minute", "node", "status")
 _TIME_DIMENSIONS = ("day", "hour", "minute")
-USAGE_KINDS = (UsageKind.INFERENCE.value, UsageKind.WARMUP.value, "all")
+USAGE_KINDS = (UsageKind.INFERENCE.value, UsageKind.SAMPLING.value, UsageKind.WARMUP.value, "all")
 USAGE_MAX_RANGE_DAYS = 400
 USAGE_MAX_GROUPS = 10_000
 USAGE_MINUTE_RANGE = timedelta(days=2)
@@ -332,8 +332,8 @@ def usage_report(
     max_groups: int = USAGE_MAX_GROUPS,
 ) -> UsageReport:
     """Usage of `tenant` over [start, end) (default: the last 24 h) per group of `group_by`, of one `kind`
-    (`inference`, what the tenant is billed for, by default; `warmup`, MinT's own; or `all`), of one adapter
-    (by name) or all.
+    (`inference`, applications' calls, by default; `sampling`, a pipeline's rollouts, billed too; `warmup`,
+    MinT's own; or `all`), of one adapter (by name) or all.
 
     `platform=True` is the view of platform staff (the caller checks who may have it): each row names its
     tenant, and `tenant=None` reads every tenant (it needs `platform`). Refusals are `MintError`s naming the

@@ -14,7 +14,7 @@ from django.db.models import F, Sum
 from django.utils import timezone
 
 from mint_site.events import live_event
-from serving.models import UsageKind, UsagePeriod, UsageRecord
+from serving.models import BILLED_KINDS, UsagePeriod, UsageRecord
 
 BUDGET_EVENT = "usage.budget"
 # The cache key (Django's cache, Redis) that makes each budget event go once: <prefix>:<who>:<month>:<budget>:<%>.
@@ -26,12 +26,13 @@ BUDGET_THRESHOLDS = (80, 100)
 def usage_month_tokens(*, tenant_id: int, key_id: int | None = None, start: datetime, end: datetime) -> int:
     """Tokens (prompt and completion) of the tenant's gateway traffic, or one key's, from `start` to `end`.
 
-    Read from the day rows of metered usage (kind inference: MinT's own warm-ups are never billed), so `start`
+    Read from the day rows of metered usage (the billed kinds, inference and sampling: MinT's own warm-ups and
+    evaluations are never billed), so `start`
     and `end` are UTC midnights (a calendar month's bounds). What the gateways metered but have not flushed yet
     is not in it. A read beside its writes: serving/gateway/budgets.py calls it to rebuild a month's counter.
     """
     rows = UsageRecord.objects.filter(
-        tenant_id=tenant_id, period=UsagePeriod.DAY, kind=UsageKind.INFERENCE, start__gte=start, start__lt=end
+        tenant_id=tenant_id, period=UsagePeriod.DAY, kind__in=BILLED_KINDS, start__gte=start, start__lt=end
     )
     if key_id is not None:
         rows = rows.filter(key_id=key_id)

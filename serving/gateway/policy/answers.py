@@ -47,8 +47,8 @@ def _keep_only(data: dict[str, Any], fields: frozenset[str]) -> None:
             del data[key]
 
 
-def _choice(choice: dict[str, Any], shape: _Shape) -> None:
-    _keep_only(choice, shape.choice)
+def _choice(choice: dict[str, Any], shape: _Shape, keep: frozenset[str]) -> None:
+    _keep_only(choice, shape.choice | keep if keep else shape.choice)
     inner = choice.get(shape.inner) if shape.inner else None
     if type(inner) is dict:
         _keep_only(inner, shape.inner_fields)
@@ -61,8 +61,9 @@ def _usage(usage: dict[str, Any]) -> None:
             _keep_only(usage[name], _USAGE_DETAILS[name])
 
 
-def openai_answer(data: dict[str, Any]) -> dict[str, Any]:
-    """A completion, chat completion or chunk with OpenAI's fields only; any other object (an error) as it is.
+def openai_answer(data: dict[str, Any], *, keep: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """A completion, chat completion or chunk with OpenAI's fields only (and a choice's fields in `keep`: the
+    routed experts a sampling request asked for, serving/gateway/sampling.py); any other object (an error) as it is.
 
     vLLM adds `prompt_logprobs`, `prompt_token_ids`, `token_ids`, `stop_reason`, `kv_transfer_params`,
     `metrics`, a message's `reasoning` … and its own `system_fingerprint`; the caller sees OpenAI's schema.
@@ -79,7 +80,7 @@ def openai_answer(data: dict[str, Any]) -> dict[str, Any]:
     if type(choices) is list:
         for choice in choices:
             if type(choice) is dict:
-                _choice(choice, shape)
+                _choice(choice, shape, keep)
     if type(data.get("usage")) is dict:
         _usage(data["usage"])
     return data

@@ -217,6 +217,9 @@ _SAMPLING: dict[str, Check] = {
     "stream_options": checks.json_fields({"include_usage": checks.boolean, "continuous_usage_stats": checks.boolean}),
     "response_format": _response_format,
     "structured_outputs": _structured_outputs,
+    # Routed experts (R3) for sampling keys (serving/gateway/sampling.py checks who may ask, and drops the first).
+    "return_routed_experts": checks.boolean,
+    "routed_experts_prompt_start": checks.count,
 }
 
 FIELDS: dict[str, dict[str, Check]] = {
