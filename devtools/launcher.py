@@ -60,9 +60,22 @@ def web_argv(host: str, port: int, *, processes: int = 1) -> list[str]:
         "--timeout-graceful-shutdown",
         "5",
     ]
+    argv += proxy_argv(os.environ.get("MINT_FORWARDED_ALLOW_IPS", ""))
     if processes > 1:
         argv += ["--workers", str(processes)]
     return argv
+
+
+def proxy_argv(trusted: str) -> list[str]:
+    """Whose `X-Forwarded-For`/`X-Forwarded-Proto` uvicorn believes: the proxies in MINT_FORWARDED_ALLOW_IPS
+    (comma-separated addresses or networks), or nobody when it is empty.
+
+    The client address it yields is what failed authentications, login lockouts and anonymous throttles count
+    per (tenants/throttles.py). uvicorn's own default trusts 127.0.0.1 (and FORWARDED_ALLOW_IPS), so any
+    local client could name itself any address; only a proxy the operator names may.
+    """
+    trusted = ",".join(part.strip() for part in trusted.split(",") if part.strip())
+    return ["--proxy-headers", "--forwarded-allow-ips", trusted] if trusted else ["--no-proxy-headers"]
 
 
 def web_processes() -> int:
@@ -128,6 +141,13 @@ def worker_nice(env: dict[str, str]) -> int:
         return min(19, max(0, int(value)))
     except ValueError:
         raise SystemExit(f"MINT_WORKER_NICE must be an integer from 0 to 19, not {value!r}") from None
+
+
+def mail_note(env: dict[str, str], log_dir: Path) -> str:
+    """Where invitations and password resets go: printed in the web server's log, or sent by SMTP."""
+    if env.get("MINT_EMAIL", "console") == "console":
+        return f"printed, not sent: invitation and reset links are in {log_dir}/web.log (MINT_EMAIL=console)"
+    return f"sent through {env.get('EMAIL_HOST', 'localhost')}:{env.get('EMAIL_PORT', '25')} (MINT_EMAIL=smtp)"
 
 
 def python(*args: str, env: dict[str, str]) -> str:
@@ -234,6 +254,7 @@ def main() -> int:
             f'  try:       curl -H "Authorization: Bearer {token}" {base}/api/v1/\n'
             f"  node:      {node_note}\n"
             f"  logs:      {supervisor.log_dir}/\n"
+            f"  mail:      {mail_note(env, supervisor.log_dir)}\n"
             f"  Redis:     {env['REDIS_URL']}\n"
             "Press Ctrl-C to stop.",
             flush=True,
