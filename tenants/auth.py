@@ -24,17 +24,23 @@ from tenants.access import (
 )
 from tenants.keys import bearer_token, expiry_refusal, parse_token, secret_matches
 from tenants.models import ApiKey
-from tenants.throttles import auth_failures, auth_failures_message, client_bucket
+from tenants.throttles import auth_failures, auth_failures_message, failure_buckets
 
 TENANT_HEADER = "HTTP_X_MINT_TENANT"
 SESSION_TENANT_KEY = "mint_tenant"
 # The refusal that counts as a failed attempt against the client's address (tenants/throttles.py): the token
 # named no key, or not with that secret. The other refusals are about genuine keys.
 FAILURE_CODE = "invalid_api_key"
+INVALID_KEY_MESSAGE = "The API key is not valid."
 
 
 class KeyRefused(exceptions.AuthenticationFailed):
-    pass
+    """401: the token may not act. `wrong_secret_of` is the prefix of the existing key a wrong secret was sent
+    for (failures against it are counted per key too); None for every other refusal."""
+
+    def __init__(self, detail: str, *, code: str, wrong_secret_of: str | None = None) -> None:
+        super().__init__(detail, code=code)
+        self.wrong_secret_of = wrong_secret_of
 
 
 class TooManyAuthFailures(exceptions.Throttled):
@@ -51,22 +57,23 @@ class TooManyAuthFailures(exceptions.Throttled):
 def authenticate_token(token: str, *, client: str | None = None) -> ApiKey:
     """The live key a bearer token names, or `KeyRefused` (401) saying why not.
 
-    `client` is the caller's address (REMOTE_ADDR): an address past MINT_AUTH_FAILURES_PER_MIN failed
-    attempts this minute gets `TooManyAuthFailures` (429) before any key is looked up, and a failure here
-    counts against it. Without `client`, nothing is counted (callers that are not a network client).
+    The key is looked up first: a valid key is served whatever its address's failure count (a NAT or a load
+    balancer puts many callers behind one address, and one guessing keys must not lock out the others). A
+    token that names no key (or not with that secret) counts as a failure against `client`'s address
+    (REMOTE_ADDR) and, for a wrong secret, against that key (tenants/throttles.py); past
+    MINT_AUTH_FAILURES_PER_MIN failures this minute, it is answered `TooManyAuthFailures` (429) instead.
+    Without `client`, only the key's count applies.
 
     The key is returned with `creator_role` (its creator's role in the key's tenant now): what the key may
     do is its scopes narrowed to that role (`tenants.access.key_access`).
     """
-    bucket = client_bucket(client)
-    failures = auth_failures(settings.REDIS_URL) if bucket is not None else None
-    if failures is not None and (wait := failures.wait(bucket)) is not None:
-        raise TooManyAuthFailures(wait=wait)
     try:
         key = live_key(token)
     except KeyRefused as refused:
-        if failures is not None and refused.get_codes() == FAILURE_CODE:
-            failures.record(bucket)
+        if refused.get_codes() == FAILURE_CODE:
+            buckets = failure_buckets(client=client, wrong_secret_of=refused.wrong_secret_of)
+            if buckets and (wait := auth_failures(settings.REDIS_URL).refused(buckets)) is not None:
+                raise TooManyAuthFailures(wait=wait) from None
         raise
     services.api_key_touch(key=key)
     return key
@@ -82,8 +89,10 @@ def live_key(token: str) -> ApiKey:
     if parsed is None:
         raise KeyRefused("The API key is malformed; expected mint_<prefix>_<secret>.", code=FAILURE_CODE)
     key = selectors.api_key_by_prefix(prefix=parsed.prefix)
-    if key is None or not secret_matches(parsed.secret, key.key_hash):
-        raise KeyRefused("The API key is not valid.", code=FAILURE_CODE)
+    if key is None:
+        raise unknown_key()
+    if not secret_matches(parsed.secret, key.key_hash):
+        raise KeyRefused(INVALID_KEY_MESSAGE, code=FAILURE_CODE, wrong_secret_of=key.prefix)
     if key.revoked_at is not None:
         raise KeyRefused(f"The API key mint_{key.prefix}_… was revoked.", code="api_key_revoked")
     if expired := expiry_refusal(prefix=key.prefix, expires_at=key.expires_at, now=timezone.now()):
@@ -98,6 +107,28 @@ def live_key(token: str) -> ApiKey:
             code="api_key_owner_inactive",
         )
     return key
+
+
+def unknown_key() -> KeyRefused:
+    return KeyRefused(INVALID_KEY_MESSAGE, code=FAILURE_CODE)
+
+
+def live_keys(tokens: list[str]) -> list[ApiKey | KeyRefused]:
+    """`live_key` of many tokens, most of them guesses: the prefixes are looked up together first (one query),
+    and only a token whose prefix names a key is checked in full. What the gateway's lookups of suspect
+    clients run (serving/gateway/auth.py), so a flood of random keys costs a query per batch, not per key."""
+    parsed = [parse_token(token) for token in tokens]
+    known = selectors.api_key_prefixes_known(prefixes={p.prefix for p in parsed if p is not None})
+    answers: list[ApiKey | KeyRefused] = []
+    for token, tokenised in zip(tokens, parsed, strict=True):
+        if tokenised is not None and tokenised.prefix not in known:
+            answers.append(unknown_key())
+            continue
+        try:
+            answers.append(live_key(token))
+        except KeyRefused as refused:
+            answers.append(refused)
+    return answers
 
 
 class ApiKeyAuthentication(BaseAuthentication):

@@ -50,7 +50,6 @@ from tenants import selectors
 from tenants.auth import SESSION_TENANT_KEY, TENANT_HEADER, KeyRefused, live_key
 from tenants.keys import bearer_token
 from tenants.models import IdempotencyRecord
-from tenants.throttles import auth_failures, client_bucket
 
 HEADER = "HTTP_IDEMPOTENCY_KEY"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -94,11 +93,8 @@ def caller_of(request: HttpRequest) -> Caller | None:
     """The credential a request authenticates with, resolved as the API resolves it; None if it does not."""
     token = bearer_token(request.META.get("HTTP_AUTHORIZATION", ""))
     if token is not None:
-        # An address past its failed-authentication limit gets no key looked up here either: the view answers
-        # it 429 (tenants.auth.authenticate_token) without this middleware having tried the token first.
-        bucket = client_bucket(request.META.get("REMOTE_ADDR"))
-        if bucket is not None and auth_failures(settings.REDIS_URL).wait(bucket) is not None:
-            return None
+        # A refused token claims nothing; the view then answers it (401, or 429 past the failure limits:
+        # tenants.auth.authenticate_token counts it there, once).
         try:
             key = live_key(token)
         except KeyRefused:

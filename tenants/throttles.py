@@ -7,13 +7,17 @@ Both are kept in Redis, so every process of the site (web servers, gateways) sha
   (`Tenant.api_read_rpm`, `Tenant.api_write_rpm`; staff endpoints without a tenant use those fields'
   defaults). It is DRF's `SimpleRateThrottle` on the Django cache (a sliding log of the last minute's
   requests); `api_write_wait` counts one write outside DRF (the ASGI upload gate) in the same entries.
-- Failed key authentications (a malformed token, an unknown prefix, a wrong secret) per client address,
-  over a fixed one-minute window, counted with the `limits` library: one Lua INCR+EXPIRE per failure, one
-  GET per check. Django (redis-py) and the gateway (redis.asyncio, never blocking its event loop) use the
-  same keys, so a client guessing keys is answered 429 by both once it is past MINT_AUTH_FAILURES_PER_MIN,
-  before any key is looked up. Answers about genuine keys (revoked, expired, a creator without access, a
-  suspended tenant) are not failures: the secret matched, so nothing was being guessed, and a pipeline
-  retrying with a revoked key must not lock its colleagues behind the same address out.
+- Failed key authentications (a malformed token, an unknown prefix, a wrong secret), per client address and,
+  for a wrong secret, per key (`failure_buckets`), over a fixed one-minute window, counted with the `limits`
+  library: one Lua INCR+EXPIRE per failure, one GET per check. Django (redis-py) and the gateway
+  (redis.asyncio, never blocking its event loop) use the same keys. They limit guesses, never a valid key:
+  the key a request carries is checked first, and only a refused one meets the counts, so a guess past
+  MINT_AUTH_FAILURES_PER_MIN from an address (or against one key's prefix) is answered 429 instead of 401
+  while a valid key from the same address (a NAT, a load balancer) goes on working. Answers about genuine
+  keys (revoked, expired, a creator without access, a suspended tenant) are not failures: the secret matched,
+  so nothing was being guessed, and a pipeline retrying with a revoked key must not count against its
+  colleagues behind the same address. The address is the ASGI server's peer, which it takes from
+  `X-Forwarded-For` only for the proxies in MINT_FORWARDED_ALLOW_IPS (devtools/launcher.py).
 
 When Redis cannot be reached, both let requests through and log it (for a few seconds without trying
 again): a throttle must not take the API down with it.
@@ -93,6 +97,21 @@ def client_bucket(address: str | None) -> str | None:
     return str(ip)
 
 
+def credential_bucket(prefix: str) -> str:
+    """What failures against one existing key (its prefix with a wrong secret) are counted per."""
+    return f"key:{prefix}"
+
+
+def failure_buckets(*, client: str | None, wrong_secret_of: str | None) -> list[str]:
+    """What one failed authentication counts against: the client's address (if known) and, for a wrong secret
+    of an existing key, that key. A token that names no key counts against its address only: a random prefix
+    is nothing to count."""
+    buckets = [bucket] if (bucket := client_bucket(client)) is not None else []
+    if wrong_secret_of:
+        buckets.append(credential_bucket(wrong_secret_of))
+    return buckets
+
+
 def failure_limit() -> RateLimitItemPerMinute:
     return RateLimitItemPerMinute(settings.MINT_AUTH_FAILURES_PER_MIN)
 
@@ -125,6 +144,22 @@ class AuthFailures:
         )
         self._limiter = FixedWindowRateLimiter(self._storage)
         self._breaker = _Breaker()
+
+    def refused(self, buckets: list[str]) -> float | None:
+        """Count one failure against every bucket: None while all are within the limit (answer 401), else the
+        seconds until the last one past it may try again (answer 429). Each count is one atomic INCR, so
+        failures answered at the same moment cannot all slip under the limit."""
+        if self._breaker.open:
+            return None
+        item, waits = failure_limit(), []
+        try:
+            for bucket in buckets:
+                if not self._limiter.hit(item, bucket):
+                    waits.append(max(1.0, self._storage.get_expiry(item.key_for(bucket)) - time.time()))
+        except _STORAGE_ERRORS as exc:
+            self._breaker.trip(exc)
+            return None
+        return max(waits) if waits else None
 
     def wait(self, bucket: str) -> float | None:
         """Seconds until `bucket` may try a key again, or None while it is under the limit."""
@@ -163,6 +198,20 @@ class AsyncAuthFailures:
         self._limiter = AsyncFixedWindowRateLimiter(storage)
         self._breaker = _Breaker()
 
+    async def refused(self, buckets: list[str]) -> float | None:
+        """`AuthFailures.refused` from an event loop."""
+        if self._breaker.open:
+            return None
+        item, waits = failure_limit(), []
+        try:
+            for bucket in buckets:
+                if not await self._limiter.hit(item, bucket):
+                    waits.append(max(1.0, await self._storage.get_expiry(item.key_for(bucket)) - time.time()))
+        except _STORAGE_ERRORS as exc:
+            self._breaker.trip(exc)
+            return None
+        return max(waits) if waits else None
+
     async def wait(self, bucket: str) -> float | None:
         """Seconds until `bucket` may try a key again, or None while it is under the limit."""
         if self._breaker.open:
@@ -188,8 +237,8 @@ class AsyncAuthFailures:
 
 def auth_failures_message(wait: float) -> str:
     return (
-        f"Too many failed API key attempts from your address; retry in {max(1, math.ceil(wait))} s. "
-        "Check the key you send: it is shown once, when it is created."
+        f"Too many failed API key attempts from your address or with this key's prefix; retry in "
+        f"{max(1, math.ceil(wait))} s. Check the key you send: it is shown once, when it is created."
     )
 
 

@@ -12,9 +12,13 @@ most SHARED_MISSES (1,000) apart from them. No flood of guesses or of one tenant
 tenant's valid key, and an event about one tenant's keys discards only lookups of that tenant's keys (and
 of refused genuine keys).
 
-Failed authentications (a token that names no key, or a wrong secret) are counted per client address in
-Redis (tenants/throttles.py, shared with the REST API); an address past the limit is answered 429 before its
-token is looked up.
+Failed authentications (a token that names no key, or a wrong secret) are counted per client address, and per
+key for a wrong secret, in Redis (tenants/throttles.py, shared with the REST API). They never refuse a valid
+key: the token is checked first (a cached key costs nothing more), and only a refused token meets the counts,
+answered 429 instead of 401 once they are past MINT_AUTH_FAILURES_PER_MIN. An address past its limit, or with
+that many lookups in flight, has its uncached tokens looked up in batches on a database thread of its own
+(serving/gateway/batches.py): a flood of guesses costs one query per batch, and never the database threads
+other tenants' misses use.
 """
 
 from __future__ import annotations
@@ -30,11 +34,12 @@ from django.conf import settings
 from django.utils import timezone
 
 from serving.gateway import GatewayError
+from serving.gateway.batches import Full
 from tenants.access import Capability, key_access
-from tenants.auth import FAILURE_CODE, KeyRefused, live_key
+from tenants.auth import FAILURE_CODE, KeyRefused, live_key, live_keys
 from tenants.keys import bearer_token, expiry_refusal
 from tenants.models import Scope
-from tenants.throttles import auth_failures_message, client_bucket
+from tenants.throttles import auth_failures_message, client_bucket, failure_buckets
 
 if TYPE_CHECKING:
     from serving.gateway.state import GatewayState
@@ -53,6 +58,8 @@ class GatewayPlan:
     max_tokens_per_minute: int = 0  # 0: no limit (serving/gateway/budgets.py)
     monthly_token_budget: int = 0  # 0: no budget
     max_routed_experts_bytes: int = 16 * 1024 * 1024  # 0: routed experts are never returned (sampling.py)
+    max_cold_wait_s: int = 10  # how long a request may ask to be held for a load (serving/gateway/residency.py)
+    max_held_requests: int = 16  # held at once per gateway process
 
     @classmethod
     def of(cls, tenant) -> GatewayPlan:
@@ -103,6 +110,7 @@ class Caller:
 class Refusal:
     code: str
     message: str
+    wrong_secret_of: str | None = None  # the existing key's prefix, for a wrong secret (counted per key too)
 
     @property
     def counts_as_failure(self) -> bool:
@@ -113,10 +121,22 @@ class Refusal:
 def load_key(token: str) -> Caller | Refusal:
     """The caller a token names, or why not (ORM: run it on a database thread)."""
     try:
-        key = live_key(token)
+        return caller_of(live_key(token))
     except KeyRefused as refused:
-        codes = refused.get_codes()
-        return Refusal(codes if isinstance(codes, str) else "invalid_api_key", str(refused.detail))
+        return refusal_of(refused)
+
+
+def load_keys(tokens: list[str]) -> list[Caller | Refusal]:
+    """`load_key` of many tokens at once, most of them guesses (one query for all their prefixes)."""
+    return [refusal_of(found) if isinstance(found, KeyRefused) else caller_of(found) for found in live_keys(tokens)]
+
+
+def refusal_of(refused: KeyRefused) -> Refusal:
+    codes = refused.get_codes()
+    return Refusal(codes if isinstance(codes, str) else "invalid_api_key", str(refused.detail), refused.wrong_secret_of)
+
+
+def caller_of(key) -> Caller:
     return Caller(
         key_id=key.id,
         key_prefix=key.prefix,
@@ -165,30 +185,56 @@ def forget_keys(state: GatewayState, *, tenant_id: int | None = None, key_id: in
     return len(state.keys.drop_where(stale, owners=owners))
 
 
+async def _suspect(state: GatewayState, bucket: str | None) -> bool:
+    """Whether a client's uncached tokens go to the batched lane: it has MINT_AUTH_FAILURES_PER_MIN lookups in
+    flight already, or is past its failure limit (one Redis read, on a cache miss only)."""
+    if bucket is None:
+        return False
+    if _busy(state, bucket):
+        return True
+    return await state.auth_failures().wait(bucket) is not None
+
+
+def _busy(state: GatewayState, bucket: str | None) -> bool:
+    return bucket is not None and state.lookups_by_client[bucket] >= settings.MINT_AUTH_FAILURES_PER_MIN
+
+
 async def _looked_up(state: GatewayState, digest: str, token: str, bucket: str | None) -> Caller | Refusal:
     """The key a token names, read once however many requests carry it at the same moment.
 
-    The failure count only grows once a lookup has answered, so a client could otherwise start thousands of
-    lookups of different guesses before its first refusal is counted, each waiting for the database threads
-    every tenant's misses share: an address may have at most MINT_AUTH_FAILURES_PER_MIN tokens being looked
-    up at once (clients behind one address sharing a key share its one lookup).
+    A client that is not suspect has its lookups run on the database threads every tenant's misses share, at
+    most MINT_AUTH_FAILURES_PER_MIN at once; a suspect one (`_suspect`) waits for the batched lane, which a
+    valid key gets through too. Only a full lane refuses (429).
     """
     pending = state.key_lookups.get(digest)
     if pending is None:
-        if bucket is not None and state.lookups_by_client[bucket] >= settings.MINT_AUTH_FAILURES_PER_MIN:
-            raise GatewayError(429, "too_many_auth_failures", auth_failures_message(1.0), headers={"Retry-After": "1"})
+        suspect = await _suspect(state, bucket)
+        pending = state.key_lookups.get(digest)  # started by another request meanwhile
+    if pending is None:
+        # No await from here until the lookup is registered: the in-flight count holds across requests.
         loading = state.keys.loading(digest)
-        pending = asyncio.ensure_future(state.db.run(load_key, token))
+        counted = None
+        if suspect or _busy(state, bucket):
+            try:
+                pending = state.suspect_keys.submit(token)
+            except Full:
+                loading.cancel()
+                raise GatewayError(
+                    429, "too_many_auth_failures", auth_failures_message(1.0), headers={"Retry-After": "1"}
+                ) from None
+        else:
+            pending = asyncio.ensure_future(state.db.run(load_key, token))
+            if bucket is not None:
+                counted = bucket
+                state.lookups_by_client[bucket] += 1
         state.key_lookups[digest] = pending
-        if bucket is not None:
-            state.lookups_by_client[bucket] += 1
 
         def done(future: asyncio.Future) -> None:
             state.key_lookups.pop(digest, None)
-            if bucket is not None:
-                state.lookups_by_client[bucket] -= 1
-                if state.lookups_by_client[bucket] <= 0:
-                    del state.lookups_by_client[bucket]
+            if counted is not None:
+                state.lookups_by_client[counted] -= 1
+                if state.lookups_by_client[counted] <= 0:
+                    del state.lookups_by_client[counted]
             # An event that dropped this key (or its tenant's keys) while this was reading: the answer serves
             # the requests waiting for it, but is not kept (the next request reads again). Events about other
             # tenants' keys do not concern it.
@@ -204,11 +250,11 @@ async def _looked_up(state: GatewayState, digest: str, token: str, bucket: str |
 async def authenticate(state: GatewayState, authorization: str, *, client: str | None = None) -> Caller:
     """The caller an `Authorization` header names, or a 401/403/429 `GatewayError`.
 
-    Refusals are cached too, so a client hammering with a bad key costs one query per TTL, not one per
-    request. `client` is the caller's address (the ASGI scope's, which uvicorn takes from trusted proxies
-    only). A token not already known to be valid is checked against the address's failure count first:
-    past MINT_AUTH_FAILURES_PER_MIN failures this minute, 429 before any lookup. A token cached as valid is
-    served without that check: it cannot be a guess.
+    The token is checked first: from the cache, else looked up (`_looked_up`). Refusals are cached too, so a
+    client hammering with one bad key costs one query per TTL, not one per request. A refused guess counts
+    against the client's address (`client`: the ASGI scope's, which uvicorn takes from trusted proxies only)
+    and, for a wrong secret, against that key; past MINT_AUTH_FAILURES_PER_MIN this minute it is answered 429
+    rather than 401. A valid key is never refused for its address's failures.
     """
     token = bearer_token(authorization)
     if not token:
@@ -217,22 +263,20 @@ async def authenticate(state: GatewayState, authorization: str, *, client: str |
         )
     digest = hashlib.sha256(token.encode()).hexdigest()
     hit, cached = state.keys.get(digest)
-    bucket = client_bucket(client)
-    failures = state.auth_failures() if bucket is not None and not isinstance(cached, Caller) else None
-    if failures is not None and (wait := await failures.wait(bucket)) is not None:
-        raise GatewayError(
-            429,
-            "too_many_auth_failures",
-            auth_failures_message(wait),
-            headers={"Retry-After": str(max(1, math.ceil(wait)))},
-        )
     if not hit:
-        cached = await _looked_up(state, digest, token, bucket)
+        cached = await _looked_up(state, digest, token, client_bucket(client))
     else:
         state.keys.refresh_ahead(digest, lambda: state.db.run(load_key, token))
     if isinstance(cached, Refusal):
-        if failures is not None and cached.counts_as_failure:
-            await failures.record(bucket)
+        if cached.counts_as_failure:
+            buckets = failure_buckets(client=client, wrong_secret_of=cached.wrong_secret_of)
+            if buckets and (wait := await state.auth_failures().refused(buckets)) is not None:
+                raise GatewayError(
+                    429,
+                    "too_many_auth_failures",
+                    auth_failures_message(wait),
+                    headers={"Retry-After": str(max(1, math.ceil(wait)))},
+                )
         # A fresh exception each time: re-raising one cached instance would grow its traceback forever.
         raise GatewayError(401, cached.code, cached.message)
     caller: Caller = cached

@@ -22,6 +22,7 @@ from django.db import close_old_connections
 from limits.aio.storage import RedisStorage as AsyncRedisStorage
 
 from serving.gateway import auth, resolve
+from serving.gateway.batches import BatchedLookups
 from serving.gateway.budgets import TokenLimits
 from serving.gateway.caches import SHARED_MISSES, TENANT_MISSES, TENANT_SHARE, RefreshingCache
 from serving.gateway.canary import CanaryCounters
@@ -37,6 +38,8 @@ from tenants.throttles import AUTH_FAILURE_KEY_PREFIX, AsyncAuthFailures
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# Suspect key lookups waiting in one process at most (serving/gateway/batches.py): a few hundred bytes each.
+SUSPECT_LOOKUPS_WAITING = 10_000
 
 
 class Background:
@@ -113,7 +116,11 @@ class GatewayState:
     rate_limit: RateLimiter
     usage: Usage
     meter: Meter  # tokens, latency and status of every answered request, per minute (serving/gateway/metering.py)
+    # The one database thread of suspect key lookups, apart from `db` (auth.py, batches.py).
+    suspect_db: DatabaseThreads = field(default_factory=lambda: DatabaseThreads(1))
     keys: RefreshingCache = field(init=False)  # token SHA-256 → Caller, or the refusal to repeat
+    # Key lookups of clients that look like they are guessing, in batches on a thread of their own (auth.py).
+    suspect_keys: BatchedLookups = field(init=False)
     routes: RefreshingCache = field(init=False)  # (tenant id, ModelRef) → Resolution, or why there is none
     model_lists: RefreshingCache = field(init=False)  # tenant id → its servable model ids
     prewarmed: RefreshingCache = field(init=False)  # (tenant id, revision id) → True while a prewarm was asked
@@ -136,6 +143,9 @@ class GatewayState:
             share=auth.key_share,  # a tenant's keys; refusals of tokens and of genuine keys apart
             per_owner=TENANT_SHARE,
             misses_per_owner=SHARED_MISSES,
+        )
+        self.suspect_keys = BatchedLookups(
+            self.background, self.suspect_db, auth.load_keys, max_waiting=SUSPECT_LOOKUPS_WAITING
         )
         self.routes = RefreshingCache(
             self.background,
@@ -164,13 +174,20 @@ class GatewayState:
         self.background.spawn(self.db.run(resolve.report_unreachable_sync, node_name), name=f"probe {node_name}")
 
     @classmethod
-    def build(cls, *, upstream: Upstream | None = None, db: DatabaseThreads | None = None) -> GatewayState:
+    def build(
+        cls,
+        *,
+        upstream: Upstream | None = None,
+        db: DatabaseThreads | None = None,
+        suspect_db: DatabaseThreads | None = None,
+    ) -> GatewayState:
         """A fresh state from the settings; tests may pass their own HTTP client and database threads."""
         background = Background()
         db = db or DatabaseThreads(db_threads())
         return cls(
             background=background,
             db=db,
+            suspect_db=suspect_db or DatabaseThreads(1),
             upstream=upstream
             or Upstream(
                 max_connections=settings.MINT_GATEWAY_MAX_CONNECTIONS,
@@ -237,3 +254,4 @@ class GatewayState:
             log.exception("gateway: the last metering flush failed; its counts are lost")
         await self.aclose()
         self.db.shutdown()
+        self.suspect_db.shutdown()

@@ -44,3 +44,13 @@ def test_several_processes_get_an_emptied_metrics_directory_and_one_gets_none(tm
     assert several == env | {"PROMETHEUS_MULTIPROC_DIR": str(directory)}
     assert directory.is_dir() and not list(directory.iterdir())
     assert "PROMETHEUS_MULTIPROC_DIR" not in env  # the workers' environment stays as it was
+
+
+def test_forwarded_headers_are_believed_only_from_the_proxies_named(monkeypatch):
+    monkeypatch.delenv("MINT_FORWARDED_ALLOW_IPS", raising=False)
+    argv = web_argv("127.0.0.1", 8123)
+    assert "--no-proxy-headers" in argv and "--forwarded-allow-ips" not in argv  # uvicorn would trust 127.0.0.1
+    monkeypatch.setenv("MINT_FORWARDED_ALLOW_IPS", " 10.0.0.5, 10.1.0.0/16 ")
+    argv = web_argv("127.0.0.1", 8123)
+    assert argv[argv.index("--forwarded-allow-ips") + 1] == "10.0.0.5,10.1.0.0/16"
+    assert "--proxy-headers" in argv and "--no-proxy-headers" not in argv

@@ -205,13 +205,14 @@ class World:
     def queries(self) -> Iterator[list[str]]:
         """Every SQL statement run meanwhile, in this thread or the gateway's database threads."""
         found: list[str] = []
-        db = self.state.db
-        assert isinstance(db, RecordingThreads)
-        start = len(db.queries)
+        db, suspect = self.state.db, self.state.suspect_db
+        assert isinstance(db, RecordingThreads) and isinstance(suspect, RecordingThreads)
+        start, suspect_start = len(db.queries), len(suspect.queries)
         with CaptureQueriesContext(connection) as here:
             yield found
         found.extend(q["sql"] for q in here.captured_queries)
         found.extend(db.queries[start:])
+        found.extend(suspect.queries[suspect_start:])
 
 
 def gw_node(name: str, base: BaseModel) -> ServingNode:
@@ -233,7 +234,7 @@ def flush_rate_limit_keys(url: str) -> None:
 
 def gateway_state(upstream: Any) -> GatewayState:
     """A gateway state of the test's own: its caches, counts and clients start empty."""
-    return GatewayState.build(upstream=upstream, db=RecordingThreads())
+    return GatewayState.build(upstream=upstream, db=RecordingThreads(), suspect_db=RecordingThreads(1))
 
 
 @pytest.fixture

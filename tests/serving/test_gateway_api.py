@@ -253,24 +253,86 @@ def models_from(world, address: str, token: str) -> httpx.Response:
     return async_to_sync(_models_from)(world, address, token)
 
 
-def test_an_address_past_the_failure_limit_gets_429_before_any_lookup(world, settings):
+def test_a_guess_past_the_failure_limit_gets_429_and_a_valid_key_from_that_address_is_served(world, settings):
     settings.MINT_AUTH_FAILURES_PER_MIN = 3
     good = world.token
-    assert models_from(world, "203.0.113.5", good).status_code == 200  # cached as valid
     for guess in ("mint_nope_secret", "not-a-token", "mint_0123456789ab_wrong"):
         assert models_from(world, "203.0.113.5", guess).status_code == 401
 
-    with world.queries() as queries:
-        refused = models_from(world, "203.0.113.5", "mint_0123456789ab_another")
-    assert queries == []
+    refused = models_from(world, "203.0.113.5", "mint_0123456789ab_another")
     assert refused.status_code == 429
     assert refused.json()["error"]["code"] == "too_many_auth_failures"
     assert refused.json()["error"]["type"] == "rate_limit_error"
     assert 1 <= int(refused.headers["Retry-After"]) <= 60
-    # A key already known to be valid is no guess: served. A key not looked up yet waits like any token.
+    # Valid keys are checked first and never meet the address's count: one cached, one looked up now.
     assert models_from(world, "203.0.113.5", good).status_code == 200
-    assert models_from(world, "203.0.113.5", world.tenant_a.key("inference", "pipeline")[1]).status_code == 429
+    assert models_from(world, "203.0.113.5", world.tenant_a.key("inference", "pipeline")[1]).status_code == 200
     assert models_from(world, "203.0.113.6", "mint_nope_secret").status_code == 401
+
+
+def test_a_limited_address_has_its_guesses_looked_up_in_batches_off_the_shared_threads(world, settings):
+    settings.MINT_AUTH_FAILURES_PER_MIN = 2
+    for guess in ("mint_nope_secret", "mint_0123456789ab_wrong"):
+        assert models_from(world, "203.0.113.8", guess).status_code == 401
+    shared = len(world.state.db.queries)
+    with world.queries() as queries:
+        assert models_from(world, "203.0.113.8", "mint_fedcba987654_guess").status_code == 429
+        assert models_from(world, "203.0.113.8", world.tenant_b.key("inference")[1]).status_code == 200
+    # No key lookup on the threads other tenants' misses use (the model list after it is one of theirs).
+    assert not [sql for sql in world.state.db.queries[shared:] if "tenants_apikey" in sql]
+    assert world.state.suspect_keys.batches == 2 and sum("tenants_apikey" in sql for sql in queries) >= 2
+
+
+def test_wrong_secrets_of_one_key_are_limited_per_key_whatever_the_address(world, settings):
+    settings.MINT_AUTH_FAILURES_PER_MIN = 3
+    prefix = world.token.split("_")[1]
+    for i in range(3):
+        assert models_from(world, f"198.51.100.{i}", f"mint_{prefix}_wrong{i}").status_code == 401
+    refused = models_from(world, "198.51.100.9", f"mint_{prefix}_wrong9")
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_auth_failures"
+    assert models_from(world, "198.51.100.9", world.token).status_code == 200  # the right secret still works
+
+
+def test_a_flood_of_random_keys_never_refuses_a_valid_key_from_the_same_address(world, settings):
+    """Both at once: 40 clients on one address send random keys while its valid keys (none cached at first)
+    keep calling; every valid call is answered 200, and the guesses are refused."""
+    import secrets
+
+    settings.MINT_AUTH_FAILURES_PER_MIN = 5
+    valid = [world.token, world.tenant_b.key("inference")[1], world.tenant_a.key("inference", "deploy")[1]]
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        flood: list[int] = []
+        good: list[int] = []
+        stop = asyncio.Event()
+        async with site(world.state, client=("203.0.113.77", 40000)) as client:
+
+            async def guesser() -> None:
+                while not stop.is_set():
+                    token = f"mint_{secrets.token_hex(6)}_{secrets.token_urlsafe(16)}"
+                    answer = await client.get("/v1/models", headers={"Authorization": f"Bearer {token}"})
+                    flood.append(answer.status_code)
+
+            async def caller() -> None:
+                for round_ in range(8):
+                    for token in valid:
+                        answer = await client.get("/v1/models", headers={"Authorization": f"Bearer {token}"})
+                        good.append(answer.status_code)
+                    if round_ == 3:
+                        world.state.keys.clear()  # looked up again, in the middle of the flood
+                    await asyncio.sleep(0.02)
+
+            guessers = [asyncio.ensure_future(guesser()) for _ in range(40)]
+            await asyncio.sleep(0.3)  # the address is past its limit before the first valid call
+            await caller()
+            stop.set()
+            await asyncio.gather(*guessers)
+        await settle(world.state)
+        return flood, good
+
+    flood, good = async_to_sync(scenario)()
+    assert good == [200] * 24
+    assert len(flood) > 100 and set(flood) <= {401, 429} and flood.count(429) > flood.count(401)
 
 
 def _concurrently(world, address: str, tokens: list[str]) -> tuple[list[int], list[str]]:
@@ -306,11 +368,12 @@ def _concurrently(world, address: str, tokens: list[str]) -> tuple[list[int], li
     return statuses, looked_up
 
 
-def test_an_address_cannot_have_more_guesses_looked_up_at_once_than_its_failure_budget(world, settings):
+def test_an_address_cannot_have_more_lookups_on_the_shared_threads_than_its_failure_budget(world, settings):
     settings.MINT_AUTH_FAILURES_PER_MIN = 3
     guesses = [f"mint_0123456789ab_guess{i}" for i in range(10)]
     statuses, looked_up = _concurrently(world, "203.0.113.20", guesses)
     assert len(looked_up) == 3  # the database threads every tenant shares saw three, not ten
+    assert world.state.suspect_keys.batches >= 1  # the other seven waited for the batched lane
     assert sorted(statuses) == [401] * 3 + [429] * 7
 
 

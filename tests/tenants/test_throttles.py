@@ -156,42 +156,87 @@ def three_failures(settings):
     settings.MINT_AUTH_FAILURES_PER_MIN = 3
 
 
-def test_an_address_past_the_failure_limit_gets_429_before_any_lookup(
-    tenant_a, three_failures, django_assert_num_queries
-):
+def test_a_guess_past_the_failure_limit_gets_429_and_a_valid_key_from_that_address_is_served(tenant_a, three_failures):
     _, token = tenant_a.key("pipeline")
-    for guess in ("mint_nope_secret", "not-a-token", f"mint_{token.split('_')[1]}_wrong"):
+    for guess in ("mint_nope_secret", "not-a-token", "mint_0123456789ab_wrong"):
         response = bearer(guess).get("/api/v1/")
         assert response.status_code == 401 and error_of(response)["code"] == "invalid_api_key"
 
-    with django_assert_num_queries(0):
-        response = bearer("mint_another_guess").get("/api/v1/")
+    response = bearer("mint_another_guess").get("/api/v1/")
 
     assert response.status_code == 429
     error = error_of(response)
     assert error["code"] == "too_many_auth_failures"
     assert 1 <= int(response["Retry-After"]) <= 60
     assert f"retry in {response['Retry-After']} s" in error["message"]
-    # The address is refused even with a good key; another address is not.
-    assert bearer(token).get("/api/v1/").status_code == 429
-    assert bearer(token, address="10.1.2.3").get("/api/v1/").status_code == 200
+    # A valid key is checked first: the address's failures never refuse it (a NAT, a load balancer).
+    assert bearer(token).get("/api/v1/").status_code == 200
+    assert bearer("mint_nope_secret", address="10.1.2.3").get("/api/v1/").status_code == 401
 
 
-def test_an_idempotency_key_does_not_get_a_limited_address_a_key_lookup(
-    tenant_a, three_failures, django_assert_num_queries
+def test_wrong_secrets_of_one_key_are_limited_per_key_from_any_address(tenant_a, three_failures):
+    _, token = tenant_a.key("pipeline")
+    prefix = token.split("_")[1]
+    for i in range(3):
+        assert bearer(f"mint_{prefix}_wrong{i}", address=f"198.51.100.{i}").get("/api/v1/").status_code == 401
+    refused = bearer(f"mint_{prefix}_wrong9", address="198.51.100.9").get("/api/v1/")
+    assert refused.status_code == 429 and error_of(refused)["code"] == "too_many_auth_failures"
+    assert bearer(token, address="198.51.100.9").get("/api/v1/").status_code == 200
+
+
+def test_an_idempotency_key_from_a_limited_address_claims_nothing_for_a_guess_and_serves_a_valid_key(
+    tenant_a, three_failures, dense_base
 ):
-    """The Idempotency-Key middleware resolves the caller before the view: past the limit it looks nothing up
-    either (and claims nothing), and the view answers 429."""
+    from tenants.models import IdempotencyRecord
+
     _, token = tenant_a.key("pipeline")
     for guess in ("mint_nope_secret", "not-a-token", "mint_x_wrong"):
         bearer(guess).get("/api/v1/")
 
-    client = bearer(token)
-    with django_assert_num_queries(0):
-        response = client.post("/api/v1/adapters/", {"name": "x"}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    guessed = bearer("mint_another_guess").post(
+        "/api/v1/adapters/", {"name": "x"}, format="json", HTTP_IDEMPOTENCY_KEY="k-1"
+    )
+    assert guessed.status_code == 429 and error_of(guessed)["code"] == "too_many_auth_failures"
+    assert not IdempotencyRecord.objects.exists()
+    created = bearer(token).post(
+        "/api/v1/adapters/", {"name": "x", "base_model": "test-dense"}, format="json", HTTP_IDEMPOTENCY_KEY="k-1"
+    )
+    assert created.status_code == 201
 
-    assert response.status_code == 429
-    assert error_of(response)["code"] == "too_many_auth_failures"
+
+@pytest.mark.django_db(transaction=True)
+def test_a_flood_of_random_keys_never_refuses_a_valid_key_from_the_same_address(tenant_a, three_failures):
+    """Both at once: four threads send random keys from one address while a valid key from it keeps calling."""
+    import secrets
+    import threading
+
+    from django.db import connection
+
+    _, token = tenant_a.key("pipeline")
+    stop = threading.Event()
+    flood: list[int] = []
+
+    def guesser() -> None:
+        try:
+            while not stop.is_set():
+                guess = f"mint_{secrets.token_hex(6)}_{secrets.token_urlsafe(16)}"
+                flood.append(bearer(guess, address="203.0.113.50").get("/api/v1/").status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=guesser) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        while len(flood) < 10:
+            stop.wait(0.01)
+        valid = [bearer(token, address="203.0.113.50").get("/api/v1/").status_code for _ in range(15)]
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert valid == [200] * 15
+    assert 429 in flood and set(flood) <= {401, 429}
 
 
 def test_answers_about_genuine_keys_are_not_failures(tenant_a, three_failures):
@@ -214,10 +259,12 @@ def test_authenticate_token_counts_for_the_client_it_is_given(tenant_a, three_fa
         with pytest.raises(KeyRefused):
             authenticate_token("mint_nope_secret", client="192.0.2.7")
     with pytest.raises(TooManyAuthFailures) as refused:
-        authenticate_token(token, client="192.0.2.7")
+        authenticate_token("mint_nope_secret", client="192.0.2.7")
     assert refused.value.status_code == 429 and 1 <= refused.value.wait <= 60
     assert refused.value.get_codes() == "too_many_auth_failures"
-    assert authenticate_token(token).prefix == token.split("_")[1]  # no client: nothing is counted
+    assert authenticate_token(token, client="192.0.2.7").prefix == token.split("_")[1]  # never the valid key
+    with pytest.raises(KeyRefused):
+        authenticate_token("mint_nope_secret")  # no client: nothing is counted
 
 
 def test_ipv6_addresses_are_counted_per_64(tenant_a, three_failures):
