@@ -12,11 +12,11 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from adapters import upload_gate, uploads  # noqa: E402
 from frontend.routing import websocket_urlpatterns  # noqa: E402
 from mint_site.limits import BodyLimit  # noqa: E402
+from mint_site.ws_origin import SameOriginValidator  # noqa: E402
 from serving.gateway.asgi import with_gateway  # noqa: E402
 
 application = with_gateway(
@@ -29,7 +29,8 @@ application = with_gateway(
                 upload_gate=upload_gate.allowance,
                 route_limits=[uploads.PART_ROUTE_LIMIT],  # a resumable upload's parts: up to MINT_UPLOAD_PART_BYTES
             ),
-            "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+            # Only the site's own origin (scheme, host and port) or CSRF_TRUSTED_ORIGINS may open a socket.
+            "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
         }
     )
 )
