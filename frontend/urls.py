@@ -30,6 +30,7 @@ urlpatterns = [
     path("members/<str:username>/transfer/", members.member_transfer, name="member-transfer"),
     path("invitations/<int:invitation_id>/revoke/", members.invitation_revoke, name="invitation-revoke"),
     path("settings/", members.tenant_settings, name="settings"),
+    path("settings/sso/", members.sso_policy, name="sso-policy"),
     # The caller's tenant and its plan on the REST API; here because it reads every app's counts.
     path("api/v1/tenant/", apis.TenantPlanApi.as_view(), name="api-tenant"),
     path("nodes/", pages.nodes, name="nodes"),

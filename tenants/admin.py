@@ -10,17 +10,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import models, transaction
 from django.db.models import QuerySet
 from django.forms import BaseModelFormSet, ModelForm
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
 from mint_site.errors import MintError
-from tenants import services
+from tenants import members, services
 from tenants.access import Actor
-from tenants.models import ApiKey, AuditEvent, Membership, Role, Tenant
+from tenants.models import ApiKey, AuditEvent, IdentityProvider, Membership, Role, Tenant
 
 
 class ServiceRefusalsAsMessages:
@@ -47,6 +48,10 @@ class ServiceRefusalsAsMessages:
             return HttpResponseRedirect(request.get_full_path())
 
 
+# Single sign-on: the issuer a tenant's people sign in with, and who joins through it (tenants/sso.py).
+SSO_FIELDS = ("sso_provider", "sso_join", "sso_default_role")
+
+
 class MembershipInline(admin.TabularInline):
     """A tenant's members on its page. Saved by `TenantAdmin.save_formset` through the membership services."""
 
@@ -70,7 +75,7 @@ class TenantAdmin(ServiceRefusalsAsMessages, admin.ModelAdmin):
     search_fields = ["slug", "name"]
     list_filter = ["is_active", "four_eyes"]
     inlines = [MembershipInline]
-    fields = ["slug", *services.TENANT_UPDATABLE_FIELDS, "created_at"]
+    fields = ["slug", *services.TENANT_UPDATABLE_FIELDS, *SSO_FIELDS, "created_at"]
     readonly_fields = ["slug", "created_at"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -79,10 +84,27 @@ class TenantAdmin(ServiceRefusalsAsMessages, admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Tenant | None = None) -> bool:
         return False
 
+    def formfield_for_dbfield(self, db_field, request: HttpRequest, **kwargs: Any):
+        if db_field.name == "sso_default_role":
+            return forms.ChoiceField(
+                choices=[(r, r) for r in members.SSO_DEFAULT_ROLES], label="SSO default role", required=True
+            )
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
+
     def save_model(self, request: HttpRequest, obj: Tenant, form: ModelForm, change: bool) -> None:
         # `obj` already carries the form's values; tenant_update reads the stored ones for the audit's "before".
-        changes = {name: form.cleaned_data[name] for name in form.changed_data}
-        services.tenant_update(tenant=obj, changes=changes, by=Actor(user=request.user))
+        changes = {name: form.cleaned_data[name] for name in form.changed_data if name not in SSO_FIELDS}
+        by = Actor(user=request.user)
+        services.tenant_update(tenant=obj, changes=changes, by=by)
+        sso = {name: form.cleaned_data[name] for name in form.changed_data if name in SSO_FIELDS}
+        if sso:
+            members.tenant_sso_update(
+                tenant=obj,
+                by=by,
+                **({"provider": sso["sso_provider"]} if "sso_provider" in sso else {}),
+                join=sso.get("sso_join"),
+                default_role=sso.get("sso_default_role"),
+            )
 
     def save_formset(self, request: HttpRequest, form: ModelForm, formset: BaseModelFormSet, change: bool) -> None:
         if formset.model is not Membership:
@@ -231,3 +253,36 @@ class AuditEventAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(IdentityProvider)
+class IdentityProviderAdmin(admin.ModelAdmin):
+    """OpenID Connect issuers MinT is registered with as a client; bind a tenant to one on the tenant's page."""
+
+    list_display = ["name", "issuer", "client_id"]
+    search_fields = ["name", "issuer"]
+    fields = [
+        "name",
+        "issuer",
+        "client_id",
+        "client_secret",
+        "authorization_endpoint",
+        "token_endpoint",
+        "userinfo_endpoint",
+        "jwks_uri",
+        "signing_algorithm",
+        "scopes",
+    ]
+
+    def formfield_for_dbfield(self, db_field, request: HttpRequest, **kwargs: Any):
+        if db_field.name == "client_secret":  # shown to nobody once saved; kept when left empty
+            kwargs["widget"] = forms.PasswordInput(render_value=False)
+            kwargs["required"] = False
+        if isinstance(db_field, models.URLField):
+            kwargs["assume_scheme"] = "https"  # an issuer's address without a scheme is an https one
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
+
+    def save_model(self, request: HttpRequest, obj: IdentityProvider, form: ModelForm, change: bool) -> None:
+        if change and not form.cleaned_data.get("client_secret"):
+            obj.client_secret = IdentityProvider.objects.get(pk=obj.pk).client_secret
+        super().save_model(request, obj, form, change)

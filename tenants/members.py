@@ -12,6 +12,7 @@ import logging
 import secrets
 import smtplib
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -27,7 +28,7 @@ from rest_framework import status
 from mint_site.errors import Conflict, MintError, NotFound, QuotaExceeded
 from tenants import invitation_links, services
 from tenants.access import Actor
-from tenants.models import Invitation, Membership, Role, Tenant
+from tenants.models import IdentityProvider, Invitation, Membership, Role, Tenant
 
 log = logging.getLogger(__name__)
 
@@ -318,3 +319,50 @@ def ownership_transfer(
         after={"owner": to.get_username(), "previous_owner_role": previous_role},
     )
     return membership
+
+
+SSO_JOIN_CHOICES = ("invitation", "default_role")
+SSO_DEFAULT_ROLES = (Role.APPROVER, Role.DEVELOPER, Role.VIEWER)
+_UNSET = object()
+
+
+@transaction.atomic
+def tenant_sso_update(
+    *,
+    tenant: Tenant,
+    by: Actor,
+    provider: IdentityProvider | object | None = _UNSET,
+    join: str | None = None,
+    default_role: str | None = None,
+) -> Tenant:
+    """Bind the tenant to an identity provider (staff: the registration holds a secret), or change who joins
+    through it (`join`: invitation or default_role) and with which role (never owner). Audited as `tenant.sso`
+    with what changed; a call that changes nothing records nothing."""
+    current = Tenant.objects.select_for_update().get(id=tenant.id)
+    wanted: dict[str, Any] = {}
+    if provider is not _UNSET:
+        wanted["sso_provider_id"] = provider.id if provider is not None else None
+    if join is not None:
+        if join not in SSO_JOIN_CHOICES:
+            raise MintError(
+                f"sso_join must be one of {', '.join(SSO_JOIN_CHOICES)}.", detail={"sso_join": ["unknown choice"]}
+            )
+        wanted["sso_join"] = join
+    if default_role is not None:
+        if default_role not in SSO_DEFAULT_ROLES:
+            raise MintError(
+                f"sso_default_role must be one of {', '.join(SSO_DEFAULT_ROLES)} (owners are made by invitation).",
+                detail={"sso_default_role": ["unknown or not allowed"]},
+            )
+        wanted["sso_default_role"] = default_role
+    changed = {name: value for name, value in wanted.items() if getattr(current, name) != value}
+    if not changed:
+        return current
+    before = {name: getattr(current, name) for name in changed}
+    for name, value in changed.items():
+        setattr(current, name, value)
+    current.save(update_fields=[name.removesuffix("_id") for name in changed])
+    services.audit_record(
+        tenant=current, actor=by, action="tenant.sso", target=f"tenant:{current.slug}", before=before, after=changed
+    )
+    return current

@@ -137,9 +137,32 @@ def invitation_revoke(request: HttpRequest, invitation_id: int) -> HttpResponse:
     return act(request, reverse("frontend:members"), run, anchor="invitations")
 
 
+@require_POST
+@page(Capability.MANAGE_MEMBERS)
+def sso_policy(request: HttpRequest) -> HttpResponse:
+    """Who joins through the tenant's issuer (owners): only people invited, or anyone of it with a role."""
+
+    def run() -> str:
+        tenant = members.tenant_sso_update(
+            tenant=request.viewer.tenant,
+            by=request.viewer.access.actor,
+            join=request.POST.get("sso_join", ""),
+            default_role=request.POST.get("sso_default_role", ""),
+        )
+        if tenant.sso_join == "default_role":
+            return f"People of the issuer now join as {tenant.sso_default_role} when they first sign in."
+        return "Only people invited join through the issuer now."
+
+    return act(request, reverse("frontend:settings"), run, anchor="sso")
+
+
 @page()
 def tenant_settings(request: HttpRequest) -> HttpResponse:
     """The tenant's plan, each field with its value and use; four-eyes; the single sign-on binding."""
     tenant = request.viewer.tenant
-    context = {"rows": plan_selectors.plan_rows(tenant=tenant), "sso_provider": tenant.sso_provider}
+    context = {
+        "rows": plan_selectors.plan_rows(tenant=tenant),
+        "sso_provider": tenant.sso_provider,
+        "sso_roles": members.SSO_DEFAULT_ROLES,
+    }
     return render(request, "frontend/settings.html", context)

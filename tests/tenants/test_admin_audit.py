@@ -68,6 +68,12 @@ def tenant_change_form(
     values = {name: getattr(tenant, name) for name in services.TENANT_UPDATABLE_FIELDS} | fields
     data = {name: str(value) for name, value in values.items() if not isinstance(value, bool)}
     data |= {name: "on" for name, value in values.items() if value is True}  # an unticked box is not posted
+    data |= {
+        "sso_provider": str(tenant.sso_provider_id or ""),
+        "sso_join": tenant.sso_join,
+        "sso_default_role": tenant.sso_default_role,
+    }
+    data |= {name: str(fields[name]) for name in ("sso_provider", "sso_join", "sso_default_role") if name in fields}
     members = list(tenant.memberships.order_by("id"))
     data |= {
         "memberships-TOTAL_FORMS": str(len(members) + len(add)),
