@@ -31,11 +31,12 @@ log = logging.getLogger(__name__)
 BATCH = 500
 
 
-def _owned_prefixes(revision: AdapterRevision) -> list[str]:
-    """Store prefixes that belong to this revision alone: its upload (not a tenant's incoming files) and exports."""
+def owned_prefixes(revision: AdapterRevision, *, source: bool = True) -> list[str]:
+    """Store prefixes that belong to this revision alone: its exports and (with `source`) its upload (never a
+    tenant's incoming files)."""
     adapter_prefix = store.adapter_prefix(revision.adapter)
     prefixes = [f"{adapter_prefix}/r{revision.number}"]  # export/ and any .export-* staging
-    if revision.source_uri.startswith(f"{adapter_prefix}/uploads/"):
+    if source and revision.source_uri.startswith(f"{adapter_prefix}/uploads/"):
         prefixes.append(revision.source_uri)
     return prefixes
 
@@ -50,7 +51,7 @@ def uploads_collect(*, now=None, batch: int = BATCH) -> int:
         .order_by("updated_at")[:batch]
     )
     for revision in due:
-        store.delete_prefixes(_owned_prefixes(revision))
+        store.delete_prefixes(owned_prefixes(revision))
         with transaction.atomic():
             if not AdapterRevision.objects.filter(id=revision.id, purged_at__isnull=True).update(purged_at=now):
                 continue  # another collector got there first

@@ -40,11 +40,29 @@ class BaseModel(models.Model):
         return BaseModelSpec.from_config(self.config, max_lora_rank=self.max_lora_rank)
 
 
+# What an adapter's name is made of: the API checks names against it (adapters.serializers.ADAPTER_NAME), and the
+# catalog's search refuses a term no name could contain (adapters.selectors.adapter_search_term).
+ADAPTER_NAME_CHARS = "a-z0-9._-"
+ADAPTER_NAME_MAX = 64
+
+
+class LiveAdapterManager(models.Manager):
+    """Adapters that were not deleted: what every listing, lookup and route sees (`Adapter.objects`)."""
+
+    def get_queryset(self) -> models.QuerySet:
+        return super().get_queryset().filter(deleted_at__isnull=True)
+
+
 class Adapter(models.Model):
-    """A policy of one tenant on one base model: a named line of revisions."""
+    """A policy of one tenant on one base model: a named line of revisions.
+
+    A deleted adapter (serving.services.adapter_delete) keeps its row, its archived revisions and its name:
+    `Adapter.objects` hides it, `Adapter.all_objects` finds it, and the name is not given to a new adapter
+    (usage, audit events and old `model` strings name adapters by it).
+    """
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="adapters")
-    name = models.CharField(max_length=64)
+    name = models.CharField(max_length=ADAPTER_NAME_MAX)
     base_model = models.ForeignKey(BaseModel, on_delete=models.PROTECT, related_name="adapters")
     description = models.TextField(blank=True)
     created_by = models.ForeignKey(
@@ -69,8 +87,27 @@ class Adapter(models.Model):
     evaluation_no_regression = models.BooleanField(
         default=False, db_default=False, help_text="Refuse a revision scoring below the live revision."
     )
+    tags = models.JSONField(default=list, blank=True, help_text="Short labels people filter and group adapters by.")
+    # Retention (serving/services/retention.py): the adapter's own policy, else its tenant plan's.
+    retention_keep_last = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Keep this many newest exported revisions (and every named or kept one); archive the rest. "
+        "Empty: the tenant plan's retention_keep_last.",
+    )
+    retention_grace_days = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Keep a revision an alias named within this many days. Empty: the tenant plan's.",
+    )
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    objects = LiveAdapterManager()
+    all_objects = models.Manager()  # noqa: DJ012 (ruff reads the custom manager above as a field)
 
     class Meta:
+        base_manager_name = "all_objects"
         constraints = [
             models.UniqueConstraint(fields=["tenant", "name"], name="adapter_tenant_name_unique"),
             models.CheckConstraint(
@@ -118,6 +155,8 @@ class RevisionState(models.TextChoices):
     APPROVED = "approved", "Approved"
     REJECTED = "rejected", "Rejected"
     FAILED = "failed", "Failed"
+    # Retired (serving.services.revision_archive, retention): its files are collected, its row stays.
+    ARCHIVED = "archived", "Archived"
 
 
 class AdapterRevision(models.Model):
@@ -170,7 +209,17 @@ class AdapterRevision(models.Model):
     picked_up_at = models.DateTimeField(null=True, blank=True)
     export_bytes = models.PositiveBigIntegerField(default=0, db_default=0, help_text="Bytes of the frozen export.")
     purged_at = models.DateTimeField(
-        null=True, blank=True, help_text="When the files of this failed or rejected revision were collected."
+        null=True,
+        blank=True,
+        help_text="When the source files of this revision were collected (failed, rejected, "
+        "archived without keeping its source).",
+    )
+    # Archive (adapters.services.retirement): the export is collected, the source too unless it is kept; the
+    # row, its policy record, approvals, audit trail and usage stay. `archived_from` is the state it left.
+    archived_at = models.DateTimeField(null=True, blank=True)
+    archived_from = models.CharField(max_length=20, blank=True, default="", db_default="")
+    keep = models.BooleanField(
+        default=False, db_default=False, help_text="Never archived by retention (set by a person or a pipeline)."
     )
     created_at = models.DateTimeField(default=timezone.now)
     validated_at = models.DateTimeField(null=True, blank=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
 from adapters.models import Adapter, AdapterRevision, BaseModel, Evaluation, EvaluationSuite, RevisionState
@@ -26,9 +26,13 @@ def storage_use(*, tenant: Tenant) -> StorageUse:
 
 
 def storage_recount(*, tenant: Tenant) -> StorageUse:
-    """Counted from the revisions whose files are kept (not yet collected): what the row's counters must equal."""
+    """Counted from the revisions whose files are kept (not yet collected): what the row's counters must equal.
+
+    An archived revision whose source was kept counts its source only (its export was collected)."""
     totals = AdapterRevision.objects.filter(adapter__tenant=tenant, purged_at__isnull=True).aggregate(
-        bytes=Coalesce(Sum("size_bytes"), 0) + Coalesce(Sum("export_bytes"), 0), revisions=Count("id")
+        bytes=Coalesce(Sum("size_bytes"), 0)
+        + Coalesce(Sum("export_bytes", filter=~Q(state=RevisionState.ARCHIVED)), 0),
+        revisions=Count("id"),
     )
     return StorageUse(bytes=int(totals["bytes"]), revisions=totals["revisions"])
 

@@ -34,7 +34,7 @@ class AdapterSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Adapter
-        fields = ["name", "base_model", "description", "created_at", "revision_counter"]
+        fields = ["name", "base_model", "description", "tags", "created_at", "revision_counter"]
 
 
 class AdapterCreateSerializer(serializers.Serializer):
@@ -93,6 +93,8 @@ class RevisionSerializer(serializers.ModelSerializer):
         return _label(revision.parent)
 
     def get_registered_by(self, revision: AdapterRevision) -> str | None:
+            "keep",
+            "archived_at",
         if revision.created_by_key is not None:
             return f"key:{revision.created_by_key.prefix}"
         return revision.created_by.get_username() if revision.created_by else None

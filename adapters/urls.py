@@ -1,10 +1,12 @@
 from django.urls import path
 
-from adapters import apis, evaluation_apis, upload_apis
+from adapters import apis, downloads, evaluation_apis, upload_apis
 
 # Adapters themselves (list, create, detail) and their aliases are routed by serving.urls.
 urlpatterns = [
     path("base-models/", apis.BaseModelListApi.as_view(), name="base-models"),
+    # A revision's exported files, by the expiring link the API or dashboard made (adapters/downloads.py).
+    path("downloads/<str:token>/", downloads.export_file, name="download"),
     path("adapters/<str:name>/revisions/", apis.RevisionListRegisterApi.as_view(), name="revisions"),
     path("adapters/<str:name>/revisions/<int:number>/", apis.RevisionDetailApi.as_view(), name="revision-detail"),
     path(

@@ -300,6 +300,15 @@ MINT_STAGE_STALE_AFTER_S = env_int("MINT_STAGE_STALE_AFTER_S", 600, minimum=1)
 MINT_TASK_PICKUP_S = env_float("MINT_TASK_PICKUP_S", 60.0, minimum=0.1)
 # Uploads of failed and rejected revisions are removed this long after they ended (the rows and audit stay).
 MINT_UPLOAD_RETENTION_DAYS = env_float("MINT_UPLOAD_RETENTION_DAYS", 7.0, minimum=0)
+# Retention (serving/services/retention.py): archives per run of the beat ("retention-sweep"), after an export or
+# when a registration finds the quota full, and adapters looked at per beat run.
+MINT_RETENTION_BATCH = env_int("MINT_RETENTION_BATCH", 200, minimum=1)
+MINT_RETENTION_ADAPTERS_PER_RUN = env_int("MINT_RETENTION_ADAPTERS_PER_RUN", 1000, minimum=1)
+MINT_RETENTION_SWEEP_S = env_float("MINT_RETENTION_SWEEP_S", 600.0, minimum=1)
+# A revision's exported files: how long a download link lasts (signed, or the S3 store's presigned URL), and the
+# largest export whose tensor norms the dashboard's diff computes (larger ones show shapes only).
+MINT_DOWNLOAD_LINK_S = env_int("MINT_DOWNLOAD_LINK_S", 600, minimum=10)
+MINT_INSPECT_MAX_BYTES = env_int("MINT_INSPECT_MAX_BYTES", 64 * 1024 * 1024, minimum=0)
 
 # Request bodies, refused by the ASGI layer before Django reads (and spools) them (mint_site/limits.py):
 # any route but the upload routes and the gateway. Upload routes take at most MINT_MAX_UPLOAD_BYTES from
@@ -436,6 +445,7 @@ MINT_WEBHOOK_TENANT_CONCURRENCY = env_int("MINT_WEBHOOK_TENANT_CONCURRENCY", 1, 
 # Pending deliveries past which a tenant's pings and redeliveries are refused (429 webhook_backlog_full).
 MINT_WEBHOOK_MAX_PENDING = env_int("MINT_WEBHOOK_MAX_PENDING", 1000, minimum=1)
 MINT_WEBHOOK_MAX_RESPONSE_BYTES = env_int("MINT_WEBHOOK_MAX_RESPONSE_BYTES", 64 * 1024, minimum=0)
+    "retention-sweep": {"task": "serving.tasks.retention_sweep", "schedule": MINT_RETENTION_SWEEP_S},
 MINT_WEBHOOK_RETENTION_DAYS = env_int("MINT_WEBHOOK_RETENTION_DAYS", 30, minimum=1)
 MINT_WEBHOOK_ALLOW_PRIVATE = env_bool("MINT_WEBHOOK_ALLOW_PRIVATE", False)
 

@@ -23,12 +23,12 @@ from rest_framework.response import Response
 
 from adapters import apis as catalog
 from adapters import selectors as adapter_selectors
+from adapters import services as adapter_services
 from adapters.models import Adapter, AdapterRevision
 from adapters.selectors import base_model_by_name
-from adapters.serializers import AdapterReplicasSerializer
 from mint_site.csv_cells import csv_cell
 from mint_site.errors import Conflict, MintError, NotFound
-from serving import selectors, services
+from serving import retire_apis, selectors, services
 from serving.models import NodeState, PlacementState, ServingNode
 from serving.serializers import (
     ActivateSerializer,
@@ -69,30 +69,50 @@ class AdapterListCreateApi(catalog.AdapterListCreateApi):
 
 @extend_schema_view(get=extend_schema(responses=AdapterDetailSerializer))
 class AdapterDetailApi(catalog.AdapterDetailApi):
-    """One adapter with its aliases, latest revisions and replicas; PATCH its `replicas` (deploy key or approver+)."""
+    """One adapter with its aliases, latest revisions and replicas. PATCH its `replicas` (deploy key or approver+)
+    or its `description` and `tags` (pipeline key or developer+); DELETE it (deploy key or approver+: only with
+    no live alias; its revisions are archived, its name is not reused)."""
 
     serializer_class = AdapterDetailSerializer
-    capabilities = {"GET": Capability.READ, "PATCH": Capability.DECIDE}
+    capabilities = {"GET": Capability.READ, "PATCH": Capability.DECIDE, "DELETE": Capability.DECIDE}
+
+    def required_capability(self, request) -> Capability:
+        # Words about the adapter are a registrant's to change; how it is served is a decider's.
+        if request.method == "PATCH" and hasattr(request.data, "keys") and set(request.data) <= {"description", "tags"}:
+            return Capability.REGISTER
+        return super().required_capability(request)
 
     def get_base_queryset(self):
         adapters = adapter_selectors.adapter_list(tenant=self.tenant).select_related("tenant")
         return selectors.with_aliases(adapters, placements=True)
 
     @extend_schema(
-        request=AdapterReplicasSerializer,
+        request=retire_apis.AdapterUpdateSerializer,
         responses={200: AdapterDetailSerializer},
         examples=[
             OpenApiExample("two replicas", value={"replicas": 2}, request_only=True),
             OpenApiExample("the platform default", value={"replicas": None}, request_only=True),
         ],
+            OpenApiExample("words", value={"description": "Tier-1 support", "tags": ["support"]}, request_only=True),
     )
     def patch(self, request, name: str):
         adapter = self.get_tenant_object(name=name)
-        payload = AdapterReplicasSerializer(data=request.data)
+        payload = retire_apis.AdapterUpdateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        services.adapter_scale(adapter=adapter, replicas=payload.validated_data["replicas"], by=request.access.actor)
+        data = payload.validated_data
+        if "replicas" in data:
+            services.adapter_scale(adapter=adapter, replicas=data["replicas"], by=request.access.actor)
+        if "description" in data or "tags" in data:
+            adapter_services.adapter_update(
+                adapter=adapter, by=request.access.actor, description=data.get("description"), tags=data.get("tags")
+            )
         return self.get(request, name)
 
+
+    @extend_schema(request=None, responses={200: retire_apis.AdapterDeletedSerializer})
+    def delete(self, request, name: str):
+        deleted = services.adapter_delete(adapter=self.get_tenant_object(name=name), by=request.access.actor)
+        return Response({"adapter": deleted.adapter, "deleted": True, "archived": deleted.archived})
 
 class AdapterActivateApi(catalog.AdapterApiMixin, TenantApi):
     """Set an alias's desired revision (`production` by default). It flips once the revision is ready to serve."""

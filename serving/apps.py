@@ -17,3 +17,10 @@ class ServingConfig(AppConfig):
 
         # The evaluation runner reacts to the catalog's requests (adapters never imports serving).
         evaluation_requested.connect(run_evaluation, dispatch_uid="serving.evaluation_runner")
+
+        from adapters.signals import revision_exported, storage_needed
+        from serving.services.retention import on_revision_exported, on_storage_needed
+
+        # Retention follows the catalog: after each export, and when a registration finds the quota full.
+        revision_exported.connect(on_revision_exported, dispatch_uid="serving.retention_on_export")
+        storage_needed.connect(on_storage_needed, dispatch_uid="serving.retention_make_room")

@@ -89,10 +89,6 @@ class Alias(models.Model):
 ROUTED_EXPERTS_FLAG = "--enable-return-routed-experts"
 
 
-# The vLLM flag a node's `engine_flags` carries when its engine returns routed experts (R3) with every choice.
-ROUTED_EXPERTS_FLAG = "--enable-return-routed-experts"
-
-
 class NodeState(models.TextChoices):
     UP = "up", "Up"
     DOWN = "down", "Down"
@@ -132,11 +128,6 @@ class ServingNode(models.Model):
         from mint_site.celery import node_queue
 
         return node_queue(self.name)
-
-    @property
-    def returns_routed_experts(self) -> bool:
-        """Its engine returns the experts each token was routed to (a node setting: the engine flag below)."""
-        return ROUTED_EXPERTS_FLAG in (self.engine_flags or ())
 
     @property
     def returns_routed_experts(self) -> bool:

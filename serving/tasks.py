@@ -24,7 +24,7 @@ from adapters.artifacts.export import sha256_file
 from serving import selectors, services
 from serving.models import AgentPing, NodeState, Placement, PlacementState, ServingNode, lora_name
 from serving.services import sweep
-from serving.vllm import VllmClient, VllmError
+from serving.vllm import VllmClient, VllmError, context_window
 from tenants.access import Actor
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,8 @@ def nodes_heartbeat(self) -> None:
             loaded: set[str] | None = None
             if healthy:
                 try:
-                    loaded = set(engine.models())
+                    entries = engine.model_entries()
+                    loaded, context = {e["id"] for e in entries}, context_window(entries)
                 except VllmError:
                     healthy = False
             version = engine.version() if healthy else ""
@@ -181,11 +182,21 @@ def nodes_heartbeat(self) -> None:
             continue
         if node.state == NodeState.DOWN:
             services.node_set_state(
-                node=node, state=NodeState.UP, by=Actor.system(), engine_version=version, heartbeat=True
+                node=node,
+                state=NodeState.UP,
+                by=Actor.system(),
+                engine_version=version,
+                heartbeat=True,
+                max_model_len=context,
             )
         else:
             services.node_set_state(
-                node=node, state=node.state, by=Actor.system(), engine_version=version, heartbeat=True
+                node=node,
+                state=node.state,
+                by=Actor.system(),
+                engine_version=version,
+                heartbeat=True,
+                max_model_len=context,
             )
         if node.state == NodeState.UP:
             result = services.node_reconcile(node=node, loaded=loaded or set())
@@ -236,6 +247,7 @@ def node_probe(self, *, node_id: int) -> None:
         if engine.health():
             log.info("node %s was reported unreachable but answers its health check", node)
             return
+            context = None
     log.warning("node %s was reported unreachable and fails its health check: down", node)
     services.node_set_state(node=node, state=NodeState.DOWN, by=Actor.system())
     services.canaries_stranded_abort(base_model_id=node.base_model_id)
@@ -267,3 +279,36 @@ def evaluation_cases(self, *, evaluation_id: int, placement_id: int, step: int =
 
     done = evaluation.evaluation_cases(evaluation_id=evaluation_id, placement_id=placement_id, step=step)
     log.info("evaluation %s: %s", evaluation_id, done)
+
+
+# ---------------------------------------------------------------- retiring and retention (serving/services/retire.py)
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True)
+def revision_leave_nodes(self, *, revision_id: int, attempt: int = 0) -> None:
+    """A revision nothing names any more (its alias deactivated, or it was archived) leaves the nodes."""
+    from serving.services import retire
+
+    released = retire.revision_leave_nodes(revision_id=revision_id, attempt=attempt)
+    if released and any(released.values()):
+        log.info("revision %s leaves the nodes: %s", revision_id, released)
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True)
+def retention_adapter(self, *, adapter_id: int) -> None:
+    """An adapter's retention, run now (a revision of it was just exported): archives what its policy lets go."""
+    from serving.services import retention
+
+    done = retention.retention_run_adapter(adapter_id=adapter_id)
+    if done:
+        log.info("retention of adapter %s archived %s", adapter_id, done)
+
+
+@shared_task(ignore_result=True)
+def retention_sweep() -> None:
+    """Beat: retention over every adapter with a policy, a bounded number of archives per run."""
+    from serving.services import retention
+
+    done = retention.retention_sweep()
+    if any(done.values()):
+        log.info("retention sweep: %s", done)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from serving import apis
+from serving import apis, retire_apis
 
 urlpatterns = [
     path("adapters/", apis.AdapterListCreateApi.as_view(), name="adapters"),
@@ -11,6 +11,33 @@ urlpatterns = [
     path("adapters/<str:name>/promote/", apis.AdapterPromoteApi.as_view(), name="adapter-promote"),
     path("adapters/<str:name>/abort/", apis.AdapterAbortApi.as_view(), name="adapter-abort"),
     path("nodes/", apis.ServingNodeListCreateApi.as_view(), name="nodes"),
+    # The rest of an adapter's life (serving/retire_apis.py).
+    path("adapters/<str:name>/deactivate/", retire_apis.AdapterDeactivateApi.as_view(), name="adapter-deactivate"),
+    path("adapters/<str:name>/retention/", retire_apis.AdapterRetentionApi.as_view(), name="adapter-retention"),
+    path("adapters/<str:name>/diff/", retire_apis.AdapterDiffApi.as_view(), name="adapter-diff"),
+    path(
+        "adapters/<str:name>/revisions/<int:number>/archive/",
+        retire_apis.RevisionArchiveApi.as_view(),
+        name="revision-archive",
+    ),
+    path(
+        "adapters/<str:name>/revisions/<int:number>/restore/",
+        retire_apis.RevisionRestoreApi.as_view(),
+        name="revision-restore",
+    ),
+    path(
+        "adapters/<str:name>/revisions/<int:number>/keep/", retire_apis.RevisionKeepApi.as_view(), name="revision-keep"
+    ),
+    path(
+        "adapters/<str:name>/revisions/<int:number>/download/",
+        retire_apis.RevisionDownloadApi.as_view(),
+        name="revision-download",
+    ),
+    path(
+        "adapters/<str:name>/revisions/<int:number>/lineage/",
+        retire_apis.RevisionLineageApi.as_view(),
+        name="revision-lineage",
+    ),
     path("nodes/<str:name>/drain/", apis.ServingNodeDrainApi.as_view(), name="node-drain"),
     path("nodes/<str:name>/undrain/", apis.ServingNodeUndrainApi.as_view(), name="node-undrain"),
     path("usage/", apis.UsageApi.as_view(), name="usage"),

@@ -49,10 +49,14 @@ class VllmClient:
 
     def models(self) -> list[str]:
         """Names vLLM serves now: the base model and every loaded LoRA."""
+        return [entry["id"] for entry in self.model_entries()]
+
+    def model_entries(self) -> list[dict]:
+        """vLLM's /v1/models entries: `id`, and `max_model_len` (the context window) among others."""
         response = self._call("GET", "/v1/models", timeout=5.0)
         if response.status_code != 200:
             raise VllmError(f"GET /v1/models: {response.status_code}", status=response.status_code, transient=True)
-        return [entry["id"] for entry in response.json().get("data", [])]
+        return [entry for entry in response.json().get("data", []) if isinstance(entry, dict) and "id" in entry]
 
     def version(self) -> str:
         try:
@@ -130,3 +134,10 @@ class VllmClient:
             raise VllmError(f"{path} for {model}: an answer without choices ({exc})") from exc
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         return str(text or ""), usage
+
+
+def context_window(entries: list[dict]) -> int | None:
+    """The engine's max_model_len from its /v1/models entries (the base model's; LoRAs report the same)."""
+    lengths = [e.get("max_model_len") for e in entries]
+    found = [n for n in lengths if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+    return min(found) if found else None

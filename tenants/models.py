@@ -146,6 +146,16 @@ class Tenant(models.Model):
         db_default=16 * MiB,
         help_text="Bytes of routed experts (R3) one sampling answer may carry, over its choices; 0: none returned.",
     )
+    # Retention (serving/services/retention.py): an adapter without its own policy follows these.
+    retention_keep_last = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Keep this many newest exported revisions per adapter (and every named or kept one), archive "
+        "the rest; 0: no retention unless an adapter sets its own.",
+    )
+    retention_grace_days = models.PositiveIntegerField(
+        default=7, db_default=7, help_text="Retention keeps a revision an alias named within this many days."
+    )
     four_eyes = models.BooleanField(
         default=True, help_text="Nobody approves a revision they registered (or that a key they created registered)."
     )

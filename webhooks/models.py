@@ -24,6 +24,11 @@ WEBHOOK_EVENTS = (
     "canary.promoted",
     "canary.aborted",
     "placement.failed",
+    # Retiring (serving/services/retire.py, retention): `data` names the adapter, and the revision or alias.
+    "revision.archived",
+    "revision.restored",
+    "alias.deactivated",
+    "adapter.deleted",
     # A tenant's people (tenants/members.py): `data` names the member (username, or the address invited), the
     # role (none once removed) and who made the change.
     "member.invited",

@@ -50,7 +50,7 @@ SWEEP_GRACE_S = 60.0
 SWEEP_BATCH = 1000
 
 # Live events (mint_site/events.py) → webhook events.
-_REVISION_STATES = {"validated", "failed", "exported", "approved", "rejected"}
+_REVISION_STATES = {"validated", "failed", "exported", "approved", "rejected", "archived"}
 _EVALUATION_DONE = {"passed", "failed", "unavailable"}
 _CANARY_STATES = {"started", "promoted", "aborted"}
 _MEMBER_STATES = {"invited", "invitation_revoked", "joined", "role_changed", "removed"}
@@ -61,10 +61,16 @@ _ENVELOPE = {"type", "id", "at", "updated_us"}
 def webhook_event_of(event: dict[str, Any]) -> str | None:
     """The webhook event a live event is, or None for the many that are none (placements loading, keys…)."""
     kind, state = event.get("type"), event.get("state")
+    if kind == "revision.state" and event.get("restored"):
+        return "revision.restored"
     if kind == "revision.state" and state in _REVISION_STATES:
         return f"revision.{state}"
     if kind == "alias.flip":
         return "alias.flipped"
+    if kind == "alias.state" and state == "deactivated":
+        return "alias.deactivated"
+    if kind == "adapter.state" and state == "deleted":
+        return "adapter.deleted"
     if kind == "placement.state" and state == "failed":
         return "placement.failed"
     if kind == "evaluation.state" and state in _EVALUATION_DONE:

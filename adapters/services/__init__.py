@@ -4,6 +4,8 @@
   the fair queue).
 - `transitions`: validation and export bookkeeping (called by tasks), delivery counts, approval, retry.
 - `evaluation`: evaluation suites, the gate's policy, evaluation states (set by serving's runner), the verdict.
+- `retirement`: archive and restore a revision, mark it keep, edit an adapter (description, tags, retention), mark
+  it deleted (serving.services.retire checks aliases and nodes first).
 
 Activation, rollback and aliases are serving state: serving.services.
 """
@@ -30,6 +32,15 @@ from adapters.services.registration import (
     revision_register,
     uploads_digest,
 )
+from adapters.services.retirement import (
+    ARCHIVABLE_STATES,
+    adapter_mark_deleted,
+    adapter_set_retention,
+    adapter_update,
+    revision_archive,
+    revision_restore,
+    revision_set_keep,
+)
 from adapters.services.transitions import (
     RETRYABLE_FAILURE_CODES,
     export_is_complete,
@@ -48,13 +59,17 @@ from adapters.services.transitions import (
 )
 
 __all__ = [
+    "ARCHIVABLE_STATES",
     "RETRYABLE_FAILURE_CODES",
     "DuplicateRevision",
     "IncompleteUpload",
     "Verdict",
     "adapter_create",
+    "adapter_mark_deleted",
     "adapter_set_evaluation_policy",
     "adapter_set_replicas",
+    "adapter_set_retention",
+    "adapter_update",
     "check_storage_quota",
     "evaluation_finish",
     "evaluation_note",
@@ -64,6 +79,7 @@ __all__ = [
     "evaluation_verdict",
     "export_is_complete",
     "revision_approve",
+    "revision_archive",
     "revision_delivery_returned",
     "revision_delivery_start",
     "revision_ensure_export",
@@ -74,9 +90,11 @@ __all__ = [
     "revision_register",
     "revision_reject",
     "revision_request_approval",
+    "revision_restore",
     "revision_restore_export",
     "revision_retries",
     "revision_retry",
+    "revision_set_keep",
     "suite_upload",
     "uploads_digest",
     "verdict_of",

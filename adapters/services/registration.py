@@ -16,7 +16,7 @@ from django.core.files.uploadedfile import UploadedFile
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
-from adapters import dispatch, selectors, store
+from adapters import dispatch, selectors, signals, store
 from adapters.artifacts.archive import ArchiveLimits
 from adapters.artifacts.digest import combined_digest, sha256_stream
 from adapters.artifacts.errors import ArtifactError
@@ -55,6 +55,13 @@ def adapter_create(*, tenant: Tenant, name: str, base_model: BaseModel, descript
                 created_by=by.person if by.person is not None and by.person.pk is not None else None,
             )
     except IntegrityError:
+        deleted = Adapter.all_objects.filter(tenant=tenant, name=name, deleted_at__isnull=False).first()
+        if deleted is not None:  # names are not reused: usage, audit events and model strings name adapters by them
+            raise Conflict(
+                f"An adapter named {name!r} was deleted on {deleted.deleted_at:%Y-%m-%d}; a deleted adapter's name "
+                "is not given to a new one. Choose another name.",
+                code="adapter_name_retired",
+            ) from None
         raise Conflict(f"An adapter named {name!r} already exists.", code="adapter_exists") from None
     audit_record(
         tenant=tenant,
@@ -246,6 +253,17 @@ def check_storage_quota(tenant: Tenant, *, adding_bytes: int) -> None:
         )
 
 
+def _check_quota_making_room(tenant: Tenant, *, adding_bytes: int) -> None:
+    """`check_storage_quota`, and when the quota is full, a second look once retention (serving, through
+    `signals.storage_needed`) archived what its policies let go: a pipeline pushing with retention on is not
+    refused for revisions its retention would archive minutes later."""
+    try:
+        check_storage_quota(tenant, adding_bytes=adding_bytes)
+    except QuotaExceeded:
+        signals.storage_needed.send(sender=Tenant, tenant_id=tenant.id)
+        check_storage_quota(Tenant.objects.get(id=tenant.id), adding_bytes=adding_bytes)
+
+
 def _source_from_uri(tenant: Tenant, uri: str) -> tuple[str, int]:
     """Check a `source_uri` points into the tenant's own incoming area and exists."""
     raw = uri.removeprefix("store://").removeprefix("/")
@@ -317,7 +335,7 @@ def revision_register(
         digest = uploads_digest(names, files)
         if not allow_duplicate and (original := _live_duplicate(adapter.id, digest)) is not None:
             raise DuplicateRevision(original=original, adapter=adapter, sha256=digest)  # before a byte is stored
-        check_storage_quota(tenant, adding_bytes=sum(f.size or 0 for f in files))  # before a byte is stored
+        _check_quota_making_room(tenant, adding_bytes=sum(f.size or 0 for f in files))  # before a byte is stored
         owned_prefix, size = _store_uploads(adapter, files, names, limit=tenant.max_upload_bytes)
         source = owned_prefix
     else:
@@ -326,6 +344,7 @@ def revision_register(
             raise PayloadTooLarge(
                 f"The artifact at source_uri is {size} bytes, over this tenant's limit of {tenant.max_upload_bytes}."
             )
+        _check_quota_making_room(tenant, adding_bytes=size)
     try:
         with transaction.atomic():
             # The tenant row lock serialises this tenant's registrations, so two cannot both fit the quota.

@@ -17,7 +17,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from adapters import dispatch, store, tasks
+from adapters import dispatch, signals, store, tasks
 from adapters.models import AdapterRevision, Approval
 from adapters.models import RevisionState as S
 from adapters.services import evaluation
@@ -34,7 +34,7 @@ def audit_target(revision: AdapterRevision) -> str:
     return f"revision:{revision.adapter.name}@r{revision.number}"
 
 
-def _transition(
+def revision_transition(
     revision: AdapterRevision,
     *,
     to: str,
@@ -42,9 +42,12 @@ def _transition(
     by: Actor,
     action: str,
     extra_after: dict[str, Any] | None = None,
+    event_fields: dict[str, Any] | None = None,
     **fields: Any,
 ) -> AdapterRevision:
-    """Move `revision` from one of `sources` to `to`, or raise InvalidTransition. Call inside a transaction."""
+    """Move `revision` from one of `sources` to `to`, or raise InvalidTransition. Call inside a transaction.
+
+    `event_fields` ride on the `revision.state` live event (e.g. `restored`, which webhooks tell apart)."""
     now = timezone.now()
     changed = AdapterRevision.objects.filter(id=revision.id, state__in=sources).update(
         state=to, updated_at=now, **fields
@@ -80,6 +83,7 @@ def _transition(
         adapter=revision.adapter.name,
         revision=f"r{revision.number}",
         **failure,
+        **(event_fields or {}),
     )
     return revision
 
@@ -97,7 +101,7 @@ def revision_mark_validated(
     sha256: str,
     size_bytes: int,
 ) -> AdapterRevision:
-    _transition(
+    revision_transition(
         revision,
         to=S.VALIDATED,
         sources=[S.REGISTERED],
@@ -121,7 +125,7 @@ def revision_mark_validated(
 @transaction.atomic
 def revision_fail(*, revision: AdapterRevision, code: str, reason: str) -> AdapterRevision:
     """Mark a revision failed with a reason a person can act on. Only before it is exported."""
-    _transition(
+    revision_transition(
         revision,
         to=S.FAILED,
         sources=[S.REGISTERED, S.VALIDATED],
@@ -182,7 +186,7 @@ def revision_mark_exported(*, revision: AdapterRevision, staging: str, policy_re
             store.delete_prefix(staging)
             return False
         store.promote(staging, final)
-        _transition(
+        revision_transition(
             revision,
             to=S.EXPORTED,
             sources=[S.VALIDATED],
@@ -197,6 +201,11 @@ def revision_mark_exported(*, revision: AdapterRevision, staging: str, policy_re
         )
         Tenant.objects.filter(id=revision.adapter.tenant_id).update(stored_bytes=F("stored_bytes") + export_bytes)
         evaluation.evaluation_request_on_export(revision=revision)  # the runner (serving) is told on commit
+        transaction.on_commit(
+            lambda: signals.revision_exported.send(
+                sender=AdapterRevision, revision_id=revision.id, adapter_id=revision.adapter_id
+            )
+        )  # retention (serving) may let older revisions go
         dispatch.dispatch_on_commit()  # its place in the control queue is free
     return True
 
@@ -242,7 +251,7 @@ def revision_ensure_export(*, revision: AdapterRevision) -> bool:
 
 @transaction.atomic
 def revision_request_approval(*, revision: AdapterRevision, by: Actor) -> AdapterRevision:
-    return _transition(revision, to=S.PENDING_APPROVAL, sources=[S.EXPORTED], by=by, action="request_approval")
+    return revision_transition(revision, to=S.PENDING_APPROVAL, sources=[S.EXPORTED], by=by, action="request_approval")
 
 
 def _registered_by(revision: AdapterRevision, actor: Actor) -> bool:
@@ -304,7 +313,7 @@ def _decide(
                     detail=verdict.record() | {"reason": verdict.evaluation.reason if verdict.evaluation else ""},
                 )
             extra_after["override_reason"] = override_reason.strip()
-    _transition(
+    revision_transition(
         revision,
         to=to,
         sources=[S.PENDING_APPROVAL],
@@ -414,7 +423,7 @@ def revision_retry(*, revision: AdapterRevision, by: Actor) -> AdapterRevision:
         )
     revision.failure_code, revision.failure_reason = current.failure_code, current.failure_reason
     revision.state = current.state
-    _transition(
+    revision_transition(
         revision,
         to=S.REGISTERED,
         sources=[S.FAILED],

@@ -215,7 +215,6 @@ def _inference(path: str) -> Handler:
     async def handle(state: GatewayState, body: bytes, caller: Caller, outcome: Outcome, _: dict) -> Response:
         data = _json_body(body)
         policy.check_request(path, data, caller.plan)
-        data = policy.with_plan_defaults(path, data, caller.plan)
         model = data.get("model")
         ref = parse_model(model)
         if not caller.may_call(ref.adapter):  # outside the key's allow-list: as if it did not exist
@@ -242,6 +241,8 @@ def _inference(path: str) -> Handler:
                 response, outcome.upstream_s = await proxy.forward(
                     state,
                     path=path,
+        # The default token bound, once the nodes (and their context windows) that may answer are known.
+        data = policy.with_plan_defaults(path, data, caller.plan, max_model_len=_context_window(resolution))
                     body=data,
                     resolution=resolution,
                     model=model,
@@ -252,7 +253,7 @@ def _inference(path: str) -> Handler:
             except NotReady:
                 resolve.forget(state, caller.tenant_id, ref)
                 raise
-            return response
+            return _attributed(response, resolution)
         return await _split(state, data, caller, outcome, path, ref, resolution, canary)
 
     return handle
@@ -312,7 +313,7 @@ async def _split(
             outcome.on_end = lambda arm=arm, ms=ms: record(arm=arm, error=outcome.tally.broken, ms=ms)
         elif counted:
             record(arm=arm, error=response.status_code >= 500, ms=outcome.upstream_s * 1000)
-        return response
+        return _attributed(response, chosen, arm="candidate" if arm == canaries.CANDIDATE else "live")
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -326,6 +327,26 @@ def _model_object(model_id: str, created: int, caller: Caller) -> dict[str, Any]
 
 
 async def _callable_models(state: GatewayState, caller: Caller) -> list[resolve.ModelEntry]:
+# Attribution: which revision answered (and, on an alias with a canary, which arm), so a client can tell the
+# revisions behind one alias apart. Headers, because answers keep OpenAI's fields only.
+REVISION_HEADER = "X-Mint-Revision"
+CANARY_ARM_HEADER = "X-Mint-Canary-Arm"
+
+
+def _context_window(resolution: resolve.Resolution) -> int | None:
+    """The smallest context window of the nodes that may answer (the canary's too); None when none reported it."""
+    targets = resolution.targets + (resolution.canary.arm.targets if resolution.canary is not None else ())
+    windows = [t.max_model_len for t in targets if t.max_model_len]
+    return min(windows) if windows else None
+
+
+def _attributed(response: Response, resolution: resolve.Resolution, *, arm: str | None = None) -> Response:
+    response.headers[REVISION_HEADER] = f"r{resolution.revision_number}"
+    if arm is not None:
+        response.headers[CANARY_ARM_HEADER] = arm
+    return response
+
+
     """The tenant's servable models that the key's allow-list lets it call."""
     entries = await resolve.model_list(state, caller.tenant_id)
     return [e for e in entries if caller.may_call(e.id.partition(":")[0])]

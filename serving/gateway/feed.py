@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 _REJOIN_S = 60.0
 _BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 # Routing-relevant events: for one tenant's adapter, or (node.state) for every tenant.
-_ADAPTER_EVENTS = ("alias.flip", "placement.state", "revision.state", "canary.state")
+_ADAPTER_EVENTS = ("alias.flip", "alias.state", "adapter.state", "placement.state", "revision.state", "canary.state")
 
 
 def routes_touched(

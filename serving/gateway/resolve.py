@@ -101,6 +101,7 @@ class Target:
     routed_experts: bool = False  # the node's engine returns routed experts (serving/gateway/sampling.py)
 
 
+    max_model_len: int | None = None  # the node's context window, as its heartbeat read it (None: not known)
 @dataclass(frozen=True)
 class Resolution:
     """A revision a model string points at now, and its ready placements (possibly none)."""
@@ -159,7 +160,9 @@ def _resolve_sync(tenant_id: int, ref: ModelRef) -> Resolution | AliasNotLive | 
             return None
     else:
         alias = selectors.routing_alias(adapter=adapter, alias_name=ref.alias_name)
-        revision = alias.revision if alias is not None else None
+        if alias is None:  # no such alias (never made, or deactivated): a model that does not exist, not an outage
+            return None
+        revision = alias.revision
         if revision is None:
             return AliasNotLive(adapter_name=adapter.name, alias=ref.alias_name)
         if alias.canary_revision is not None and alias.canary_percent and alias.canary_started_at is not None:
@@ -198,6 +201,7 @@ def _resolution(adapter, revision, canary: Canary | None = None) -> Resolution:
         state=revision.state,
     )
 
+            max_model_len=p.node.max_model_len,
 
 @dataclass(frozen=True)
 class ModelEntry:

@@ -5,6 +5,8 @@
 - `canary`: a share of an alias's requests to a candidate revision; promote, abort, its counters' rule.
 - `capacity`: the rules those follow: pinned-revision quotas, aliases per adapter, fair shares.
 - `nodes`: registering nodes and recording their state.
+- `retire`: deactivate an alias, archive a revision nothing names, delete an adapter; what leaves the nodes.
+- `retention`: which revisions an adapter keeps, and archiving the rest (beat, after exports, when quota is full).
 - `usage`: metered usage, added up per minute, hour and day; its retention.
 - `budgets`: a month's tokens from the database (to rebuild a budget counter), budget events at 80 % and 100 %.
 
@@ -50,14 +52,24 @@ from serving.services.placement import (
     ready_count,
 )
 from serving.services.usage import usage_add, usage_of_warmup, usage_purge
+from serving.services.residency import (
+    node_copies_over_budget,
+    node_copy_forget,
+    node_copy_removed,
+    node_copy_used,
+)
+from serving.services.retention import retention_apply, retention_preview, retention_sweep
+from serving.services.retire import adapter_delete, alias_deactivate, naming_aliases, revision_archive
 
 __all__ = [
     "activation_cancel",
     "adapter_scale",
+    "adapter_delete",
     "admit",
     "admit_after_pause",
     "alias_converge",
     "alias_flip",
+    "alias_deactivate",
     "canaries_stranded_abort",
     "canary_abort",
     "canary_abort_auto",
@@ -69,6 +81,7 @@ __all__ = [
     "eviction_victim",
     "node_can_load",
     "node_drain",
+    "naming_aliases",
     "node_reconcile",
     "node_register",
     "node_report_unreachable",
@@ -89,5 +102,9 @@ __all__ = [
     "usage_budget_crossed",
     "usage_month_tokens",
     "usage_of_warmup",
+    "retention_apply",
+    "retention_preview",
+    "retention_sweep",
     "usage_purge",
+    "revision_archive",
 ]

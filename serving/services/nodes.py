@@ -65,13 +65,22 @@ def node_register(
 
 @transaction.atomic
 def node_set_state(
-    *, node: ServingNode, state: str, by: Actor, engine_version: str = "", heartbeat: bool = False
+    *,
+    node: ServingNode,
+    state: str,
+    by: Actor,
+    engine_version: str = "",
+    heartbeat: bool = False,
+    max_model_len: int | None = None,
 ) -> bool:
-    """Record a node's state (from a heartbeat, or staff draining it). Returns whether it changed."""
+    """Record a node's state (from a heartbeat, or staff draining it), and what its engine reports (version,
+    context window). Returns whether the state changed."""
     now = timezone.now()
     fields: dict = {"last_heartbeat_at": now} if heartbeat else {}
     if engine_version:
         fields["engine_version"] = engine_version
+    if max_model_len:
+        fields["max_model_len"] = max_model_len
     changed = (
         ServingNode.objects.filter(id=node.id).exclude(state=state).update(state=state, state_changed_at=now, **fields)
     )

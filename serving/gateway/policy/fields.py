@@ -322,12 +322,18 @@ def check_request(path: str, body: dict[str, Any], plan: GatewayPlan) -> None:
     _check_structured(body, plan)
 
 
-def with_plan_defaults(path: str, body: dict[str, Any], plan: GatewayPlan) -> dict[str, Any]:
-    """The checked body as the node gets it: a chat request that bounds no tokens is bounded by the plan.
+def with_plan_defaults(
+    path: str, body: dict[str, Any], plan: GatewayPlan, *, max_model_len: int | None = None
+) -> dict[str, Any]:
+    """The checked body as the node gets it: a chat request that bounds no tokens is bounded by the plan, and by
+    the node's context window (`max_model_len`, when the nodes serving it reported theirs).
 
     Left to the engine, a chat completion without `max_tokens` or `max_completion_tokens` runs to the end of
-    the node's context window; a completion's default is 16 tokens, which needs no bound.
+    the node's context window; a completion's default is 16 tokens, which needs no bound. The engine refuses a
+    bound over its context window but takes one up to it, and then stops at the window less the prompt: so the
+    default is min(plan, max_model_len), and the request's own default never gets it refused.
     """
     if path == CHAT_COMPLETIONS and body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
-        return body | {"max_completion_tokens": plan.max_request_tokens}
+        bound = plan.max_request_tokens if not max_model_len else min(plan.max_request_tokens, max_model_len)
+        return body | {"max_completion_tokens": bound}
     return body
