@@ -84,6 +84,8 @@ class RevisionSerializer(serializers.ModelSerializer):
             "stalled",
             "stalled_since",
             "stalled_reason",
+            "keep",
+            "archived_at",
         ]
 
     def get_revision(self, revision: AdapterRevision) -> str:
@@ -93,8 +95,6 @@ class RevisionSerializer(serializers.ModelSerializer):
         return _label(revision.parent)
 
     def get_registered_by(self, revision: AdapterRevision) -> str | None:
-            "keep",
-            "archived_at",
         if revision.created_by_key is not None:
             return f"key:{revision.created_by_key.prefix}"
         return revision.created_by.get_username() if revision.created_by else None

@@ -426,6 +426,7 @@ CELERY_BEAT_SCHEDULE = {
     "upload-sessions-collect": {"task": "adapters.tasks.upload_sessions_collect", "schedule": 900.0},
     "idempotency-purge": {"task": "tenants.tasks.idempotency_purge", "schedule": 3600.0},
     "usage-purge": {"task": "serving.tasks.usage_purge", "schedule": 3600.0},
+    "retention-sweep": {"task": "serving.tasks.retention_sweep", "schedule": MINT_RETENTION_SWEEP_S},
     # Each delivery queues its own attempts; this only catches one whose message was lost (and purges old ones).
     "webhooks-sweep": {"task": "webhooks.tasks.webhooks_sweep", "schedule": 60.0},
 }
@@ -445,7 +446,6 @@ MINT_WEBHOOK_TENANT_CONCURRENCY = env_int("MINT_WEBHOOK_TENANT_CONCURRENCY", 1, 
 # Pending deliveries past which a tenant's pings and redeliveries are refused (429 webhook_backlog_full).
 MINT_WEBHOOK_MAX_PENDING = env_int("MINT_WEBHOOK_MAX_PENDING", 1000, minimum=1)
 MINT_WEBHOOK_MAX_RESPONSE_BYTES = env_int("MINT_WEBHOOK_MAX_RESPONSE_BYTES", 64 * 1024, minimum=0)
-    "retention-sweep": {"task": "serving.tasks.retention_sweep", "schedule": MINT_RETENTION_SWEEP_S},
 MINT_WEBHOOK_RETENTION_DAYS = env_int("MINT_WEBHOOK_RETENTION_DAYS", 30, minimum=1)
 MINT_WEBHOOK_ALLOW_PRIVATE = env_bool("MINT_WEBHOOK_ALLOW_PRIVATE", False)
 

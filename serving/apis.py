@@ -92,8 +92,8 @@ class AdapterDetailApi(catalog.AdapterDetailApi):
         examples=[
             OpenApiExample("two replicas", value={"replicas": 2}, request_only=True),
             OpenApiExample("the platform default", value={"replicas": None}, request_only=True),
-        ],
             OpenApiExample("words", value={"description": "Tier-1 support", "tags": ["support"]}, request_only=True),
+        ],
     )
     def patch(self, request, name: str):
         adapter = self.get_tenant_object(name=name)
@@ -108,11 +108,11 @@ class AdapterDetailApi(catalog.AdapterDetailApi):
             )
         return self.get(request, name)
 
-
     @extend_schema(request=None, responses={200: retire_apis.AdapterDeletedSerializer})
     def delete(self, request, name: str):
         deleted = services.adapter_delete(adapter=self.get_tenant_object(name=name), by=request.access.actor)
         return Response({"adapter": deleted.adapter, "deleted": True, "archived": deleted.archived})
+
 
 class AdapterActivateApi(catalog.AdapterApiMixin, TenantApi):
     """Set an alias's desired revision (`production` by default). It flips once the revision is ready to serve."""

@@ -169,6 +169,7 @@ def nodes_heartbeat(self) -> None:
         with VllmClient(node.url, timeout=5) as engine:
             healthy = engine.health()
             loaded: set[str] | None = None
+            context = None
             if healthy:
                 try:
                     entries = engine.model_entries()
@@ -247,7 +248,6 @@ def node_probe(self, *, node_id: int) -> None:
         if engine.health():
             log.info("node %s was reported unreachable but answers its health check", node)
             return
-            context = None
     log.warning("node %s was reported unreachable and fails its health check: down", node)
     services.node_set_state(node=node, state=NodeState.DOWN, by=Actor.system())
     services.canaries_stranded_abort(base_model_id=node.base_model_id)

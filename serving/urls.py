@@ -10,7 +10,6 @@ urlpatterns = [
     path("adapters/<str:name>/rollback/", apis.AdapterRollbackApi.as_view(), name="adapter-rollback"),
     path("adapters/<str:name>/promote/", apis.AdapterPromoteApi.as_view(), name="adapter-promote"),
     path("adapters/<str:name>/abort/", apis.AdapterAbortApi.as_view(), name="adapter-abort"),
-    path("nodes/", apis.ServingNodeListCreateApi.as_view(), name="nodes"),
     # The rest of an adapter's life (serving/retire_apis.py).
     path("adapters/<str:name>/deactivate/", retire_apis.AdapterDeactivateApi.as_view(), name="adapter-deactivate"),
     path("adapters/<str:name>/retention/", retire_apis.AdapterRetentionApi.as_view(), name="adapter-retention"),
@@ -38,6 +37,7 @@ urlpatterns = [
         retire_apis.RevisionLineageApi.as_view(),
         name="revision-lineage",
     ),
+    path("nodes/", apis.ServingNodeListCreateApi.as_view(), name="nodes"),
     path("nodes/<str:name>/drain/", apis.ServingNodeDrainApi.as_view(), name="node-drain"),
     path("nodes/<str:name>/undrain/", apis.ServingNodeUndrainApi.as_view(), name="node-undrain"),
     path("usage/", apis.UsageApi.as_view(), name="usage"),

@@ -231,6 +231,8 @@ def _inference(path: str) -> Handler:
             data = sampling.routed_experts_request(data)
             resolution = sampling.with_routed_experts_nodes(resolution)
             answer = proxy.AnswerRules(keep=frozenset({sampling.FIELD}), check=sampling.answer_bound(caller.plan))
+        # The default token bound, once the nodes (and their context windows) that may answer are known.
+        data = policy.with_plan_defaults(path, data, caller.plan, max_model_len=_context_window(resolution))
         outcome.adapter = resolution.adapter_name
         tally = outcome.tally
         tally.adapter_id, tally.adapter_name = resolution.adapter_id, resolution.adapter_name
@@ -241,8 +243,6 @@ def _inference(path: str) -> Handler:
                 response, outcome.upstream_s = await proxy.forward(
                     state,
                     path=path,
-        # The default token bound, once the nodes (and their context windows) that may answer are known.
-        data = policy.with_plan_defaults(path, data, caller.plan, max_model_len=_context_window(resolution))
                     body=data,
                     resolution=resolution,
                     model=model,
@@ -317,20 +317,17 @@ async def _split(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-# What a canary counts as its nodes' errors: a node's 5xx or broken answer (502), a timeout (504). A caller's
-# 4xx never counts; nor do the gateway's own refusals (429, 503 node_busy), which name no node's failure.
-_NODE_FAILURES = frozenset({502, 504})
-
-
-def _model_object(model_id: str, created: int, caller: Caller) -> dict[str, Any]:
-    return {"id": model_id, "object": "model", "created": created, "owned_by": caller.tenant_slug}
-
-
-async def _callable_models(state: GatewayState, caller: Caller) -> list[resolve.ModelEntry]:
 # Attribution: which revision answered (and, on an alias with a canary, which arm), so a client can tell the
 # revisions behind one alias apart. Headers, because answers keep OpenAI's fields only.
 REVISION_HEADER = "X-Mint-Revision"
 CANARY_ARM_HEADER = "X-Mint-Canary-Arm"
+
+
+def _context_window(resolution: resolve.Resolution) -> int | None:
+    """The smallest context window of the nodes that may answer (the canary's too); None when none reported it."""
+    targets = resolution.targets + (resolution.canary.arm.targets if resolution.canary is not None else ())
+    windows = [t.max_model_len for t in targets if t.max_model_len]
+    return min(windows) if windows else None
 
 
 def _context_window(resolution: resolve.Resolution) -> int | None:
@@ -347,6 +344,16 @@ def _attributed(response: Response, resolution: resolve.Resolution, *, arm: str 
     return response
 
 
+# What a canary counts as its nodes' errors: a node's 5xx or broken answer (502), a timeout (504). A caller's
+# 4xx never counts; nor do the gateway's own refusals (429, 503 node_busy), which name no node's failure.
+_NODE_FAILURES = frozenset({502, 504})
+
+
+def _model_object(model_id: str, created: int, caller: Caller) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": created, "owned_by": caller.tenant_slug}
+
+
+async def _callable_models(state: GatewayState, caller: Caller) -> list[resolve.ModelEntry]:
     """The tenant's servable models that the key's allow-list lets it call."""
     entries = await resolve.model_list(state, caller.tenant_id)
     return [e for e in entries if caller.may_call(e.id.partition(":")[0])]

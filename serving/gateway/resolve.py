@@ -98,10 +98,10 @@ class Target:
     node_url: str
     lora_name: str
     draining: bool = False  # the node is being drained: it serves until the revision is ready elsewhere
+    max_model_len: int | None = None  # the node's context window, as its heartbeat read it (None: not known)
     routed_experts: bool = False  # the node's engine returns routed experts (serving/gateway/sampling.py)
 
 
-    max_model_len: int | None = None  # the node's context window, as its heartbeat read it (None: not known)
 @dataclass(frozen=True)
 class Resolution:
     """A revision a model string points at now, and its ready placements (possibly none)."""
@@ -186,6 +186,7 @@ def _resolution(adapter, revision, canary: Canary | None = None) -> Resolution:
             node_url=p.node.url.rstrip("/"),
             lora_name=name,
             draining=p.node.state == NodeState.DRAINING,
+            max_model_len=p.node.max_model_len,
             routed_experts=p.node.returns_routed_experts,
         )
         for p in selectors.ready_placements(revision=revision)
@@ -201,7 +202,6 @@ def _resolution(adapter, revision, canary: Canary | None = None) -> Resolution:
         state=revision.state,
     )
 
-            max_model_len=p.node.max_model_len,
 
 @dataclass(frozen=True)
 class ModelEntry:

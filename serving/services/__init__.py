@@ -51,25 +51,19 @@ from serving.services.placement import (
     prewarm_pacing_delay,
     ready_count,
 )
-from serving.services.usage import usage_add, usage_of_warmup, usage_purge
-from serving.services.residency import (
-    node_copies_over_budget,
-    node_copy_forget,
-    node_copy_removed,
-    node_copy_used,
-)
 from serving.services.retention import retention_apply, retention_preview, retention_sweep
 from serving.services.retire import adapter_delete, alias_deactivate, naming_aliases, revision_archive
+from serving.services.usage import usage_add, usage_of_warmup, usage_purge
 
 __all__ = [
     "activation_cancel",
-    "adapter_scale",
     "adapter_delete",
+    "adapter_scale",
     "admit",
     "admit_after_pause",
     "alias_converge",
-    "alias_flip",
     "alias_deactivate",
+    "alias_flip",
     "canaries_stranded_abort",
     "canary_abort",
     "canary_abort_auto",
@@ -79,9 +73,9 @@ __all__ = [
     "converge_aliases",
     "drain_step",
     "eviction_victim",
+    "naming_aliases",
     "node_can_load",
     "node_drain",
-    "naming_aliases",
     "node_reconcile",
     "node_register",
     "node_report_unreachable",
@@ -96,15 +90,15 @@ __all__ = [
     "placements_touch",
     "prewarm_pacing_delay",
     "ready_count",
+    "retention_apply",
+    "retention_preview",
+    "retention_sweep",
     "revision_activate",
+    "revision_archive",
     "revision_rollback",
     "usage_add",
     "usage_budget_crossed",
     "usage_month_tokens",
     "usage_of_warmup",
-    "retention_apply",
-    "retention_preview",
-    "retention_sweep",
     "usage_purge",
-    "revision_archive",
 ]

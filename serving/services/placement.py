@@ -575,6 +575,36 @@ def placement_forget(*, placement: Placement) -> None:
     admit(node_id=placement.node_id)
 
 
+def placements_release(*, revision: AdapterRevision) -> dict[str, list[str]]:
+    """Take a revision off the nodes (its alias was deactivated, or it was archived), whether or not it is pinned:
+    the caller decided nothing names it any more. Placements holding no work (waiting, queued, failed) are withdrawn;
+    ready ones are unloaded (`_evict`, then the node agent's unload and its file cleanup after the grace); a load
+    under way finishes first and is left for the caller's next call (serving.tasks.revision_leave_nodes tries
+    again until none is left). Returns the nodes of each: {"withdrawn", "unloading", "loading"}."""
+    with transaction.atomic():
+        rows = list(
+            Placement.objects.select_for_update(of=("self",))
+            .filter(revision=revision)
+            .select_related("node", "revision__adapter__tenant")
+        )
+        idle = [p for p in rows if p.state in (P.WAITING, P.QUEUED, P.FAILED)]
+        Placement.objects.filter(id__in=[p.id for p in idle]).delete()
+        now = timezone.now()
+        for placement in idle:
+            _placement_event(placement.id, state="withdrawn", updated_at=now, revision=revision, node=placement.node)
+        ready = [p for p in rows if p.state == P.READY]
+        for placement in ready:
+            _evict(placement, reason=None)
+        if idle:  # freed slots go to what waits for one
+            base_model_id = revision.adapter.base_model_id
+            transaction.on_commit(lambda: placements_retry(base_model_id=base_model_id))
+    return {
+        "withdrawn": sorted({p.node.name for p in idle}),
+        "unloading": sorted({p.node.name for p in ready} | {p.node.name for p in rows if p.state == P.EVICTING}),
+        "loading": sorted({p.node.name for p in rows if p.state in ACTIVE_STATES}),
+    }
+
+
 def placement_release_speculative(*, placement_id: int) -> bool:
     """Give back the slot an evaluation borrowed: unload its placement if it is still only speculative (no
     cold request or activation raised its priority, and no alias pinned the revision meanwhile); a queued
@@ -610,36 +640,6 @@ def node_drain(*, node: ServingNode, by: Actor, force: bool = False) -> dict[str
         raise Conflict(f"Node {node.name} is down: there is nothing on it to move.", code="node_down")
     node_set_state(node=node, state=NodeState.DRAINING, by=by)
     node.refresh_from_db()
-def placements_release(*, revision: AdapterRevision) -> dict[str, list[str]]:
-    """Take a revision off the nodes (its alias was deactivated, or it was archived), whether or not it is pinned:
-    the caller decided nothing names it any more. Placements holding no work (waiting, queued, failed) are withdrawn;
-    ready ones are unloaded (`_evict`, then the node agent's unload and its file cleanup after the grace); a load
-    under way finishes first and is left for the caller's next call (serving.tasks.revision_leave_nodes tries
-    again until none is left). Returns the nodes of each: {"withdrawn", "unloading", "loading"}."""
-    with transaction.atomic():
-        rows = list(
-            Placement.objects.select_for_update(of=("self",))
-            .filter(revision=revision)
-            .select_related("node", "revision__adapter__tenant")
-        )
-        idle = [p for p in rows if p.state in (P.WAITING, P.QUEUED, P.FAILED)]
-        Placement.objects.filter(id__in=[p.id for p in idle]).delete()
-        now = timezone.now()
-        for placement in idle:
-            _placement_event(placement.id, state="withdrawn", updated_at=now, revision=revision, node=placement.node)
-        ready = [p for p in rows if p.state == P.READY]
-        for placement in ready:
-            _evict(placement, reason=None)
-        if idle:  # freed slots go to what waits for one
-            base_model_id = revision.adapter.base_model_id
-            transaction.on_commit(lambda: placements_retry(base_model_id=base_model_id))
-    return {
-        "withdrawn": sorted({p.node.name for p in idle}),
-        "unloading": sorted({p.node.name for p in ready} | {p.node.name for p in rows if p.state == P.EVICTING}),
-        "loading": sorted({p.node.name for p in rows if p.state in ACTIVE_STATES}),
-    }
-
-
     placements_retry(base_model_id=node.base_model_id)  # place its pinned revisions elsewhere now
     return drain_step(node=node, force=force)
 
