@@ -33,6 +33,7 @@ class MemberListApi(TenantApi):
     pagination_class = None
     capabilities = {"GET": Capability.MANAGE_MEMBERS}
 
+    @extend_schema(operation_id="v1_members_list", responses={200: MemberSerializer(many=True)})
     def get(self, request):
         return Response(MemberSerializer(selectors.member_list(tenant=self.tenant), many=True).data)
 
