@@ -7,6 +7,7 @@ and until when (tenants/members.py).
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core import signing
 from django.urls import reverse
 from django.utils.crypto import constant_time_compare
@@ -46,6 +47,4 @@ def invitation_by_token(token: str) -> Invitation | None:
 def site_url_of(request) -> str:
     """The site's address for mailed links: MINT_SITE_URL, else the scheme and host the request came to
     (a host Django accepted: ALLOWED_HOSTS)."""
-    from django.conf import settings
-
     return settings.MINT_SITE_URL or request.build_absolute_uri("/").rstrip("/")
