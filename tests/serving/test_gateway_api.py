@@ -450,7 +450,8 @@ def test_unknown_model_and_another_tenants_model_get_the_identical_404(world):
 def test_pinned_revision_must_exist_and_be_approved(world):
     gw_revision(world.adapter, 3, state=RevisionState.EXPORTED)
 
-    assert complete(world, world.token, "support-bot@r3").error()["code"] == "model_not_found"
+    # It exists: an inference key is told why it may not call it (tests/serving/test_gateway_sampling.py).
+    assert complete(world, world.token, "support-bot@r3").error()["code"] == "revision_not_approved"
     assert complete(world, world.token, "support-bot@r9").error()["code"] == "model_not_found"
     assert complete(world, world.token, "support-bot@r1").status == 200
 

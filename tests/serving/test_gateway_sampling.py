@@ -20,7 +20,7 @@ from serving.models import USAGE_COUNTS, Placement, PlacementState, Priority, Us
 from serving.services.budgets import BUDGET_EVENT_KEY
 from tenants import services as tenant_services
 from tenants.access import Actor
-from tenants.models import Role, Tenant
+from tenants.models import ApiKey, Role, Tenant
 from tests.serving.gateway_world import call, complete, gw_revision
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,6 +59,10 @@ def key(world, *scopes: str, role: str = Role.OWNER, tenant=None) -> str:
         created_by=person,
         by=Actor(user=tenant.users[Role.OWNER]),
     )[1]
+
+
+def key_id(world, *scopes: str) -> int:
+    return ApiKey.objects.get(tenant=world.tenant_a.tenant, name=f"{Role.OWNER}-{'-'.join(scopes)}").id
 
 
 def rows(**filters) -> list[UsageRecord]:
@@ -180,10 +184,11 @@ def test_sampling_is_metered_as_its_own_kind(world):
     assert complete(world, world.token, "support-bot@r3").status == 403  # refused: an inference request
     world.state.meter.flush()
 
-    sampled = rows(kind=UsageKind.SAMPLING)
-    assert sorted((r.revision, r.requests, r.prompt_tokens + r.completion_tokens) for r in sampled) == [
-        (1, 1, 5),
-        (3, 2, 10),
+    sampled = rows(kind=UsageKind.SAMPLING)  # one row per key and revision
+    assert sorted((r.key_id, r.revision, r.requests, r.prompt_tokens + r.completion_tokens) for r in sampled) == [
+        (key_id(world, "pipeline"), 1, 1, 5),
+        (key_id(world, "pipeline"), 3, 1, 5),
+        (key_id(world, "inference", "pipeline"), 3, 1, 5),
     ]
     inference = rows(kind=UsageKind.INFERENCE)
     assert sorted((r.revision, r.status, r.requests) for r in inference) == [(0, 403, 1), (1, 200, 1)]
