@@ -218,6 +218,9 @@ class RevisionListRegisterApi(AdapterApiMixin, TenantApi):
                     "training_step": {"type": "integer"},
                     "parent": {"type": "integer"},
                     "allow_duplicate": {"type": "boolean"},
+                    "run": {"type": "string"},
+                    "metrics": {"type": "string", "description": 'A JSON object, e.g. {"reward": 0.42}'},
+                    "prewarm": {"type": "boolean"},
                 },
             },
             "application/json": RevisionRegisterOptions,
@@ -258,6 +261,9 @@ class RevisionListRegisterApi(AdapterApiMixin, TenantApi):
                 training_step=meta.validated_data.get("training_step"),
                 parent_number=meta.validated_data.get("parent"),
                 allow_duplicate=meta.validated_data["allow_duplicate"],
+                run=meta.validated_data["run"],
+                metrics=meta.validated_data["metrics"],
+                prewarm=meta.validated_data["prewarm"],
             )
         return Response(RevisionSerializer(revision).data, status=status.HTTP_201_CREATED)
 

@@ -5,7 +5,7 @@ import re
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from adapters import dispatch
+from adapters import dispatch, runs
 from adapters.models import Adapter, AdapterRevision, Approval, BaseModel, Evaluation, EvaluationSuite
 from adapters.services.transitions import RETRYABLE_FAILURE_CODES
 
@@ -72,6 +72,9 @@ class RevisionSerializer(serializers.ModelSerializer):
             "target_modules",
             "training_step",
             "parent",
+            "run",
+            "metrics",
+            "prewarm",
             "size_bytes",
             "sha256",
             "registered_by",
@@ -173,7 +176,37 @@ class AdapterReplicasSerializer(serializers.Serializer):
         return attrs
 
 
-class RevisionRegisterSerializer(serializers.Serializer):
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class MetricsField(serializers.Field):
+    """A revision's metrics: a JSON object, or its text (a multipart field); bounded by adapters/runs.py."""
+
+    def to_internal_value(self, data):
+        return runs.clean_metrics(data)
+
+    def to_representation(self, value):
+        return value
+
+
+class LineageFields(serializers.Serializer):
+    """A training run's lineage and the sampling flag, sent with any registration (adapters/runs.py)."""
+
+    run = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=64, help_text="The training run this step is of."
+    )
+    metrics = MetricsField(
+        required=False, default=dict, help_text='What the trainer measured at this step, e.g. {"reward": 0.42}.'
+    )
+    prewarm = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Place it on a node as soon as it is exported, to be sampled at once (an RL step).",
+    )
+
+    def validate_run(self, value: str) -> str:
+        return runs.clean_run(value)
+
+
+class RevisionRegisterSerializer(LineageFields):
     """Metadata sent with a registration, as multipart fields or JSON."""
 
     source_uri = serializers.CharField(required=False, max_length=500)

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from adapters import dispatch, uploads
 from adapters.apis import AdapterApiMixin
 from adapters.models import UploadSession
-from adapters.serializers import RevisionNumberField, RevisionSerializer
+from adapters.serializers import LineageFields, RevisionNumberField, RevisionSerializer
 from mint_site.pagination import CursorPage
 from tenants.access import Capability
 from tenants.api_base import TenantApi
@@ -56,7 +56,7 @@ class UploadSessionCreateSerializer(serializers.Serializer):
     filename = serializers.CharField(max_length=255, help_text="The archive's name: .tar, .tar.gz, .tgz or .zip.")
 
 
-class UploadCompleteSerializer(serializers.Serializer):
+class UploadCompleteSerializer(LineageFields):
     """What a one-shot registration takes besides its files."""
 
     training_step = serializers.IntegerField(required=False, min_value=0, allow_null=True)
@@ -193,5 +193,8 @@ class UploadCompleteApi(_UploadApi):
                 training_step=payload.validated_data.get("training_step"),
                 parent_number=payload.validated_data.get("parent"),
                 allow_duplicate=payload.validated_data["allow_duplicate"],
+                run=payload.validated_data["run"],
+                metrics=payload.validated_data["metrics"],
+                prewarm=payload.validated_data["prewarm"],
             )
         return Response(RevisionSerializer(revision).data, status=status.HTTP_201_CREATED)

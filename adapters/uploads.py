@@ -620,6 +620,9 @@ def upload_session_complete(
     training_step: int | None = None,
     parent_number: int | None = None,
     allow_duplicate: bool = False,
+    run: str = "",
+    metrics: dict | None = None,
+    prewarm: bool = False,
 ) -> AdapterRevision:
     """Assemble an open session's parts and register the file as a revision (revision_register's `archive`).
 
@@ -662,6 +665,9 @@ def upload_session_complete(
                 training_step=training_step,
                 parent_number=parent_number,
                 allow_duplicate=allow_duplicate,
+                run=run,
+                metrics=metrics,
+                prewarm=prewarm,
             )
         finally:
             with contextlib.suppress(FileNotFoundError):

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from adapters import apis, downloads, evaluation_apis, upload_apis
+from adapters import apis, downloads, evaluation_apis, run_apis, upload_apis
 
 # Adapters themselves (list, create, detail) and their aliases are routed by serving.urls.
 urlpatterns = [
@@ -23,6 +23,9 @@ urlpatterns = [
         "adapters/<str:name>/revisions/<int:number>/reject/", apis.RevisionRejectApi.as_view(), name="revision-reject"
     ),
     path("adapters/<str:name>/revisions/<int:number>/retry/", apis.RevisionRetryApi.as_view(), name="revision-retry"),
+    # Training runs (adapters/runs.py).
+    path("adapters/<str:name>/runs/", run_apis.RunListApi.as_view(), name="runs"),
+    path("adapters/<str:name>/runs/<str:run>/", run_apis.RunDetailApi.as_view(), name="run-detail"),
     path(
         "adapters/<str:name>/revisions/<int:number>/evaluation/",
         evaluation_apis.RevisionEvaluationApi.as_view(),

@@ -271,6 +271,11 @@ MINT_ARCHIVE_MAX_PAX_HEADER_BYTES = env_int("MINT_ARCHIVE_MAX_PAX_HEADER_BYTES",
 MINT_ARCHIVE_MAX_PAX_RECORDS = env_int("MINT_ARCHIVE_MAX_PAX_RECORDS", 256, minimum=16)
 MINT_ARCHIVE_MAX_ZIP_DIRECTORY_BYTES = env_int("MINT_ARCHIVE_MAX_ZIP_DIRECTORY_BYTES", 32 * 1024 * 1024, minimum=1024)
 MINT_WORK_DIR = env_str("MINT_WORK_DIR", "") or None  # scratch space for validation/export (default: system temp)
+# Lineage of training runs (adapters/runs.py): a revision's metrics, and how many of a run's revisions one answer
+# of the runs API lists.
+MINT_RUN_METRICS_MAX_KEYS = env_int("MINT_RUN_METRICS_MAX_KEYS", 32, minimum=1)
+MINT_RUN_METRICS_MAX_BYTES = env_int("MINT_RUN_METRICS_MAX_BYTES", 4096, minimum=64)
+MINT_RUN_PAGE = env_int("MINT_RUN_PAGE", 1000, minimum=10)
 
 # ---------------------------------------------------------------- hostile tenants (README, "Security and limits")
 # Work on tenant files (validation, export) runs in a child process of the worker under these bounds

@@ -23,4 +23,9 @@ class ServingConfig(AppConfig):
 
         # Retention follows the catalog: after each export, and when a registration finds the quota full.
         revision_exported.connect(on_revision_exported, dispatch_uid="serving.retention_on_export")
+
+        from serving.services.sampling import on_revision_exported as prewarm_on_export
+
+        # A revision registered to be sampled at once (`prewarm`) is placed as soon as it is exported.
+        revision_exported.connect(prewarm_on_export, dispatch_uid="serving.prewarm_on_export")
         storage_needed.connect(on_storage_needed, dispatch_uid="serving.retention_make_room")

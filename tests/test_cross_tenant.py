@@ -91,6 +91,12 @@ def b_upload(b: TenantWorld) -> UploadSession:
     )
 
 
+def b_run(b: TenantWorld) -> str:
+    """Tenant B's training run `globex-run`, of its revision r1 (adapters/runs.py)."""
+    AdapterRevision.objects.filter(id=b_revision(b).id).update(run="globex-run", training_step=1)
+    return "globex-run"
+
+
 def b_invitation(b: TenantWorld) -> Invitation:
     """A pending invitation into tenant B (made once)."""
     invitation, _ = Invitation.objects.get_or_create(
@@ -112,6 +118,7 @@ B_OBJECT: dict[str, Callable[[TenantWorld], str]] = {
     "webhook_id": lambda b: str(b_webhook(b).id),
     "delivery_id": lambda b: str(b_delivery(b).id),
     "upload_id": lambda b: str(b_upload(b).id),
+    "run": lambda b: b_run(b),
 }
 
 PARAM = re.compile(r"<(?:(?P<converter>[^>:]+):)?(?P<name>[^>]+)>")

@@ -16,7 +16,7 @@ from django.core.files.uploadedfile import UploadedFile
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
-from adapters import dispatch, selectors, signals, store
+from adapters import dispatch, runs, selectors, signals, store
 from adapters.artifacts.archive import ArchiveLimits
 from adapters.artifacts.digest import combined_digest, sha256_stream
 from adapters.artifacts.errors import ArtifactError
@@ -292,8 +292,14 @@ def revision_register(
     training_step: int | None = None,
     parent_number: int | None = None,
     allow_duplicate: bool = False,
+    run: str = "",
+    metrics: dict | None = None,
+    prewarm: bool = False,
 ) -> AdapterRevision:
     """Record a new revision (`registered`, next number) and queue its validation.
+
+    `run` and `metrics` record the training run it belongs to and what the trainer measured at its step
+    (adapters/runs.py bounds them); `prewarm` has it placed on a node as soon as it is exported, to be sampled.
 
     Send `files` (the adapter's files; a single archive among them is unpacked too), one `archive`, or a
     `source_uri`. Before anything is stored, an upload that obviously is no adapter is refused
@@ -321,6 +327,7 @@ def revision_register(
             code="no_artifact" if not files and not source_uri else "ambiguous_artifact",
         )
     tenant = adapter.tenant
+    run, metrics = runs.clean_run(run), runs.clean_metrics(metrics)
     if parent_number is not None and not AdapterRevision.objects.filter(adapter=adapter, number=parent_number).exists():
         raise MintError(
             f"parent: {adapter.name} has no r{parent_number}.",
@@ -373,6 +380,9 @@ def revision_register(
                 size_bytes=size,
                 training_step=training_step,
                 parent=parent,
+                run=run,
+                metrics=metrics,
+                prewarm=prewarm,
                 created_by=person,
                 created_by_key=by.key,
             )
@@ -387,6 +397,7 @@ def revision_register(
                     "size_bytes": size,
                     "source": source,
                     **({"allow_duplicate": True} if allow_duplicate else {}),  # a deliberate repeat, on record
+                    **({"run": run} if run else {}),
                 },
             )
             dispatch.dispatch_on_commit()  # validation waits its turn in the fair control queue
