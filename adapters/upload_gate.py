@@ -15,22 +15,16 @@ from __future__ import annotations
 
 import math
 import re
-from http.cookies import SimpleCookie
-from importlib import import_module
+from collections.abc import Callable
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
-from django.contrib.auth import get_user
 from django.db import connections
-from django.http import HttpRequest
-from rest_framework.exceptions import APIException
 
 from adapters import selectors
 from mint_site.limits import Allowance, Refusal, Scope
 from tenants import idempotency
-from tenants.access import Access, Capability, key_access, member_access
-from tenants.auth import SESSION_TENANT_KEY, authenticate_token
-from tenants.selectors import memberships_of
+from tenants.access import Access, Capability
+from tenants.header_auth import caller_from_headers, headers_of
 from tenants.throttles import GATE_COUNTED, api_write_wait, burst_note
 
 # The API's registration and the dashboard's upload form.
@@ -40,19 +34,35 @@ MULTIPART_SLACK = 64 * 1024  # boundaries and form fields around the files
 
 async def allowance(scope: Scope) -> Allowance | Refusal:
     """The body an upload's caller may send, or the refusal to answer instead of reading it."""
-    return await sync_to_async(_in_thread, thread_sensitive=False)(scope)
+    return await sync_to_async(_in_thread, thread_sensitive=False)(upload_allowance, scope)
 
 
-def _in_thread(scope: Scope) -> Allowance | Refusal:
+async def part_allowance(scope: Scope, part: Allowance) -> Allowance | Refusal:
+    """A resumable upload's part (adapters/uploads.py): the caller must be one who may register revisions before
+    a byte of the part is read, so a part with a bad key is 401 whatever its length; then `part`, the part size.
+    """
+    return await sync_to_async(_in_thread, thread_sensitive=False)(_part_allowance, scope, part)
+
+
+def _in_thread(decide: Callable[..., Allowance | Refusal], *args) -> Allowance | Refusal:
     try:
-        return upload_allowance(scope)
+        return decide(*args)
     finally:
         connections.close_all()  # a worker thread outside any request: hand its connection back
 
 
+def _part_allowance(scope: Scope, part: Allowance) -> Allowance | Refusal:
+    access = caller_from_headers(headers_of(scope), scope)
+    if isinstance(access, Refusal):
+        return access
+    if not access.can(Capability.REGISTER):
+        return Refusal(403, "forbidden", "This caller may not register revisions in this tenant.")
+    return part
+
+
 def upload_allowance(scope: Scope) -> Allowance | Refusal:
-    headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope.get("headers", ())}
-    access = _caller(headers, scope)
+    headers = headers_of(scope)
+    access = caller_from_headers(headers, scope)
     if isinstance(access, Refusal):
         return access
     if not access.can(Capability.REGISTER):
@@ -126,48 +136,3 @@ def _idempotency_refusal(headers: dict[str, str], scope: Scope, access: Access) 
             {"Retry-After": "1"},
         )
     return None
-
-
-def _caller(headers: dict[str, str], scope: Scope) -> Access | Refusal:
-    kind, _, token = headers.get("authorization", "").strip().partition(" ")
-    if kind.lower() == "bearer" and token.strip():
-        client = (scope.get("client") or (None,))[0]
-        try:
-            key = authenticate_token(token.strip(), client=client)  # counts failures against the address
-        except APIException as refused:
-            codes = refused.get_codes()
-            wait = getattr(refused, "wait", None)
-            return Refusal(
-                refused.status_code,
-                codes if isinstance(codes, str) else "invalid_api_key",
-                str(refused.detail),
-                {"Retry-After": str(int(wait))} if wait else {},
-            )
-        return key_access(key)  # narrowed to what its creator may do now
-    return _session_access(headers)
-
-
-def _session_access(headers: dict[str, str]) -> Access | Refusal:
-    """The signed-in person's access in the tenant their request names (header, session, or their only one)."""
-    refusal = Refusal(401, "not_authenticated", "Send an API key as `Authorization: Bearer mint_…`, or sign in.")
-    cookies = SimpleCookie()
-    try:
-        cookies.load(headers.get("cookie", ""))
-    except Exception:
-        return refusal
-    morsel = cookies.get(settings.SESSION_COOKIE_NAME)
-    if morsel is None:
-        return refusal
-    request = HttpRequest()
-    request.session = import_module(settings.SESSION_ENGINE).SessionStore(morsel.value)
-    user = get_user(request)
-    if not user.is_authenticated:
-        return refusal
-    memberships = memberships_of(user=user)
-    slug = headers.get("x-mint-tenant") or request.session.get(SESSION_TENANT_KEY)
-    membership = next((m for m in memberships if m.tenant.slug == slug), None)
-    if membership is None and not slug and memberships:
-        membership = memberships[0]
-    if membership is None:
-        return Refusal(404, "tenant_not_found", "No tenant of yours to upload to.")
-    return member_access(user, membership.tenant, membership.role)

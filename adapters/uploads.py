@@ -41,7 +41,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
-from adapters import services, store
+from adapters import services, store, upload_gate
 from adapters.models import Adapter, AdapterRevision, UploadPart, UploadSession, UploadState
 from mint_site.errors import Conflict, MintError, NotFound, PayloadTooLarge, QuotaExceeded
 from mint_site.limits import Allowance, Refusal, RouteLimit
@@ -74,9 +74,13 @@ def _part_allowance() -> Allowance:
 
 
 # The ASGI body limit of the part route (mint_site/asgi.py): a part's body, refused past part_size before Django
-# reads it, instead of the MINT_MAX_REQUEST_BYTES every other non-upload route has.
+# reads it, instead of the MINT_MAX_REQUEST_BYTES every other non-upload route has, and only once the caller
+# is known to be one who may register (a part with a bad key is 401 unread, whatever its length).
 PART_ROUTE_LIMIT = RouteLimit(
-    method="PUT", path=re.compile(r"^/api/v1/adapters/[^/]+/uploads/[^/]+/parts/[0-9]+/$"), allowance=_part_allowance
+    method="PUT",
+    path=re.compile(r"^/api/v1/adapters/[^/]+/uploads/[^/]+/parts/[0-9]+/$"),
+    allowance=_part_allowance,
+    gate=upload_gate.part_allowance,
 )
 
 

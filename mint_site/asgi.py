@@ -18,6 +18,7 @@ from frontend.routing import websocket_urlpatterns  # noqa: E402
 from mint_site.limits import BodyLimit  # noqa: E402
 from mint_site.ws_origin import SameOriginValidator  # noqa: E402
 from serving.gateway.asgi import with_gateway  # noqa: E402
+from tenants import header_auth  # noqa: E402
 
 application = with_gateway(
     ProtocolTypeRouter(
@@ -27,6 +28,7 @@ application = with_gateway(
                 django_asgi_app,
                 upload_routes=upload_gate.UPLOAD_ROUTES,
                 upload_gate=upload_gate.allowance,
+                caller_gate=header_auth.known_caller,  # any other large body: its caller is known before it is read
                 route_limits=[uploads.PART_ROUTE_LIMIT],  # a resumable upload's parts: up to MINT_UPLOAD_PART_BYTES
             ),
             # Only the site's own origin (scheme, host and port) or CSRF_TRUSTED_ORIGINS may open a socket.

@@ -126,9 +126,16 @@ def _meter(state: GatewayState, outcome: Outcome, status: int, started: float) -
         state.tokens.spend(outcome.caller, tally.prompt_tokens + tally.completion_tokens)
 
 
+def _unread_body(request: Request) -> bool:
+    """Whether the request was refused with a body it declared still unread: the connection then closes after
+    the answer, rather than the server receiving (and discarding) the rest of a body nobody asked for."""
+    declared = request.headers.get("content-length")
+    return (declared is not None and declared != "0") or "transfer-encoding" in request.headers
+
+
 def _endpoint(handle: Handler, *, spends_tokens: bool = False) -> Callable[[Request], Awaitable[Response]]:
-    """A route's endpoint: read the body, authenticate, take an in-flight slot, check the token limits (routes
-    that `spends_tokens`), rate-limit, run `handle`, answer every failure in shape.
+    """A route's endpoint: authenticate (from the headers), read the body, take an in-flight slot, check the token
+    limits (routes that `spends_tokens`), rate-limit, run `handle`, answer every failure in shape.
 
     The tenant's in-flight slot (serving/gateway/inflight.py) is taken right after authentication and let go
     only once the answer has been sent (`Held`): a stream holds it until it ends or its client goes away, and
@@ -141,12 +148,13 @@ def _endpoint(handle: Handler, *, spends_tokens: bool = False) -> Callable[[Requ
         started = time.perf_counter()
         outcome = Outcome()
         release: Callable[[], None] | None = None
+        body: bytes | None = None
         try:
-            body = await _read(request)
             # The peer as the server saw it (uvicorn puts a trusted proxy's X-Forwarded-For there); never a header.
             peer = request.client
             authorization = request.headers.get("authorization", "")
             caller = await auth.authenticate(state, authorization, client=peer.host if peer else None)
+            body = await _read(request)  # only once the caller is known: nobody gets the body read
             outcome.tenant, outcome.caller = caller.tenant_slug, caller
             outcome.tally.tenant_id, outcome.tally.key_id = caller.tenant_id, caller.key_id
             limit = caller.plan.max_inflight_requests
@@ -193,6 +201,8 @@ def _endpoint(handle: Handler, *, spends_tokens: bool = False) -> Callable[[Requ
             if release is not None:
                 release()
             raise
+        if body is None and _unread_body(request):
+            response.headers["Connection"] = "close"
         response = _finish(state, response, outcome, started)
         if release is None:
             _meter(state, outcome, response.status_code, started)

@@ -95,7 +95,9 @@ def bearer(token: str) -> dict[str, str]:
 
 def test_an_ordinary_route_refuses_a_body_over_the_request_limit_unread(tenant_a, settings):
     settings.MINT_MAX_REQUEST_BYTES = 100_000
-    answer = call("POST", "/api/v1/adapters/", {"content-type": "application/json"}, size=200_000)
+    _, token = tenant_a.key("pipeline")  # without one, MINT_ANON_MAX_REQUEST_BYTES binds first (test_preauth.py)
+    headers = {"content-type": "application/json", "authorization": f"Bearer {token}"}
+    answer = call("POST", "/api/v1/adapters/", headers, size=200_000)
     assert answer.status == 413
     assert answer.error()["code"] == "payload_too_large"
     assert "MINT_MAX_REQUEST_BYTES" in answer.error()["message"]
