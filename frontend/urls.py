@@ -3,7 +3,7 @@
 from django.urls import path
 
 from frontend import apis
-from frontend.views import accounts, actions, auth, keys, members, pages, sso, webhooks
+from frontend.views import accounts, actions, auth, keys, lifecycle, members, pages, sso, webhooks
 
 app_name = "frontend"
 
@@ -49,6 +49,22 @@ urlpatterns = [
         "webhooks/<int:webhook_id>/deliveries/<int:delivery_id>/redeliver/",
         webhooks.webhook_redeliver,
         name="webhook-redeliver",
+    ),
+    # The rest of an adapter's life (frontend/views/lifecycle.py).
+    path("create-adapter/", lifecycle.adapter_create, name="adapter-create"),
+    path("adapters/<str:name>/edit/", lifecycle.adapter_edit, name="adapter-edit"),
+    path("adapters/<str:name>/retention/", lifecycle.adapter_retention, name="adapter-retention"),
+    path("adapters/<str:name>/delete/", lifecycle.adapter_delete, name="adapter-delete"),
+    path("adapters/<str:name>/deactivate/", lifecycle.alias_deactivate, name="deactivate"),
+    path("adapters/<str:name>/diff/", lifecycle.adapter_diff, name="diff"),
+    path("adapters/<str:name>/revisions/<int:number>/archive/", lifecycle.revision_archive, name="archive"),
+    path("adapters/<str:name>/revisions/<int:number>/restore/", lifecycle.revision_restore, name="restore"),
+    path("adapters/<str:name>/revisions/<int:number>/keep/", lifecycle.revision_keep, name="keep"),
+    path("adapters/<str:name>/revisions/<int:number>/playground/", lifecycle.revision_playground, name="playground"),
+    path(
+        "adapters/<str:name>/revisions/<int:number>/files/<str:filename>",
+        lifecycle.revision_download,
+        name="download",
     ),
     path("adapters/<str:name>/", pages.adapter_detail, name="adapter"),
     path("adapters/<str:name>/register/", actions.revision_register, name="register"),

@@ -314,6 +314,8 @@ MINT_RETENTION_SWEEP_S = env_float("MINT_RETENTION_SWEEP_S", 600.0, minimum=1)
 # largest export whose tensor norms the dashboard's diff computes (larger ones show shapes only).
 MINT_DOWNLOAD_LINK_S = env_int("MINT_DOWNLOAD_LINK_S", 600, minimum=10)
 MINT_INSPECT_MAX_BYTES = env_int("MINT_INSPECT_MAX_BYTES", 64 * 1024 * 1024, minimum=0)
+# The dashboard's playground (serving/services/playground.py): how long a node may take to answer it.
+MINT_PLAYGROUND_TIMEOUT_S = env_float("MINT_PLAYGROUND_TIMEOUT_S", 30.0, minimum=1)
 
 # Request bodies, refused by the ASGI layer before Django reads (and spools) them (mint_site/limits.py):
 # any route but the upload routes and the gateway. Upload routes take at most MINT_MAX_UPLOAD_BYTES from

@@ -178,15 +178,13 @@ def activation_warning(*, adapter: Adapter, revision: AdapterRevision) -> str | 
     return serving_selectors.activation_room(adapter, revision)
 
 
-def newest_suite(adapter: Adapter) -> EvaluationSuite | None:
-    """The suite the gate and the runner use, without its cases (the page shows its size and who sent it)."""
-    return (
-        EvaluationSuite.objects.filter(adapter=adapter)
-        .defer("cases")
-        .select_related("created_by", "created_by_key")
-        .order_by("-version")
-        .first()
-    )
+def newest_suite(adapter: Adapter, *, cases: bool = False) -> EvaluationSuite | None:
+    """The suite the gate and the runner use, without its cases (the page shows its size and who sent it) unless
+    `cases` (a revision's own page shows the prompt and reference of each failing case)."""
+    suites = EvaluationSuite.objects.filter(adapter=adapter)
+    if not cases:
+        suites = suites.defer("cases")
+    return suites.select_related("created_by", "created_by_key").order_by("-version").first()
 
 
 def revision_page(

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlencode
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
@@ -19,6 +20,7 @@ from django.utils import timezone
 from adapters import services as adapter_services
 from frontend import selectors
 from frontend.forms import AdapterFilterForm, AuditFilterForm, RevisionFilterForm, UsageFilterForm, form_errors
+from frontend.selectors import lifecycle as lifecycle_selectors
 from frontend.selectors import usage as usage_selectors
 from frontend.views.base import page
 from mint_site.csv_cells import csv_cell
@@ -72,6 +74,8 @@ def overview(request: HttpRequest) -> HttpResponse:
         "rows": selectors.adapter_rows(tenant=viewer.tenant, **filters),
         "nodes": selectors.node_rows(tenant=viewer.tenant),
         "live_page": "overview",
+        "can_register": viewer.can(Capability.REGISTER),
+        "base_models": lifecycle_selectors.base_models() if viewer.can(Capability.REGISTER) else [],
     }
     return _render(request, "overview", "frontend/overview.html", context)
 
@@ -98,7 +102,7 @@ def _mark_revisions(revisions, aliases: list[Alias], *, adapter, suite=None, sin
         if single and rev.evaluation is not None:
             failing = [c for c in rev.evaluation.case_results if not c.get("passed")]
             rev.failing_cases, rev.failing_more = (
-                failing[:FAILING_CASES_SHOWN],
+                _with_case_texts(failing[:FAILING_CASES_SHOWN], suite),
                 max(0, len(failing) - FAILING_CASES_SHOWN),
             )
         rev.live_on = [a.name for a in aliases if a.revision_id == rev.id]
@@ -106,6 +110,32 @@ def _mark_revisions(revisions, aliases: list[Alias], *, adapter, suite=None, sin
         rev.activate_to = [a.name for a in aliases if a.desired_revision_id != rev.id]
         if not has_production:
             rev.activate_to.insert(0, Alias.PRODUCTION)
+
+
+CASE_TEXT_SHOWN = 400  # characters of a case's prompt and reference in the failing-cases table
+
+
+def _with_case_texts(failing: list[dict], suite) -> list[dict]:
+    """Failing case results with what was asked and expected, from the suite they were scored on (one read of its
+    cases, only when a revision's own page shows failing cases)."""
+    cases = (suite.cases if suite is not None else None) or []
+    shown = []
+    for result in failing:
+        number = result.get("case")
+        case = cases[number - 1] if isinstance(number, int) and 0 < number <= len(cases) else {}
+        prompt = case.get("prompt")
+        if prompt is None and isinstance(case.get("messages"), list) and case["messages"]:
+            prompt = "\n".join(f"{m.get('role')}: {m.get('content')}" for m in case["messages"] if isinstance(m, dict))
+        reference = case.get("reference")
+        shown.append(
+            result
+            | {
+                "prompt": str(prompt or "")[:CASE_TEXT_SHOWN],
+                "reference": "" if reference is None else str(reference)[:CASE_TEXT_SHOWN],
+                "grader": case.get("grader", ""),
+            }
+        )
+    return shown
 
 
 def _path_without_fragment(request: HttpRequest) -> str:
@@ -130,10 +160,14 @@ def adapter_detail(request: HttpRequest, name: str, number: int | None = None) -
         # The usage panel, fetched by the page's script (so the page itself costs no usage query).
         usage = usage_selectors.usage_view(tenant=viewer.tenant, range_name="day", adapter=adapter.name)
         return render(request, "frontend/partials/adapter_usage.html", {"adapter": adapter, "usage": usage})
+    if request.GET.get("fragment") in ("retention", "lineage"):
+        # Loaded by the page's script when it opens (their queries are not the page's): retention's dry run on
+        # the adapter's page, the lineage graph and the revisions to compare with on a revision's page.
+        return _lifecycle_fragment(request, adapter, number)
     aliases = selectors.aliases_of(adapter)
     form = RevisionFilterForm(request.GET)
     state = _filters(form).get("state", "") if number is None else ""
-    suite = selectors.newest_suite(adapter)
+    suite = selectors.newest_suite(adapter, cases=number is not None)
     revisions = selectors.revision_page(
         adapter=adapter, number=request.GET.get("page"), state=state, only=number, suite=suite
     )
@@ -161,10 +195,28 @@ def adapter_detail(request: HttpRequest, name: str, number: int | None = None) -
         "can_register": viewer.can(Capability.REGISTER),
         "suite": suite,
         "gated": suite is not None and adapter_services.evaluation.has_policy(adapter),
+        "archivable": adapter_services.ARCHIVABLE_STATES,
+        "download_minutes": settings.MINT_DOWNLOAD_LINK_S // 60,
         "live_page": "adapter",
         "here": _path_without_fragment(request),
     }
     return _render(request, "adapter", "frontend/adapter.html", context)
+
+
+def _lifecycle_fragment(request: HttpRequest, adapter, number: int | None) -> HttpResponse:
+    context = {"adapter": adapter, "can_decide": request.viewer.can(Capability.DECIDE)}
+    if request.GET["fragment"] == "retention":
+        context["retention"] = lifecycle_selectors.retention_of(adapter)
+        return render(request, "frontend/partials/retention.html", context)
+    revision = selectors.revision_get(adapter=adapter, number=number) if number is not None else None
+    if revision is None:
+        raise Http404("No such revision.")
+    context |= {
+        "rev": revision,
+        "lineage": lifecycle_selectors.lineage_of(revision),
+        "numbers": [n for n in lifecycle_selectors.revision_numbers(adapter) if n != revision.number],
+    }
+    return render(request, "frontend/partials/lineage.html", context)
 
 
 @page(staff_ok=True)

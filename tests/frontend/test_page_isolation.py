@@ -27,8 +27,8 @@ PARAM = re.compile(r"<(?:(?P<converter>[^>:]+):)?(?P<name>[^>]+)>")
 B_NAMES = ["globex", "globex-secret-bot", "b-secret-key"]
 FRAGMENTS = {
     "/": ["adapters", "nodes"],
-    "/adapters/<str:name>/": ["alias", "revisions"],
-    "/adapters/<str:name>/revisions/<int:number>/": ["alias", "revisions", "room"],
+    "/adapters/<str:name>/": ["alias", "revisions", "retention"],
+    "/adapters/<str:name>/revisions/<int:number>/": ["alias", "revisions", "room", "lineage"],
     "/nodes/": ["nodes"],
     "/keys/": ["keys"],
 }
@@ -84,6 +84,7 @@ def both(catalog_a, catalog_b, tenant_a, tenant_b):
         "username": tenant_b.users["approver"].get_username(),
         "invitation_id": str(b_invitation.id),
         **PUBLIC,
+        **FILE,
     }
 
 
@@ -91,6 +92,8 @@ def both(catalog_a, catalog_b, tenant_a, tenant_b):
 # objects but what the link's own signed token names (whoever holds the link may read it: it is mailed to
 # the person it is for). A made-up token is not found.
 PUBLIC = {"token": "no-such-token", "uidb64": "MQ", "slug": "acme"}
+# A revision's exported file, by name (the same name in every revision of every tenant).
+FILE = {"filename": "adapter_model.safetensors"}
 
 
 def test_every_dashboard_route_is_covered():
@@ -111,6 +114,7 @@ def test_pages_of_a_never_show_b(both, tenant_a, role):
         "username": tenant_a.users["viewer"].get_username(),
         "invitation_id": "1",
         **PUBLIC,
+        **FILE,
     }
     for route in dashboard_routes():
         url = fill_route(route, own)

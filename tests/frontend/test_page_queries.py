@@ -14,7 +14,11 @@ pytestmark = pytest.mark.django_db
 
 # session, user, memberships: every signed-in page; then the page's own reads.
 EXPECTED = {
-    "/": 3 + 5,  # adapters, aliases, readiness; nodes with tier counts, own placements
+    # adapters, aliases, readiness; nodes with tier counts, own placements; base models (the create form)
+    "/": 3 + 5 + 1,
+    "/?q=SUPPORT": 3 + 5 + 1,  # a search, a page further on, a state filter: the same reads, narrowed in SQL
+    "/?q=bot&after=more-1": 3 + 5 + 1,
+    "/?before=zzz&state=awaiting": 3 + 5 + 1,
     # adapter, aliases, newest evaluation suite; revisions: count, page, approvals, placements
     "/adapters/support-bot/": 3 + 3 + 4,
     "/adapters/support-bot/?fragment=revisions": 3 + 3 + 4,
