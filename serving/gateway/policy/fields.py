@@ -8,6 +8,7 @@ the number of choices a list of prompts asks for, and the bytes of structured-ou
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 from serving.gateway import GatewayError
@@ -220,6 +221,8 @@ _SAMPLING: dict[str, Check] = {
     # Routed experts (R3) for sampling keys (serving/gateway/sampling.py checks who may ask, and drops the first).
     "return_routed_experts": checks.boolean,
     "routed_experts_prompt_start": checks.count,
+    # Log-probabilities' tokens as `token_id:<id>`: the sampled tokens' ids, which an RL trainer needs.
+    "return_tokens_as_token_ids": checks.boolean,
 }
 
 FIELDS: dict[str, dict[str, Check]] = {
@@ -320,6 +323,25 @@ def check_request(path: str, body: dict[str, Any], plan: GatewayPlan) -> None:
             check(name, value, plan)
     _check_choices(path, body, plan)
     _check_structured(body, plan)
+
+
+# The engine's own bound of a completion that names none (vLLM's OpenAI server).
+COMPLETION_DEFAULT_TOKENS = 16
+# The gateway has no tokenizer: a prompt is estimated at one token per this many bytes of the request's body
+# (English text runs about four bytes a token; the estimate is settled against the node's count afterwards).
+BODY_BYTES_PER_TOKEN = 4
+
+
+def tokens_at_most(path: str, body: dict[str, Any], plan: GatewayPlan, *, body_bytes: int) -> int:
+    """What a checked request may cost: its token bound times `n` for each prompt, plus its prompt estimated from
+    the body's size. The token limits reserve it when the request is admitted (serving/gateway/budgets.py)."""
+    bounds = [body.get(name) for name in ("max_tokens", "max_completion_tokens") if body.get(name) is not None]
+    if bounds:
+        bound = max(bounds)
+    else:
+        bound = plan.max_request_tokens if path == CHAT_COMPLETIONS else COMPLETION_DEFAULT_TOKENS
+    choices = (body.get("n") or 1) * (_prompts(body.get("prompt")) if path == COMPLETIONS else 1)
+    return bound * choices + math.ceil(body_bytes / BODY_BYTES_PER_TOKEN)
 
 
 def with_plan_defaults(

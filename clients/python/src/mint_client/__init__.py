@@ -38,11 +38,13 @@ from mint_client.models import (
     EvaluationSuite,
     Failure,
     Revision,
+    RunStep,
     UploadSession,
     Usage,
     WhoAmI,
 )
 from mint_client.routes import ROUTES, Route
+from mint_client.sampling import Sample, decode_routed_experts
 from mint_client.session import Session, SessionStore, StoredSession
 
 __all__ = [
@@ -78,6 +80,8 @@ __all__ = [
     "RevisionFailed",
     "RevisionRejected",
     "Route",
+    "RunStep",
+    "Sample",
     "ServerError",
     "Session",
     "SessionStore",
@@ -89,4 +93,5 @@ __all__ = [
     "ValidationError",
     "WaitTimeout",
     "WhoAmI",
+    "decode_routed_experts",
 ]

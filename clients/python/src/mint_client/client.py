@@ -9,6 +9,7 @@ mint.request_approval("support-bot", r.number)
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -32,11 +33,13 @@ from mint_client.models import (
     EvaluationSuite,
     Model,
     Revision,
+    RunStep,
     Usage,
     WhoAmI,
     revision_number,
 )
 from mint_client.routes import ROUTES
+from mint_client.sampling import SamplingMixin
 from mint_client.uploads import Progress, UploadsMixin
 from mint_client.waiting import WaitingMixin
 
@@ -44,7 +47,7 @@ M = TypeVar("M", bound=Model)
 DEFAULT_UPLOAD_THRESHOLD = 64 * 1024 * 1024
 
 
-class Client(UploadsMixin, WaitingMixin):
+class Client(UploadsMixin, WaitingMixin, SamplingMixin):
     """A MinT API client acting with one API key (`mint_<prefix>_<secret>`).
 
     `base_url` and `api_key` default to MINT_BASE_URL and MINT_API_KEY. `retries` bounds the retries of
@@ -110,7 +113,7 @@ class Client(UploadsMixin, WaitingMixin):
     def _call(self, route: str, *, params: dict | None = None, **kwargs: Any) -> httpx.Response:
         spec = ROUTES[route]
         path_params = {
-            k: kwargs.pop(k) for k in list(kwargs) if k in ("name", "number", "version", "upload_id", "part")
+            k: kwargs.pop(k) for k in list(kwargs) if k in ("name", "number", "version", "upload_id", "part", "run")
         }
         return self._http.request(spec.method, spec.url(**path_params), params=params, **kwargs)
 
@@ -190,6 +193,9 @@ class Client(UploadsMixin, WaitingMixin):
         parent: int | str | None = None,
         allow_duplicate: bool = False,
         progress: Progress | None = None,
+        run: str | None = None,
+        metrics: dict[str, Any] | None = None,
+        prewarm: bool = False,
     ) -> Revision:
         """Register a revision from a PEFT adapter directory (adapter_config.json + .safetensors; other files
         are left out) or one archive (.tar, .tar.gz, .zip). Answers at once with the `registered` revision;
@@ -198,9 +204,15 @@ class Client(UploadsMixin, WaitingMixin):
         From `upload_threshold` bytes on, the upload goes in resumable parts (a directory packed into a .tar
         first) and a dropped connection resends only what is missing. Raises `ValidationError` for an upload
         that obviously is no adapter, `DuplicateRevision` for one the adapter already has.
+
+        `run` and `metrics` record the training run and what was measured at this step (the runs API lists
+        them); `prewarm` has the server place it on a node once exported, to be sampled (`push`, `sample`).
         """
         path = Path(path)
         meta = _register_fields(training_step, parent, allow_duplicate)
+        meta |= {k: v for k, v in (("run", run), ("metrics", metrics)) if v}
+        if prewarm:
+            meta["prewarm"] = True
         if artifacts.is_archive(path):
             if path.stat().st_size >= self.upload_threshold:
                 return self.upload(adapter, path, progress=progress, **meta)
@@ -214,7 +226,10 @@ class Client(UploadsMixin, WaitingMixin):
         self, adapter: str, fields: list[tuple[str, Path]], meta: dict, progress: Progress | None
     ) -> Revision:
         total = sum(p.stat().st_size for _, p in fields)
-        data = {k: ("true" if v is True else "false" if v is False else str(v)) for k, v in meta.items()}
+        data = {
+            k: ("true" if v is True else "false" if v is False else json.dumps(v) if isinstance(v, dict) else str(v))
+            for k, v in meta.items()
+        }
 
         def body() -> dict:
             done = [0]
@@ -254,6 +269,22 @@ class Client(UploadsMixin, WaitingMixin):
         """failed → registered, for a failure of the platform (`failure.retryable`)."""
         data = self._json("revisions.retry", name=adapter, number=revision_number(revision))
         return self._revision(data, adapter)
+
+    # ------------------------------------------------------------------ training runs
+
+    def runs(self, adapter: str) -> list[dict]:
+        """The adapter's training runs (name, revisions, first and last step, newest revision), newest first."""
+        return self._json("runs.list", name=adapter)["runs"]
+
+    def run(self, adapter: str, run: str) -> list[RunStep]:
+        """A run's revisions in step order, with the metrics their trainer sent and their parents (all pages)."""
+        steps: list[RunStep] = []
+        offset: int | None = 0
+        while offset is not None:
+            body = self._json("runs.get", name=adapter, run=run, params={"offset": offset})
+            steps += [RunStep.from_json(s) for s in body["revisions"]]
+            offset = body.get("next_offset")
+        return steps
 
     # ------------------------------------------------------------------ serving
 

@@ -69,6 +69,9 @@ class Revision(Model):
     target_modules: list[str] | None = None
     training_step: int | None = None
     parent: str | None = None
+    run: str = ""
+    metrics: dict = field(default_factory=dict)
+    prewarm: bool = False
     size_bytes: int | None = None
     sha256: str | None = None
     registered_by: str | None = None
@@ -114,6 +117,19 @@ class Revision(Model):
             return STATE_ORDER.index(self.state) >= STATE_ORDER.index(state)
         # Rejected comes after pending approval, off the line to approved.
         return self.state == "rejected" and state in STATE_ORDER[:4]
+
+
+@dataclass
+class RunStep(Model):
+    """One revision of a training run, as the runs API lists them (in step order): its metrics and parent."""
+
+    revision: str = ""
+    number: int = 0
+    training_step: int | None = None
+    state: str = ""
+    parent: str | None = None
+    metrics: dict = field(default_factory=dict)
+    created_at: str | None = None
 
 
 @dataclass

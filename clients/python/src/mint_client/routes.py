@@ -50,6 +50,8 @@ ROUTES: dict[str, Route] = {
     "revisions.approve": Route("POST", _R + "approve/"),
     "revisions.reject": Route("POST", _R + "reject/"),
     "revisions.retry": Route("POST", _R + "retry/"),
+    "runs.list": Route("GET", _A + "runs/"),
+    "runs.get": Route("GET", _A + "runs/{run}/"),
     "evaluation.get": Route("GET", _R + "evaluation/"),
     "evaluation.request": Route("POST", _R + "evaluation/"),
     "evaluation_suites.list": Route("GET", _A + "evaluation-suites/"),

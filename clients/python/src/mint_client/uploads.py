@@ -40,6 +40,9 @@ class UploadsMixin:
         allow_duplicate: bool | None = None,
         progress: Progress | None = None,
         upload_id: str | None = None,
+        run: str | None = None,
+        metrics: dict | None = None,
+        prewarm: bool | None = None,
     ) -> Revision:
         """Register one archive (or a directory, packed into a .tar) in resumable parts: create a session (or
         continue `upload_id`), send the parts the server does not hold yet, complete it into a revision.
@@ -53,6 +56,9 @@ class UploadsMixin:
             "training_step": training_step,
             "parent": revision_number(parent) if parent is not None else None,
             "allow_duplicate": allow_duplicate,
+            "run": run,
+            "metrics": metrics,
+            "prewarm": prewarm,
         }
         if not path.is_dir():
             return self._upload_file(adapter, path, path, options, progress, upload_id)

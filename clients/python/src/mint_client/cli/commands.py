@@ -35,6 +35,18 @@ def _four_eyes_message(adapter: str, label: str, with_deploy_key: bool) -> str:
     )
 
 
+def _metrics(text: str | None) -> dict | None:
+    if not text:
+        return None
+    try:
+        metrics = json.loads(text)
+    except ValueError:
+        metrics = None
+    if not isinstance(metrics, dict):
+        raise errors.ValidationError(f"--metrics must be a JSON object, e.g. '{{\"reward\": 0.4}}', not {text!r}.")
+    return metrics
+
+
 def cmd_push(ctx: Context) -> int:
     a = ctx.args
     a.approve = a.approve or a.activate  # only an approved revision can be activated
@@ -48,9 +60,17 @@ def cmd_push(ctx: Context) -> int:
             parent=a.parent,
             allow_duplicate=a.allow_duplicate,
             progress=update,
+            run=a.run,
+            metrics=_metrics(a.metrics),
+            prewarm=a.ready_to_sample,
         )
     ctx.say(f"registered {a.adapter} {revision.label}")
     result: dict[str, Any] = {"revision": revision.raw}
+    if a.ready_to_sample:
+        client.wait_until_sampleable(a.adapter, revision.number, timeout=a.timeout)
+        revision = client.revision(a.adapter, revision.number)
+        result["revision"] = revision.raw
+        ctx.say(f"{a.adapter} {revision.label} answers samples ({a.adapter}@{revision.label})")
     if a.wait or a.approve or a.activate:
         revision = client.wait_for(
             a.adapter, revision.number, "exported", timeout=a.timeout, show_progress=not ctx.json

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from mint_client.cli import commands, keys, members
+from mint_client.cli import commands, keys, members, rollouts
 
 
 def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -51,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=int, default=None, help="the training step")
     p.add_argument("--parent", default=None, help="the revision this one continues (r<n>)")
     p.add_argument("--allow-duplicate", action="store_true", help="register even if equal to an earlier revision")
+    p.add_argument("--run", default=None, help="the training run this step is of (the runs API lists it)")
+    p.add_argument("--metrics", default=None, help="what was measured at this step, JSON: '{\"reward\": 0.4}'")
+    p.add_argument(
+        "--ready-to-sample",
+        action="store_true",
+        help="place it as soon as it is exported and return once it answers a sample (an RL step)",
+    )
     p.add_argument("--wait", action="store_true", help="wait until exported (and, with --activate, served)")
     p.add_argument("--approve", action="store_true", help="request approval and approve (four-eyes: --deploy-key)")
     p.add_argument("--comment", default="", help="the approval's comment")
@@ -60,6 +67,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--canary", type=int, default=None, metavar="PERCENT", help="with --activate: a canary (1-50 %%)")
     p.add_argument("--deploy-key", default=None, help="a second person's deploy key to approve and activate with")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait (default 900)")
+
+    p = command("sample", rollouts.cmd_sample, "sample a revision by number (before approval too): JSON lines")
+    rev(p)
+    p.add_argument("--prompt", action="append", default=[], help="a prompt (again for more)")
+    p.add_argument(
+        "--prompts", default=None, help="a file of prompts, one a line or JSON lines with `prompt` (- stdin)"
+    )
+    p.add_argument("-n", type=int, default=1, help="samples per prompt (default 1)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None, help="prompt i samples with seed + i")
+    p.add_argument("--no-logprobs", action="store_true", help="leave out token ids and log-probabilities")
+    p.add_argument("--routed-experts", action="store_true", help="the experts each token was routed to (MoE, R3)")
+    p.add_argument("--concurrency", type=int, default=8, help="requests at once (default 8)")
+    p.add_argument("--out", "-o", default=None, help="write the JSON lines to this file (default stdout)")
 
     p = command("status", commands.cmd_status, "an adapter's aliases and latest revisions")
     p.add_argument("adapter")
