@@ -367,6 +367,25 @@ MINT_NODE_COLD_LOADS = env_int("MINT_NODE_COLD_LOADS", 1, minimum=1)  # loads in
 # next one (rollbacks excepted) waits t·(1-duty)/duty, at most MINT_NODE_PREWARM_MAX_GAP_S. 1 = no pacing.
 MINT_NODE_PREWARM_DUTY = min(1.0, env_float("MINT_NODE_PREWARM_DUTY", 0.02, minimum=0.01))
 MINT_NODE_PREWARM_MAX_GAP_S = env_float("MINT_NODE_PREWARM_MAX_GAP_S", 10.0, minimum=0)
+# Loads for requests (on demand) are paced apart from activations: a tenant's take of a node's load time.
+MINT_NODE_COLD_DUTY = min(1.0, env_float("MINT_NODE_COLD_DUTY", 0.5, minimum=0.01))
+# Pacing applies only while another tenant used the node within this many seconds (it protects them); 0: always.
+MINT_NODE_PACING_NEIGHBOUR_S = env_int("MINT_NODE_PACING_NEIGHBOUR_S", 60, minimum=0)
+# Residency (serving/residency/): each node's on-demand slots as a W-TinyLFU cache with tenant shares.
+MINT_RESIDENCY_WINDOW = env_float("MINT_RESIDENCY_WINDOW", 0.2, minimum=0.01)  # the window's share of the slots
+MINT_RESIDENCY_PROTECTED = env_float("MINT_RESIDENCY_PROTECTED", 0.8, minimum=0)  # protected's share of main
+MINT_RESIDENCY_FREQUENCY_PERIOD_S = env_int("MINT_RESIDENCY_FREQUENCY_PERIOD_S", 300, minimum=1)  # aging period
+# A placement used or loaded within this many seconds is not evicted for an on-demand load (a request's retry
+# finds what was loaded for it; a working set larger than the node waits instead of thrashing).
+MINT_RESIDENCY_MIN_RESIDENT_S = env_float("MINT_RESIDENCY_MIN_RESIDENT_S", 5.0, minimum=0)
+MINT_RESIDENCY_NODE_CHOICES = env_int("MINT_RESIDENCY_NODE_CHOICES", 3, minimum=1)  # nodes a load may try
+MINT_RESIDENCY_DISK_CHOICES = env_int("MINT_RESIDENCY_DISK_CHOICES", 3, minimum=1)  # best nodes checked for files
+# The disk tier: node-local copies of exports kept after unload, least recently used removed past this.
+MINT_NODE_DISK_BYTES = env_int("MINT_NODE_DISK_BYTES", 20 * 1024**3, minimum=0)
+# An unload waits for the engine's requests of that adapter to end, at most this long (then unloads anyway).
+MINT_UNLOAD_DRAIN_S = env_float("MINT_UNLOAD_DRAIN_S", 60.0, minimum=0)
+# A revision served on demand from one node with this many requests in flight there gets another placement.
+MINT_RESIDENCY_SPREAD_INFLIGHT = env_int("MINT_RESIDENCY_SPREAD_INFLIGHT", 8, minimum=1)
 MINT_PREWARM_ATTEMPTS = env_int("MINT_PREWARM_ATTEMPTS", 3, minimum=1)
 MINT_PREWARM_TIMEOUT_S = env_int("MINT_PREWARM_TIMEOUT_S", 300, minimum=10)
 MINT_ALIAS_READY_REPLICAS = env_int("MINT_ALIAS_READY_REPLICAS", 1, minimum=1)  # ready nodes before a flip

@@ -40,6 +40,7 @@ from serving.serializers import (
     CancelSerializer,
     DrainProgressSerializer,
     DrainSerializer,
+    ReserveSerializer,
     RollbackSerializer,
     ServingNodeCreateSerializer,
     ServingNodeSerializer,
@@ -140,6 +141,7 @@ class AdapterActivateApi(catalog.AdapterApiMixin, TenantApi):
             by=request.access.actor,
             alias=payload.validated_data["alias"],
             canary_percent=payload.validated_data.get("canary_percent"),
+            reserve=payload.validated_data.get("reserve"),
         )
         return Response(ActivationResultSerializer(alias).data)
 
@@ -170,6 +172,30 @@ class AdapterRollbackApi(AdapterActivateApi):
         revision = self._revision(adapter, number) if number else None
         alias = services.revision_rollback(
             adapter=adapter, by=request.access.actor, revision=revision, alias=payload.validated_data["alias"]
+        )
+        return Response(AliasSerializer(alias).data)
+
+
+class AdapterReserveApi(AdapterActivateApi):
+    """Reserve an alias (what it serves stays loaded, within the plan's max_ready_revisions: 429 past it) or serve
+    it on demand again (loaded when asked for, evicted when cold)."""
+
+    @extend_schema(
+        request=ReserveSerializer,
+        responses={200: AliasSerializer},
+        examples=[
+            OpenApiExample("reserve production", value={"alias": "production", "reserved": True}, request_only=True)
+        ],
+    )
+    def post(self, request, name: str):
+        adapter = self.get_adapter(name)
+        payload = ReserveSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        alias = services.alias_reserve(
+            adapter=adapter,
+            alias=payload.validated_data["alias"],
+            reserved=payload.validated_data["reserved"],
+            by=request.access.actor,
         )
         return Response(AliasSerializer(alias).data)
 

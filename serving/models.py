@@ -294,7 +294,7 @@ class UsagePeriod(models.TextChoices):
 LATENCY_BOUNDS_MS = (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 LATENCY_BUCKETS = tuple(f"lat_{i}" for i in range(len(LATENCY_BOUNDS_MS) + 1))
 # What a flush adds to a row (the rest of a row is its key).
-USAGE_COUNTS = ("requests", "prompt_tokens", "completion_tokens", "latency_ms_sum", *LATENCY_BUCKETS)
+USAGE_COUNTS = ("requests", "prompt_tokens", "completion_tokens", "latency_ms_sum", *LATENCY_BUCKETS, "cold_starts")
 
 
 class UsageRecord(models.Model):
@@ -332,6 +332,9 @@ class UsageRecord(models.Model):
     lat_9 = models.PositiveBigIntegerField(default=0)
     lat_10 = models.PositiveBigIntegerField(default=0)
     lat_11 = models.PositiveBigIntegerField(default=0)
+    # Loads on demand these requests started: the first request for a revision loaded nowhere (its 503 or, held,
+    # its answer) counts one; the others waiting for the same load count none (serving/gateway/residency.py).
+    cold_starts = models.PositiveBigIntegerField(default=0, db_default=0)
 
     KEY_FIELDS = ("period", "start", "kind", "tenant_id", "key_id", "adapter_id", "revision", "node", "status")
 

@@ -12,6 +12,7 @@ from adapters.serializers import AdapterDetailSerializer as CatalogAdapterDetail
 from adapters.serializers import AdapterSerializer as CatalogAdapterSerializer
 from serving import selectors
 from serving.models import Alias, Placement, ServingNode
+from serving.selectors import residency as residency_selectors
 
 
 def _label(revision: AdapterRevision | None) -> str | None:
@@ -79,6 +80,11 @@ class AliasSerializer(serializers.ModelSerializer):
         help_text="Why the desired revision is not live yet (phase, a sentence to act on, queue position, since "
         "when, node, pinned-revision quota), or null when nothing is pending."
     )
+    residency = serializers.SerializerMethodField(
+        help_text="Where the live revision is resident now, per node: tier `cpu` (loaded; vLLM moves it into the "
+        "GPU batch itself), `loading`, or `disk` (only its files on the node), and its cache segment; and its "
+        "last load on demand (`cold_start`: when asked, seconds until ready, from `disk` or `store`, how many)."
+    )
 
     class Meta:
         model = Alias
@@ -90,6 +96,8 @@ class AliasSerializer(serializers.ModelSerializer):
             "pending",
             "rollback_pending",
             "canary",
+            "reserved",
+            "residency",
             "updated_by",
             "updated_at",
         ]
@@ -112,6 +120,15 @@ class AliasSerializer(serializers.ModelSerializer):
             "routing": alias.canary_ready_at is not None,
             "by": alias.canary_by,
             "counts": canary_counts(alias=alias) if self.with_counts else None,
+        }
+
+    def get_residency(self, alias: Alias) -> dict | None:
+        if alias.revision_id is None:
+            return None
+        ids = [alias.revision_id]
+        return {
+            "nodes": residency_selectors.revision_residency(ids)[alias.revision_id],
+            "cold_start": residency_selectors.last_cold_starts(ids).get(alias.revision_id),
         }
 
     def get_desired_revision(self, alias: Alias) -> str | None:
@@ -153,7 +170,7 @@ class AliasSummarySerializer(AliasSerializer):
     with_counts = False
 
     class Meta(AliasSerializer.Meta):
-        fields = [f for f in AliasSerializer.Meta.fields if f != "pending"]
+        fields = [f for f in AliasSerializer.Meta.fields if f not in ("pending", "residency")]
 
 
 class AdapterSerializer(CatalogAdapterSerializer):
@@ -191,6 +208,23 @@ class ActivateSerializer(serializers.Serializer):
         min_value=1,
         max_value=50,
         help_text="Start a canary instead: this share (1 to 50 %) of the alias's requests goes to the revision.",
+    )
+    reserve = serializers.BooleanField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text=(
+            "true: keep what the alias serves loaded (counts against max_ready_revisions); false: serve it on "
+            "demand (loaded when asked for, evicted when cold); omitted: keep the alias's choice (a new alias is "
+            "on demand)."
+        ),
+    )
+
+
+class ReserveSerializer(serializers.Serializer):
+    alias = serializers.RegexField(ALIAS_NAME, required=False, default=Alias.PRODUCTION)
+    reserved = serializers.BooleanField(
+        help_text="true: keep it loaded (within max_ready_revisions); false: on demand."
     )
 
 
@@ -344,6 +378,9 @@ class UsageCountsSerializer(serializers.Serializer):
     )
     latency_p95_ms = serializers.FloatField(allow_null=True)
     latency_mean_ms = serializers.FloatField(allow_null=True)
+    cold_starts = serializers.IntegerField(
+        help_text="Loads on demand these requests started (a request for a revision loaded nowhere)."
+    )
 
 
 class UsageRowSerializer(UsageCountsSerializer):

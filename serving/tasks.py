@@ -1,6 +1,6 @@
 """Celery tasks of the serving plane.
 
-On a node agent (queue `node.<name>`): `placement_prewarm` (two phases), `placement_unload`,
+On a node agent (queue `node.<name>`): `placement_prewarm` (two phases), `placement_unload`, `node_disk_trim`,
 `node_cache_cleanup`, `node_queue_probe`, `evaluation_cases`. On the control queue: `nodes_heartbeat` (beat),
 `alias_converge`, `evaluation_run`.
 """
@@ -52,7 +52,8 @@ def _verified(directory: Path, files: list[dict]) -> bool:
 
 
 def fetch_to_node_cache(placement: Placement) -> Path:
-    """Phase 1a: copy the revision's frozen export into the node's cache and verify every SHA-256.
+    """Phase 1a: copy the revision's frozen export into the node's cache and verify every SHA-256 (the disk
+    tier: a copy already there and intact is used as it is, `placement.load_source` says which).
 
     Files go to a fresh directory that is renamed into place only when complete, and a
     directory already in place is never rewritten: vLLM may re-read it at any time.
@@ -65,8 +66,10 @@ def fetch_to_node_cache(placement: Placement) -> Path:
     final = Path(placement.node.cache_dir) / lora_name(revision)
     if final.is_dir():
         if _verified(final, files):
+            placement.load_source = "disk"
             return final
         raise CacheMismatch(f"{final} holds files that do not match the policy record; refusing to touch them")
+    placement.load_source = "store"
     staging = final.parent / f".{final.name}.{uuid.uuid4().hex}"
     staging.mkdir(parents=True)
     try:
@@ -98,6 +101,7 @@ def placement_prewarm(self, *, placement_id: int) -> None:
             # A packed MoE export needs extras in the load request (e.g. is_3d_lora_weight).
             extra = (placement.revision.policy_record or {}).get("load_request") or {}
             engine.load_lora(name, str(path), **extra)
+            services.node_copy_used(placement=placement, size_bytes=_size_of(path))
             if not services.placement_loaded(placement=placement, load_ms=(time.perf_counter() - started) * 1000):
                 return
             started = time.perf_counter()
@@ -109,9 +113,30 @@ def placement_prewarm(self, *, placement_id: int) -> None:
             services.placement_failed(placement=placement, reason=str(exc))
 
 
+def _size_of(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+def _drained(engine: VllmClient, name: str) -> bool:
+    """Wait until the engine runs no request of `name` (its own metrics say), at most MINT_UNLOAD_DRAIN_S: an
+    eviction never cuts a request or a stream under way. True if drained, False if the wait ran out."""
+    deadline = time.monotonic() + settings.MINT_UNLOAD_DRAIN_S
+    while True:
+        try:
+            busy = engine.busy_loras()
+        except VllmError:
+            busy = None  # cannot tell: wait like busy, up to the bound
+        if busy is not None and name not in busy:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+
+
 @shared_task(bind=True, acks_late=True, ignore_result=True)
 def placement_unload(self, *, placement_id: int) -> None:
-    """Evict: unload from vLLM, forget the placement, and remove the node files after a grace period."""
+    """Evict: once the engine runs no request of it, unload it from vLLM and forget the placement. Its files stay
+    on the node's disk (the disk tier) until `node_disk_trim` needs the room."""
     placement = Placement.objects.select_related("node", "revision__adapter").filter(id=placement_id).first()
     if placement is None or placement.state != PlacementState.EVICTING:
         return
@@ -119,17 +144,58 @@ def placement_unload(self, *, placement_id: int) -> None:
     name = lora_name(placement.revision)
     try:
         with VllmClient(placement.node.url) as engine:
+            if not _drained(engine, name):
+                log.warning(
+                    "unload of %s on %s: requests still running after %ss",
+                    name,
+                    placement.node,
+                    settings.MINT_UNLOAD_DRAIN_S,
+                )
             engine.unload_lora(name)
     except VllmError as exc:
         if exc.transient:
             raise self.retry(exc=exc, countdown=5, max_retries=5) from exc
         log.warning("unload of %s on %s: %s", name, placement.node, exc)
     services.placement_forget(placement=placement)
-    node_cache_cleanup.apply_async(
-        kwargs={"node_id": placement.node_id, "name": name},
-        queue=placement.node.queue,
-        countdown=settings.MINT_NODE_FILE_GRACE_S,
-    )
+    node_disk_trim.apply_async(kwargs={"node_id": placement.node_id}, queue=placement.node.queue)
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True)
+def node_lora_unload(self, *, node_id: int, name: str) -> None:
+    """Unload a LoRA the engine holds that no placement accounts for (`services.stray_loras`), once no request
+    of it runs; a placement made for it meanwhile keeps it."""
+    node = ServingNode.objects.filter(id=node_id).first()
+    if node is None or name not in services.stray_loras(node=node, loaded={name}):
+        return
+    try:
+        with VllmClient(node.url) as engine:
+            _drained(engine, name)
+            engine.unload_lora(name)
+    except VllmError as exc:
+        log.warning("unload of stray %s on %s: %s", name, node, exc)
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True)
+def node_disk_trim(self, *, node_id: int) -> None:
+    """Keep the node's disk tier within MINT_NODE_DISK_BYTES: remove its least recently used copies, never one a
+    placement holds or vLLM still lists (vLLM may re-read files under a loaded name)."""
+    node = ServingNode.objects.filter(id=node_id).first()
+    if node is None:
+        return
+    victims = services.node_copies_over_budget(node=node)
+    if not victims:
+        return
+    try:
+        with VllmClient(node.url) as engine:
+            loaded = set(engine.models())
+    except VllmError:
+        return  # cannot tell what vLLM holds: keep the files
+    for copy in victims:
+        name = lora_name(copy.revision)
+        if name in loaded:
+            continue
+        shutil.rmtree(Path(node.cache_dir) / name, ignore_errors=True)
+        services.node_copy_removed(copy=copy)
 
 
 @shared_task(bind=True, ignore_result=True)
@@ -154,6 +220,7 @@ def node_cache_cleanup(self, *, node_id: int, name: str) -> None:
     if any(lora_name(p.revision) == name for p in node.placements.select_related("revision__adapter")):
         return
     shutil.rmtree(Path(node.cache_dir) / name, ignore_errors=True)
+    services.node_copy_forget(node=node, name=name)
 
 
 @shared_task(bind=True, ignore_result=True)
@@ -203,6 +270,9 @@ def nodes_heartbeat(self) -> None:
             result = services.node_reconcile(node=node, loaded=loaded or set())
             if any(result.values()):
                 log.info("reconciled %s: %s", node, result)
+            for name in services.stray_loras(node=node, loaded=loaded or set()):
+                log.warning("%s holds %s that no placement accounts for: unloading it", node, name)
+                node_lora_unload.apply_async(kwargs={"node_id": node.id, "name": name}, queue=node.queue)
         elif node.state == NodeState.DRAINING:
             drained = services.drain_step(node=node)
             log.info("draining %s: %s", node, drained)

@@ -7,6 +7,7 @@ urlpatterns = [
     path("adapters/<str:name>/", apis.AdapterDetailApi.as_view(), name="adapter-detail"),
     path("adapters/<str:name>/activate/", apis.AdapterActivateApi.as_view(), name="adapter-activate"),
     path("adapters/<str:name>/cancel/", apis.AdapterCancelApi.as_view(), name="adapter-cancel"),
+    path("adapters/<str:name>/reserve/", apis.AdapterReserveApi.as_view(), name="adapter-reserve"),
     path("adapters/<str:name>/rollback/", apis.AdapterRollbackApi.as_view(), name="adapter-rollback"),
     path("adapters/<str:name>/promote/", apis.AdapterPromoteApi.as_view(), name="adapter-promote"),
     path("adapters/<str:name>/abort/", apis.AdapterAbortApi.as_view(), name="adapter-abort"),

@@ -77,6 +77,15 @@ class VllmClient:
             f"load {name}: {message}", status=response.status_code, transient=response.status_code in (502, 503, 504)
         )
 
+    def busy_loras(self) -> set[str]:
+        """The LoRA names the engine runs or queues requests of now, from its Prometheus metrics: the newest series
+        of `vllm:lora_requests_info` (its value is when it was set). An engine idle for a second or more (no
+        request running or waiting) runs none, whatever the last series said."""
+        response = self._call("GET", "/metrics", timeout=5.0)
+        if response.status_code != 200:
+            raise VllmError(f"GET /metrics: {response.status_code}", status=response.status_code, transient=True)
+        return busy_loras_of(response.text)
+
     def unload_lora(self, name: str) -> None:
         """Unload `name`. An unknown name is fine (already gone)."""
         response = self._call("POST", "/v1/unload_lora_adapter", json={"lora_name": name})
@@ -141,3 +150,27 @@ def context_window(entries: list[dict]) -> int | None:
     lengths = [e.get("max_model_len") for e in entries]
     found = [n for n in lengths if isinstance(n, int) and not isinstance(n, bool) and n > 0]
     return min(found) if found else None
+
+
+def busy_loras_of(text: str) -> set[str]:
+    """`VllmClient.busy_loras` from the text of vLLM's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    newest: tuple[float, set[str]] | None = None
+    requests = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+                requests += sample.value
+            elif sample.name == "vllm:lora_requests_info":
+                names = {
+                    n
+                    for label in ("running_lora_adapters", "waiting_lora_adapters")
+                    for n in sample.labels.get(label, "").split(",")
+                    if n
+                }
+                if newest is None or sample.value > newest[0]:
+                    newest = (sample.value, names)
+    if requests == 0 or newest is None:
+        return set()
+    return newest[1]

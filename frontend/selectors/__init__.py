@@ -12,13 +12,30 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 
 from django.core.paginator import Page, Paginator
-from django.db.models import Avg, Case, Count, IntegerField, Prefetch, Q, QuerySet, Value, When
+from django.db.models import (
+    Avg,
+    Case,
+    Count,
+    Exists,
+    F,
+    IntegerField,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from adapters import selectors as adapter_selectors
-from adapters.models import Adapter, AdapterRevision, Approval, BaseModel, Evaluation, EvaluationSuite
+from adapters.models import Adapter, AdapterRevision, Approval, Evaluation, EvaluationSuite, RevisionState
 from serving import selectors as serving_selectors
-from serving.models import ACTIVE_STATES, HOLDING_STATES, Alias, Placement, PlacementState, ServingNode
+from serving.models import ACTIVE_STATES, HOLDING_STATES, Alias, NodeCopy, Placement, PlacementState, ServingNode
+from serving.selectors import residency as residency_selectors
 from serving.services import canary as serving_canary  # a canary's counters, read from Redis
 from tenants import selectors as tenant_selectors
 from tenants.models import ApiKey, AuditEvent, Tenant
@@ -94,20 +111,83 @@ class AdapterRow:
         return "serving" if self.live is not None else "inactive"
 
 
-def adapter_rows(*, tenant: Tenant, q: str = "", state: str = "") -> list[AdapterRow]:
-    """The tenant's adapters with their `production` alias, desired revision and its readiness (4 queries).
+@dataclass
+class AdapterPage:
+    """One page of the overview, newest first (as the API lists them): its rows, and the ids the neighbouring pages
+    start below or above (None where there is no such page). An id is the cursor: `(tenant, id)` is an index, so a
+    page is read from any id on, at any depth."""
 
-    `q` keeps names containing it (any case); `state` keeps `serving`, `flipping`, `inactive` adapters, or those
-    with revisions `awaiting` a decision.
+    rows: list[AdapterRow]
+    after: int | None  # the next (older) page: ids below this one
+    before: int | None  # the previous (newer) page: ids above this one
+
+
+def _in_state(adapters: QuerySet[Adapter], state: str) -> QuerySet[Adapter]:
+    """`adapters` in one of the overview's states (AdapterRow.state), in SQL, so a page of them is read at once.
+
+    `serving`: production serves a revision (an activation may be pending too); `flipping`: production wants a
+    revision it does not serve yet; `inactive`: production serves and wants nothing; `awaiting`: a revision waits
+    for a decision.
     """
-    adapters = serving_selectors.with_aliases(adapter_selectors.adapter_list(tenant=tenant)).annotate(
-        pending=Count("revisions", filter=Q(revisions__state="pending_approval"))
-    )
-    if q:
-        adapters = adapters.filter(name__icontains=q)
+    production = Alias.objects.filter(adapter=OuterRef("pk"), name=Alias.PRODUCTION)
+    if state == "serving":
+        return adapters.filter(Exists(production.filter(revision__isnull=False)))
+    if state == "flipping":
+        wanted = production.filter(desired_revision__isnull=False)
+        return adapters.filter(Exists(wanted.filter(Q(revision__isnull=True) | ~Q(revision=F("desired_revision")))))
+    if state == "inactive":
+        return adapters.exclude(
+            Exists(production.filter(Q(revision__isnull=False) | Q(desired_revision__isnull=False)))
+        )
     if state == "awaiting":
-        adapters = adapters.filter(pending__gt=0)
-    adapters = list(adapters.order_by("name"))
+        pending = AdapterRevision.objects.filter(adapter=OuterRef("pk"), state=RevisionState.PENDING_APPROVAL)
+        return adapters.filter(Exists(pending))
+    return adapters
+
+
+def adapter_page(
+    *,
+    tenant: Tenant,
+    q: str = "",
+    state: str = "",
+    after: int | None = None,
+    before: int | None = None,
+    size: int = PAGE_SIZE,
+) -> AdapterPage:
+    """A page of the tenant's adapters, newest first, with their `production` alias, desired revision and its
+    readiness (3 queries, however many adapters the tenant has).
+
+    `q` keeps names that match it (adapters.selectors.adapter_search); `state` one state (`_in_state`). `after` is
+    the page of the adapters older than that id, `before` of those newer; neither: the first page.
+    """
+    adapters = _in_state(adapter_selectors.adapter_list(tenant=tenant, q=q), state)
+    if before:
+        window = adapters.filter(id__gt=before).order_by("id")
+    else:
+        window = (adapters.filter(id__lt=after) if after else adapters).order_by("-id")
+    # Counted for the page's rows only (a subquery per row shown), not grouped over every adapter of the tenant.
+    pending = (
+        AdapterRevision.objects.filter(adapter=OuterRef("pk"), state=RevisionState.PENDING_APPROVAL)
+        .order_by()
+        .values("adapter")
+        .annotate(n=Count("id"))
+        .values("n")
+    )
+    window = serving_selectors.with_aliases(window).annotate(pending=Coalesce(Subquery(pending), 0))
+    found = list(window[: size + 1])
+    more, found = len(found) > size, found[:size]
+    if before:
+        found.reverse()
+    has_previous, has_next = (more, True) if before else (bool(after), more)
+    return AdapterPage(
+        rows=_adapter_rows(tenant, found),
+        after=found[-1].id if found and has_next else None,
+        before=found[0].id if found and has_previous else None,
+    )
+
+
+def _adapter_rows(tenant: Tenant, adapters: list[Adapter]) -> list[AdapterRow]:
+    """The overview's rows of a page of adapters (aliases prefetched): readiness in one query for the page."""
     wanted: list[int] = []
     aliases = {}
     for adapter in adapters:
@@ -140,8 +220,6 @@ def adapter_rows(*, tenant: Tenant, q: str = "", state: str = "") -> list[Adapte
                 activation=activation,
             )
         )
-    if state in ("serving", "flipping", "inactive"):
-        rows = [r for r in rows if r.state == state or (state == "serving" and r.state == "flipping" and r.live)]
     return rows
 
 
@@ -256,6 +334,8 @@ class NodeRow:
     own: list[Placement]  # the viewing tenant's placements on this node (none for a platform-only view)
     load_ms: float | None = None  # mean phase-1 (fetch, verify, load) time of the node's placements, every tenant's
     warm_ms: float | None = None  # mean phase-2 (warm-up completion) time
+    disk_bytes: int = 0  # the node's disk tier: bytes of the exports it keeps (serving.models.NodeCopy)
+    chart: dict | None = None  # its residency per minute (serving.selectors.residency.node_series)
 
     @property
     def cpu_percent(self) -> int:
@@ -287,8 +367,9 @@ def node_rows(*, tenant: Tenant | None, platform: bool = False) -> list[NodeRow]
     if not platform:
         if tenant is None:
             return []
-        # A subquery, not a join: a join through adapters would multiply the counts.
-        nodes = nodes.filter(base_model__in=BaseModel.objects.filter(adapters__tenant=tenant).values("id"))
+        # A subquery, not a join: a join through adapters would multiply the counts. One probe of the adapters'
+        # (tenant, base_model) index per node, not a read of every adapter of a tenant that has 10^5 of them.
+        nodes = nodes.filter(Exists(Adapter.objects.filter(tenant=tenant, base_model=OuterRef("base_model"))))
     nodes = list(nodes.order_by("name"))
     own: dict[int, list[Placement]] = {}
     if tenant is not None and nodes:
@@ -298,6 +379,13 @@ def node_rows(*, tenant: Tenant | None, platform: bool = False) -> list[NodeRow]
             .order_by("revision__adapter__name", "-revision__number")
         ):
             own.setdefault(placement.node_id, []).append(placement)
+    disk = dict(
+        NodeCopy.objects.filter(node__in=nodes)
+        .values("node_id")
+        .annotate(b=Sum("size_bytes"))
+        .values_list("node_id", "b")
+    )
+    charts = residency_selectors.node_series([n.name for n in nodes]) if nodes else {}
     return [
         NodeRow(
             node=n,
@@ -309,9 +397,18 @@ def node_rows(*, tenant: Tenant | None, platform: bool = False) -> list[NodeRow]
             own=own.get(n.id, []),
             load_ms=n.load_ms_avg,
             warm_ms=n.warm_ms_avg,
+            disk_bytes=disk.get(n.id) or 0,
+            chart=charts.get(n.name),
         )
         for n in nodes
     ]
+
+
+def fleet_misses() -> dict | None:
+    """Requests for revisions loaded nowhere, per minute (no node answered them: a load on demand was asked)."""
+    from serving.residency.stats import FLEET
+
+    return residency_selectors.node_series([]).get(FLEET)
 
 
 # ---------------------------------------------------------------- audit and keys

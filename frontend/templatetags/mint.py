@@ -192,3 +192,9 @@ ACTIVATION_PHASES = {
 @register.filter
 def activation_phase(phase: str) -> str:
     return ACTIVATION_PHASES.get(phase, human(phase))
+
+
+@register.filter
+def sum_of(values) -> int:
+    """The sum of a chart series (None counts as 0)."""
+    return sum(v or 0 for v in values or ())

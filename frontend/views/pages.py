@@ -19,7 +19,14 @@ from django.utils import timezone
 
 from adapters import services as adapter_services
 from frontend import selectors
-from frontend.forms import AdapterFilterForm, AuditFilterForm, RevisionFilterForm, UsageFilterForm, form_errors
+from frontend.forms import (
+    USAGE_KIND_CHOICES,
+    AdapterFilterForm,
+    AuditFilterForm,
+    RevisionFilterForm,
+    UsageFilterForm,
+    form_errors,
+)
 from frontend.selectors import lifecycle as lifecycle_selectors
 from frontend.selectors import usage as usage_selectors
 from frontend.views.base import page
@@ -36,7 +43,7 @@ FRAGMENTS = {
         "revisions": "frontend/partials/revisions.html",
         "room": "frontend/partials/room.html",  # a revision's page only: the warning before activating it
     },
-    "nodes": {"nodes": "frontend/partials/nodes.html"},
+    "nodes": {"nodes": "frontend/partials/nodes.html", "residency": "frontend/partials/residency_charts.html"},
     "usage": {"charts": "frontend/partials/usage_charts.html"},
 }
 FAILING_CASES_SHOWN = 50  # a revision's page lists this many failing cases; the API has them all
@@ -61,23 +68,37 @@ def _filters(form) -> dict:
 def overview(request: HttpRequest) -> HttpResponse:
     """The tenant's adapters with their live alias, desired revision and readiness, and the nodes serving them.
 
-    `?q=` keeps adapters whose name contains it, `?state=` those in one state (see `AdapterFilterForm`).
+    A page of adapters at a time, newest first, with links to the next and previous pages (`?after=`, `?before=`
+    an id). `?q=` keeps adapters whose name matches it, `?state=` those in one state (see `AdapterFilterForm`);
+    a search no name could match, or a page link that was edited, is a 400 that says why.
     """
     viewer = request.viewer
     if viewer.tenant is None:
         return redirect("frontend:nodes")  # platform staff without a tenant
     form = AdapterFilterForm(request.GET)
-    filters = _filters(form)
+    valid = form.is_valid()
+    filters = {k: v for k, v in form.cleaned_data.items() if v and k in ("q", "state")} if valid else {}
+    listing = None
+    if valid:
+        cursor = {k: form.cleaned_data[k] for k in ("after", "before") if form.cleaned_data[k]}
+        listing = selectors.adapter_page(tenant=viewer.tenant, **filters, **cursor)
     context = {
         "form": form,
-        "filtered": bool(filters),
-        "rows": selectors.adapter_rows(tenant=viewer.tenant, **filters),
+        "form_error": "" if valid else form_errors(form),
+        "filtered": bool(filters) or not valid,
+        "paged": valid and any(form.cleaned_data[k] for k in ("after", "before")),
+        "filter_query": urlencode(filters),
+        "rows": listing.rows if listing else [],
+        "listing": listing,
         "nodes": selectors.node_rows(tenant=viewer.tenant),
         "live_page": "overview",
         "can_register": viewer.can(Capability.REGISTER),
         "base_models": lifecycle_selectors.base_models() if viewer.can(Capability.REGISTER) else [],
     }
-    return _render(request, "overview", "frontend/overview.html", context)
+    response = _render(request, "overview", "frontend/overview.html", context)
+    if not valid:
+        response.status_code = 400
+    return response
 
 
 def _mark_revisions(revisions, aliases: list[Alias], *, adapter, suite=None, single: bool = False) -> None:
@@ -227,10 +248,13 @@ def nodes(request: HttpRequest) -> HttpResponse:
     """
     viewer = request.viewer
     platform = request.user.is_staff
+    rows = selectors.node_rows(tenant=viewer.tenant, platform=platform)
     context = {
-        "rows": selectors.node_rows(tenant=viewer.tenant, platform=platform),
+        "rows": rows,
         "platform": platform,
         "live_page": "nodes",
+        "disk_budget": settings.MINT_NODE_DISK_BYTES,
+        "fleet_misses": selectors.fleet_misses() if rows else None,
     }
     return _render(request, "nodes", "frontend/nodes.html", context)
 
@@ -304,9 +328,9 @@ def audit_export(request: HttpRequest) -> HttpResponse:
     return response
 
 
-def _usage_choice(request: HttpRequest) -> tuple[str, str, list[str]]:
-    """The range and adapter the usage page's switches name, and the tenant's adapter names; another tenant's
-    adapter, or one that does not exist, is not found."""
+def _usage_choice(request: HttpRequest) -> tuple[str, str, list[str], str]:
+    """The range, adapter and kind of traffic the usage page's switches name, and the tenant's adapter names;
+    another tenant's adapter, or one that does not exist, is not found."""
     form = UsageFilterForm(request.GET)
     if not form.is_valid():
         raise Http404(form_errors(form))
@@ -314,7 +338,8 @@ def _usage_choice(request: HttpRequest) -> tuple[str, str, list[str]]:
     adapter = form.cleaned_data["adapter"]
     if adapter and adapter not in names:
         raise Http404("No such adapter.")
-    return form.cleaned_data["range"] or usage_selectors.DEFAULT_RANGE, adapter, names
+    kind = form.cleaned_data["kind"] or usage_selectors.DEFAULT_KIND
+    return form.cleaned_data["range"] or usage_selectors.DEFAULT_RANGE, adapter, names, kind
 
 
 @page()
@@ -322,9 +347,9 @@ def usage(request: HttpRequest) -> HttpResponse:
     """The tenant's metered usage over the last hour, day or 30 days (`?range=`), of one adapter (`?adapter=`) or
     all: charts over time (requests, tokens, latency, errors with 503 and 429), and a table per adapter and revision
     with totals, which is also what the CSV download holds. `?fragment=charts` re-reads the data and the tables."""
-    range_name, adapter, names = _usage_choice(request)
-    view = usage_selectors.usage_view(tenant=request.viewer.tenant, range_name=range_name, adapter=adapter)
-    query = urlencode({"range": range_name, **({"adapter": adapter} if adapter else {})})
+    range_name, adapter, names, kind = _usage_choice(request)
+    view = usage_selectors.usage_view(tenant=request.viewer.tenant, range_name=range_name, adapter=adapter, kind=kind)
+    query = urlencode({"range": range_name, **({"adapter": adapter} if adapter else {}), "kind": kind})
     context = {
         "usage": view,
         "chart_data": view.chart_json(),
@@ -332,6 +357,8 @@ def usage(request: HttpRequest) -> HttpResponse:
         "ranges": usage_selectors.USAGE_RANGES.values(),
         "adapter": adapter,
         "adapter_names": names,
+        "kind": kind,
+        "kinds": USAGE_KIND_CHOICES,
         "query": query,
         "live_page": "usage",
     }
@@ -345,9 +372,9 @@ USAGE_CSV_COLUMNS = ("adapter", "revision", *COUNT_COLUMNS, "status_503", "statu
 def usage_export(request: HttpRequest) -> HttpResponse:
     """The usage page's table (per adapter and revision, the same range and adapter) as CSV: no totals line, so a
     column sums to the total; names are formula-safe (`mint_site.csv_cells`)."""
-    range_name, adapter, _ = _usage_choice(request)
+    range_name, adapter, _, kind = _usage_choice(request)
     tenant = request.viewer.tenant
-    view = usage_selectors.usage_view(tenant=tenant, range_name=range_name, adapter=adapter, series=False)
+    view = usage_selectors.usage_view(tenant=tenant, range_name=range_name, adapter=adapter, series=False, kind=kind)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(USAGE_CSV_COLUMNS)
@@ -363,7 +390,8 @@ def usage_export(request: HttpRequest) -> HttpResponse:
             ]
         )
     response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
-    name = f"usage-{tenant.slug}{'-' + adapter if adapter else ''}-{view.start:%Y%m%dT%H%M}-{view.end:%Y%m%dT%H%M}"
+    name = f"usage-{tenant.slug}{'-' + adapter if adapter else ''}-{kind}"
+    name += f"-{view.start:%Y%m%dT%H%M}-{view.end:%Y%m%dT%H%M}"
     response["Content-Disposition"] = f'attachment; filename="{name}.csv"'
     response["X-Mint-Usage-Period"] = view.period
     response["X-Mint-Usage-Truncated"] = "true" if view.truncated else "false"

@@ -33,6 +33,7 @@ from starlette.types import ASGIApp
 
 from serving.gateway import GatewayError, auth, feed, policy, proxy, resolve, sampling
 from serving.gateway import canary as canaries
+from serving.gateway import residency as cold
 from serving.gateway.auth import Caller
 from serving.gateway.inflight import Held
 from serving.gateway.metering import Tally
@@ -48,6 +49,7 @@ from serving.gateway.metrics import (
 from serving.gateway.resolve import NotReady, parse_model
 from serving.gateway.responses import NobodyToAnswer, error_response, json_response
 from serving.gateway.state import GatewayState
+from serving.gateway.token_counts import Reservation
 from serving.models import UsageKind
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,8 @@ class Outcome:
     caller: Caller | None = None  # whose token limits the tally counts against (serving/gateway/budgets.py)
     on_end: Callable[[], None] | None = None  # what must wait for the answer's end (a streamed canary request's count)
     kind: str = UsageKind.INFERENCE  # what it is metered as: `sampling` when a key's sampling right served it
+    wait_s: float = 0.0  # how long it may be held for a load on demand (X-Mint-Wait; serving/gateway/residency.py)
+    reservation: Reservation | None = None  # what its admission reserved on its token limits, settled at its end
 
 
 Handler = Callable[[GatewayState, bytes, Caller, Outcome, dict[str, Any]], Awaitable[Response]]
@@ -123,7 +127,7 @@ def _meter(state: GatewayState, outcome: Outcome, status: int, started: float) -
     )
     state.meter.maybe_flush()
     if outcome.caller is not None:
-        state.tokens.spend(outcome.caller, tally.prompt_tokens + tally.completion_tokens)
+        state.tokens.spend(outcome.caller, tally.prompt_tokens + tally.completion_tokens, outcome.reservation)
 
 
 def _unread_body(request: Request) -> bool:
@@ -156,6 +160,7 @@ def _endpoint(handle: Handler, *, spends_tokens: bool = False) -> Callable[[Requ
             caller = await auth.authenticate(state, authorization, client=peer.host if peer else None)
             body = await _read(request)  # only once the caller is known: nobody gets the body read
             outcome.tenant, outcome.caller = caller.tenant_slug, caller
+            outcome.wait_s = cold.wait_asked(request.headers, caller.plan)  # X-Mint-Wait: hold for a load
             outcome.tally.tenant_id, outcome.tally.key_id = caller.tenant_id, caller.key_id
             limit = caller.plan.max_inflight_requests
             release = state.inflight_cap.take(caller.tenant_id, limit)
@@ -200,6 +205,9 @@ def _endpoint(handle: Handler, *, spends_tokens: bool = False) -> Callable[[Requ
         except BaseException:  # cancelled while it was handled
             if release is not None:
                 release()
+            if outcome.reservation is not None and outcome.caller is not None:  # settled with what was used
+                tally = outcome.tally
+                state.tokens.spend(outcome.caller, tally.prompt_tokens + tally.completion_tokens, outcome.reservation)
             raise
         if body is None and _unread_body(request):
             response.headers["Connection"] = "close"
@@ -225,6 +233,9 @@ def _inference(path: str) -> Handler:
     async def handle(state: GatewayState, body: bytes, caller: Caller, outcome: Outcome, _: dict) -> Response:
         data = _json_body(body)
         policy.check_request(path, data, caller.plan)
+        # What it may cost is reserved on the token limits now, before any await: concurrent requests see it.
+        at_most = policy.tokens_at_most(path, data, caller.plan, body_bytes=len(body))
+        outcome.reservation = state.tokens.admit(caller, at_most)
         model = data.get("model")
         ref = parse_model(model)
         if not caller.may_call(ref.adapter):  # outside the key's allow-list: as if it did not exist
@@ -235,7 +246,14 @@ def _inference(path: str) -> Handler:
         def admit(found: resolve.Resolution) -> None:
             outcome.kind = sampling.admit(caller, ref, found, rollout=experts)
 
-        resolution = await resolve.resolve(state, caller.tenant_id, ref, model, admit=admit)
+        resolution = await cold.resolve_held(
+            state,
+            caller,
+            ref,
+            model,
+            seconds=outcome.wait_s,
+            resolve=lambda: resolve.resolve(state, caller.tenant_id, ref, model, admit=admit, tally=outcome.tally),
+        )
         answer = proxy.AnswerRules()
         if experts:
             data = sampling.routed_experts_request(data)
@@ -331,13 +349,6 @@ async def _split(
 # revisions behind one alias apart. Headers, because answers keep OpenAI's fields only.
 REVISION_HEADER = "X-Mint-Revision"
 CANARY_ARM_HEADER = "X-Mint-Canary-Arm"
-
-
-def _context_window(resolution: resolve.Resolution) -> int | None:
-    """The smallest context window of the nodes that may answer (the canary's too); None when none reported it."""
-    targets = resolution.targets + (resolution.canary.arm.targets if resolution.canary is not None else ())
-    windows = [t.max_model_len for t in targets if t.max_model_len]
-    return min(windows) if windows else None
 
 
 def _context_window(resolution: resolve.Resolution) -> int | None:

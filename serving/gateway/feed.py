@@ -57,6 +57,8 @@ def routes_touched(
         return []
     adapter = event["adapter"]
     dropped = resolve.invalidate(state, tenant_id=tenant_id, adapter=adapter)
+    if kind == "placement.state" and event.get("state") == "ready":
+        state.cold.ready()  # requests held for a load read their routes again now
     if kind in ("alias.flip", "canary.state"):  # a canary started or ended: its alias's split changed
         alias = event.get("alias") or Alias.PRODUCTION
         # The name callers use for a live alias, cached or not: its first request finds it resolved.

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 _WIDTH = len(USAGE_COUNTS)
 _FIRST_BUCKET = USAGE_COUNTS.index("lat_0")
+_COLD_STARTS = USAGE_COUNTS.index("cold_starts")
 
 
 @dataclass(slots=True)
@@ -57,6 +58,7 @@ class Tally:
     running: dict[int, tuple[int, int]] = field(default_factory=dict)
     final: bool = False  # the totals were seen (an answer's `usage`, a stream's last chunk): running counts no more
     broken: bool = False  # the node broke off a stream under way (a canary counts it as the node's error)
+    cold_start: bool = False  # it asked for a load on demand of a revision loaded nowhere (residency.py)
 
     def add_usage(self, usage: Any) -> None:
         """Take vLLM's totals: a completion's `usage`, or a stream's last chunk (no choices)."""
@@ -154,6 +156,7 @@ class Meter:
             counts[2] += tally.completion_tokens
             counts[3] += ms
             counts[bucket] += 1
+            counts[_COLD_STARTS] += tally.cold_start
         if labels is not None and (tally.prompt_tokens or tally.completion_tokens):
             TOKENS.labels(labels[0], labels[1], "prompt").inc(tally.prompt_tokens)
             TOKENS.labels(labels[0], labels[1], "completion").inc(tally.completion_tokens)

@@ -57,3 +57,14 @@ TOKENS = Counter(
     "Tokens the nodes reported for answered requests, by tenant, adapter and kind (prompt or completion).",
     ["tenant", "adapter", "kind"],
 )
+RESIDENCY_REQUESTS = Counter(
+    "mint_residency_requests_total",
+    "Requests routed, by node and the tier their adapter was found in: gpu (active in the node's batch, as the "
+    "gateway models vLLM's LRU), cpu (loaded), miss (loaded nowhere: a load on demand; node '-').",
+    ["node", "tier"],
+)
+COLD_HELD = Counter(
+    "mint_gateway_held_total",
+    "Requests held for a load on demand (X-Mint-Wait), by how the hold ended: ready, or timeout (then 503).",
+    ["outcome"],
+)

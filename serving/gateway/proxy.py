@@ -55,12 +55,14 @@ def pick(
     exclude: Collection[int] = (),
     *,
     suspect: Callable[[str], bool] | None = None,
+    active: Callable[[Target], bool] | None = None,
 ) -> Target | None:
     """The target to send a request to next, or None if all are excluded.
 
     Nodes that failed to answer lately (`suspect`) come last, then draining nodes (they serve only until the
     revision is ready elsewhere), then the rest; inside the first group present, the target with the fewest
-    requests in flight (ties broken at random).
+    requests in flight, and among those a node where the adapter is likely active in the GPU batch already
+    (`active`: serving/gateway/residency.py GpuTiers) before one where vLLM would swap it in (ties at random).
     """
     candidates = [t for t in targets if t.placement_id not in exclude]
     if len(candidates) <= 1:
@@ -70,7 +72,10 @@ def pick(
         best = min(tier.values())
         candidates = [t for t in candidates if tier[t.placement_id] == best]
     least = min(inflight[t.placement_id] for t in candidates)
-    return random.choice([t for t in candidates if inflight[t.placement_id] == least])
+    candidates = [t for t in candidates if inflight[t.placement_id] == least]
+    if active is not None and len(candidates) > 1:
+        candidates = [t for t in candidates if active(t)] or candidates
+    return random.choice(candidates)
 
 
 def _releaser(inflight: Counter[int], placement_id: int) -> Callable[[], None]:
@@ -138,8 +143,9 @@ async def forward(
     tried: set[int] = set()
     lost = False  # a node answered 404: it does not hold the adapter (any more)
     drops = 0  # nodes that had the request and closed the connection on it
+    state.cold.maybe_spread(resolution, state.inflight)
     for _attempt in range(len(resolution.targets)):
-        target = pick(state.inflight, resolution.targets, tried, suspect=suspect)
+        target = pick(state.inflight, resolution.targets, tried, suspect=suspect, active=state.gpu.holds)
         if target is None:
             break
         slot = slots.try_take(target.node_name, tenant)
@@ -195,6 +201,7 @@ async def forward(
             lost = True
             continue
         state.usage.record(placement_id=target.placement_id)
+        state.cold.tier(target.node_name, state.gpu.use(target))
         tally.node = target.node_name
         try:
             response = await _relay(

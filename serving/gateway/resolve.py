@@ -26,6 +26,8 @@ from adapters import selectors as adapter_selectors
 from mint_site.events import epoch_us
 from serving import selectors
 from serving.gateway import GatewayError
+from serving.gateway.metrics import RESIDENCY_REQUESTS, UNKNOWN
+from serving.gateway.residency import retry_after
 from serving.models import Alias, NodeState, Priority, lora_name
 
 if TYPE_CHECKING:
@@ -46,6 +48,7 @@ def tenant_share(key: tuple[int, Any], found: Any) -> tuple[int, bool]:
 
 
 def not_ready_retry_after() -> int:
+    """Retry-After of a 503 that no load estimate stands behind (an alias with no live revision yet)."""
     from django.conf import settings
 
     return int(settings.MINT_GATEWAY_NOT_READY_RETRY_S)
@@ -99,6 +102,7 @@ class Target:
     lora_name: str
     draining: bool = False  # the node is being drained: it serves until the revision is ready elsewhere
     max_model_len: int | None = None  # the node's context window, as its heartbeat read it (None: not known)
+    gpu_slots: int = 0  # the node's --max-loras: how many adapters its batch holds (serving/gateway/residency.py)
     routed_experts: bool = False  # the node's engine returns routed experts (serving/gateway/sampling.py)
 
 
@@ -140,9 +144,20 @@ class AliasNotLive:
 class NotReady(GatewayError):
     """503 adapter_not_ready; carries the adapter (and the revision, when one was resolved) for metrics."""
 
-    def __init__(self, message: str, *, adapter_name: str, adapter_id: int = 0, revision: int = 0):
-        super().__init__(503, "adapter_not_ready", message, headers={"Retry-After": str(not_ready_retry_after())})
+    def __init__(
+        self,
+        message: str,
+        *,
+        adapter_name: str,
+        adapter_id: int = 0,
+        revision: int = 0,
+        retry_after: int | None = None,
+        resolution: Resolution | None = None,
+    ):
+        seconds = not_ready_retry_after() if retry_after is None else retry_after
+        super().__init__(503, "adapter_not_ready", message, headers={"Retry-After": str(seconds)})
         self.adapter_name, self.adapter_id, self.revision = adapter_name, adapter_id, revision
+        self.resolution = resolution  # the revision found, loaded nowhere: a held request waits for it
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,6 +202,7 @@ def _resolution(adapter, revision, canary: Canary | None = None) -> Resolution:
             lora_name=name,
             draining=p.node.state == NodeState.DRAINING,
             max_model_len=p.node.max_model_len,
+            gpu_slots=p.node.gpu_slots,
             routed_experts=p.node.returns_routed_experts,
         )
         for p in selectors.ready_placements(revision=revision)
@@ -221,17 +237,30 @@ def _model_list_sync(tenant_id: int) -> tuple[ModelEntry, ...]:
     return tuple(sorted(entries, key=lambda e: e.id))
 
 
-def _prewarm_sync(revision_id: int) -> None:
+def cold_load_sync(revision_id: int) -> float:
+    """Ask for the revision to be loaded at request priority (serving/services/residency.py decides where and
+    what leaves); the seconds until it should be ready (serving/selectors/residency.py)."""
     from serving import services  # looked up at call time: the service may be patched or still being written
+    from serving.selectors import residency
+
+    revision = adapter_selectors.revision_with_adapter(revision_id=revision_id)
+    if revision is None:
+        return 0.0
+    services.placement_request(revision=revision, priority=Priority.COLD_REQUEST)
+    return residency.expected_ready_s(revision_id)
+
+
+def spread_sync(revision_id: int, replicas: int) -> None:
+    """One more placement of a revision busy on every replica it has (at request priority, within its tenant's
+    share): serving/gateway/residency.py asks."""
+    from serving import services
 
     try:
         revision = adapter_selectors.revision_with_adapter(revision_id=revision_id)
-        if revision is None:
-            return
-        services.placement_request(revision=revision, priority=Priority.COLD_REQUEST)
+        if revision is not None:
+            services.placement_request(revision=revision, priority=Priority.COLD_REQUEST, replicas=replicas)
     except Exception:
-        # The 503 already went out; the next cold request after the TTL asks again.
-        log.exception("cold-request prewarm of revision %s failed", revision_id)
+        log.exception("spreading revision %s failed", revision_id)
 
 
 def report_unreachable_sync(node_name: str) -> None:
@@ -255,12 +284,13 @@ async def resolve(
     model: str,
     *,
     admit: Callable[[Resolution], None] | None = None,
+    tally=None,
 ) -> Resolution:
     """The revision `ref` names for this tenant and its ready targets, or a 404/503 `GatewayError`.
 
-    A revision with no ready placement answers 503 at once and asks (at most once per
-    revision per TTL, in the background) for a cold-request prewarm: no request ever
-    waits on a load.
+    A revision with no ready placement answers 503 at once, after asking for a load on demand (once per
+    revision while its estimate stands: serving/gateway/residency.py), with `Retry-After` from that estimate;
+    the `NotReady` carries the resolution, so that a caller that asked to be held can wait for it.
 
     `admit` decides whether the caller may call the revision found (it raises to refuse: the sampling rules,
     serving/gateway/sampling.py), before anything is loaded for it; without it, only approved revisions are
@@ -283,14 +313,19 @@ async def resolve(
         admit(found)
     elif found.state != "approved":
         raise model_not_found(model)
+    state.cold.count(found.revision_id)
     if not found.targets:
-        schedule_prewarm(state, found.revision_id, tenant_id=tenant_id)
+        RESIDENCY_REQUESTS.labels(UNKNOWN, "miss").inc()
+        state.cold.tier(UNKNOWN, "miss")
+        seconds = await state.cold.ask(found.revision_id, tenant_id, tally)
         raise NotReady(
-            f"Revision r{found.revision_number} of adapter {found.adapter_name!r} is not loaded yet; "
-            "it is being prepared, retry shortly.",
+            f"Revision r{found.revision_number} of adapter {found.adapter_name!r} is loading on demand; "
+            f"retry in {retry_after(seconds)} s (Retry-After), or send X-Mint-Wait to be held until it is ready.",
             adapter_name=found.adapter_name,
             adapter_id=found.adapter_id,
             revision=found.revision_number,
+            retry_after=retry_after(seconds),
+            resolution=found,
         )
     return found
 
@@ -323,20 +358,6 @@ async def prefetch(state: GatewayState, keys: list[tuple[int, ModelRef]]) -> Non
     """Resolve routes now, so the next request for them finds them cached."""
     for tenant_id, ref in keys:
         await state.routes.load((tenant_id, ref), lambda t=tenant_id, r=ref: state.db.run(_resolve_sync, t, r))
-
-
-def schedule_prewarm(state: GatewayState, revision_id: int, *, tenant_id: int) -> bool:
-    """Ask for a cold-request placement of a tenant's revision in the background, at most once per TTL.
-
-    True if asked. Remembered in the tenant's share, so one tenant's cold pins cannot make another's ask again.
-    """
-    key = (tenant_id, revision_id)
-    hit, _ = state.prewarmed.get(key)
-    if hit:
-        return False
-    state.prewarmed.put(key, True)
-    state.background.spawn(state.db.run(_prewarm_sync, revision_id), name=f"prewarm r{revision_id}")
-    return True
 
 
 async def model_list(state: GatewayState, tenant_id: int) -> tuple[ModelEntry, ...]:

@@ -31,6 +31,7 @@ from serving.gateway.inflight import InflightCap
 from serving.gateway.metering import Meter
 from serving.gateway.nodehealth import NodeHealth
 from serving.gateway.ratelimit import RateLimiter
+from serving.gateway.residency import ColdStarts, GpuTiers
 from serving.gateway.upstream import Upstream
 from serving.gateway.usage import Usage
 from tenants.throttles import AUTH_FAILURE_KEY_PREFIX, AsyncAuthFailures
@@ -123,7 +124,9 @@ class GatewayState:
     suspect_keys: BatchedLookups = field(init=False)
     routes: RefreshingCache = field(init=False)  # (tenant id, ModelRef) → Resolution, or why there is none
     model_lists: RefreshingCache = field(init=False)  # tenant id → its servable model ids
-    prewarmed: RefreshingCache = field(init=False)  # (tenant id, revision id) → True while a prewarm was asked
+    prewarmed: RefreshingCache = field(init=False)  # (tenant id, revision id) → when a load asked for is due
+    cold: ColdStarts = field(init=False)  # loads on demand: asks, held requests, request counts (residency.py)
+    gpu: GpuTiers = field(default_factory=GpuTiers)  # each node's GPU batch as modelled from this process
     inflight_cap: InflightCap = field(init=False)  # each tenant's requests in flight, shared through Redis
     node_slots: FairSlots = field(init=False)  # each node's upstream slots, shared fairly between tenants
     nodes: NodeHealth = field(init=False)  # nodes this process failed to reach lately (failover)
@@ -159,6 +162,7 @@ class GatewayState:
         self.prewarmed = RefreshingCache(
             self.background, ttl=self.cache_ttl, share=resolve.tenant_share, per_owner=TENANT_SHARE
         )
+        self.cold = ColdStarts(self.background, self.db, self.prewarmed)
         self.inflight_cap = InflightCap(self.background, self.rate_limit.client)
         self.node_slots = FairSlots(capacity=self.node_slot_count)
         self.nodes = NodeHealth(self._report_unreachable)

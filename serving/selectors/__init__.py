@@ -14,7 +14,7 @@ from enum import IntEnum
 from functools import partial
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef, Prefetch, QuerySet
+from django.db.models import Exists, F, OuterRef, Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from adapters.models import Adapter, AdapterRevision
@@ -41,22 +41,29 @@ class PinRole(IntEnum):
 
 
 def pinned_roles(*, base_model_id: int | None = None, now=None) -> dict[int, tuple[int, PinRole]]:
-    """Pinned revisions with their tenant and the first role (`PinRole`) any alias gives them: live and desired
-    alias targets, the previous live one until its rollback grace ends, and canaries, of one base model or all."""
+    """Pinned revisions with their tenant and the first role (`PinRole`) any alias gives them, of one base model or
+    all: what reserved aliases serve (live and desired targets, the previous live one until its rollback grace
+    ends), any alias's pending desired revision (until it flips: an activation never waits on a cache), and
+    running canaries' candidates. What an alias that is not reserved serves is on demand (serving/residency/)."""
     now = now or timezone.now()
-    aliases = Alias.objects.all()
+    pending = Q(desired_revision__isnull=False) & (Q(revision__isnull=True) | ~Q(desired_revision=F("revision")))
+    aliases = Alias.objects.filter(Q(reserved=True) | Q(canary_revision__isnull=False) | pending)
     if base_model_id is not None:
         aliases = aliases.filter(adapter__base_model_id=base_model_id)
     pins: dict[int, tuple[int, PinRole]] = {}
-    for live, desired, previous, until, canary, tenant_id in aliases.values_list(
+    for live, desired, previous, until, canary, tenant_id, reserved in aliases.values_list(
         "revision_id",
         "desired_revision_id",
         "previous_revision_id",
         "previous_pinned_until",
         "canary_revision_id",
         "adapter__tenant_id",
+        "reserved",
     ):
-        held = (live, desired, previous if until is not None and until >= now else None, canary)
+        if reserved:
+            held = (live, desired, previous if until is not None and until >= now else None, canary)
+        else:
+            held = (None, desired if desired != live else None, None, canary)
         for role, revision_id in zip(PinRole, held, strict=True):
             if revision_id and (revision_id not in pins or role < pins[revision_id][1]):
                 pins[revision_id] = (tenant_id, role)
@@ -272,7 +279,7 @@ def activation_status(alias: Alias, *, now: datetime | None = None) -> Activatio
     return status(phase="requested", reason=reason, since=alias.updated_at)
 
 
-def activation_room(adapter: Adapter, revision: AdapterRevision) -> str | None:
+def activation_room(adapter: Adapter, revision: AdapterRevision, *, reserve: bool | None = None) -> str | None:
     """A warning when activating `revision` on `adapter`'s production alias now would not flip soon, or None.
 
     Warns when the tenant's pinned-revision quota is full (activation is refused then: 429), when no up node
@@ -285,17 +292,20 @@ def activation_room(adapter: Adapter, revision: AdapterRevision) -> str | None:
     base = adapter.base_model
     rows = list(
         Alias.objects.filter(adapter__tenant_id=tenant.id, adapter__base_model_id=base.id).values_list(
-            "adapter_id", "name", "desired_revision_id", "revision_id"
+            "adapter_id", "name", "desired_revision_id", "revision_id", "reserved"
         )
     )
     own = next((r for r in rows if r[0] == adapter.id and r[1] == Alias.PRODUCTION), None)
     if own is not None and own[2] == revision.id:
         return None  # live already, or already asked for
-    # The count capacity.check_pin refuses past: what the aliases serve once converged, this alias moved.
-    before = {desired or live for _, _, desired, live in rows if desired or live}
-    after = {desired or live for a, n, desired, live in rows if (a, n) != (adapter.id, Alias.PRODUCTION)}
+    # The count capacity.check_pin refuses past (when the alias is reserved): what the reserved aliases serve once
+    # converged, this alias moved.
+    reserved = [r for r in rows if r[4]]
+    before = {desired or live for _, _, desired, live, _ in reserved if desired or live}
+    after = {desired or live for a, n, desired, live, _ in reserved if (a, n) != (adapter.id, Alias.PRODUCTION)}
     after = {r for r in after if r} | {revision.id}
-    if len(after) > tenant.max_ready_revisions and len(after) > len(before):
+    reserving = reserve if reserve is not None else (own is not None and own[4])
+    if reserving and len(after) > tenant.max_ready_revisions and len(after) > len(before):
         return (
             f"Activating {revision.label} would be refused: tenant {tenant.slug} pins {len(before)} of its "
             f"{tenant.max_ready_revisions} revisions of {base.name} (plan field max_ready_revisions). Move an alias "
@@ -356,10 +366,10 @@ def _can_load(node: ServingNode, revision: AdapterRevision) -> bool:
 
 
 def _pin_quota(tenant, base_model_id: int) -> dict[str, int]:
-    """The tenant's pinned revisions of a base model as capacity.check_pin counts them, and its plan's limit."""
-    rows = Alias.objects.filter(adapter__tenant_id=tenant.id, adapter__base_model_id=base_model_id).values_list(
-        "desired_revision_id", "revision_id"
-    )
+    """The tenant's reserved revisions of a base model as capacity.check_pin counts them, and its plan's limit."""
+    rows = Alias.objects.filter(
+        adapter__tenant_id=tenant.id, adapter__base_model_id=base_model_id, reserved=True
+    ).values_list("desired_revision_id", "revision_id")
     return {"used": len({d or live for d, live in rows if d or live}), "limit": tenant.max_ready_revisions}
 
 

@@ -70,7 +70,7 @@ _GROUP_EXPRESSIONS = {
     "status": lambda: F("status"),
 }
 _STEP = {UsagePeriod.MINUTE: timedelta(minutes=1), UsagePeriod.HOUR: timedelta(hours=1), UsagePeriod.DAY: timedelta(1)}
-_SUMS = ("requests", "prompt_tokens", "completion_tokens", "latency_ms_sum", *LATENCY_BUCKETS)
+_SUMS = ("requests", "prompt_tokens", "completion_tokens", "latency_ms_sum", *LATENCY_BUCKETS, "cold_starts")
 
 
 def _sums() -> dict[str, Sum]:
@@ -116,6 +116,7 @@ class UsageCounts:
     completion_tokens: int = 0
     latency_ms_sum: float = 0.0
     histogram: tuple[int, ...] = (0,) * len(LATENCY_BUCKETS)
+    cold_starts: int = 0  # loads on demand its requests started
 
     @classmethod
     def of(cls, sums: dict[str, Any]) -> UsageCounts:
@@ -127,6 +128,7 @@ class UsageCounts:
             completion_tokens=int(sums["s_completion_tokens"] or 0),
             latency_ms_sum=float(sums["s_latency_ms_sum"] or 0),
             histogram=tuple(int(sums[f"s_{name}"] or 0) for name in LATENCY_BUCKETS),
+            cold_starts=int(sums["s_cold_starts"] or 0),
         )
 
     def __add__(self, other: UsageCounts) -> UsageCounts:
@@ -137,6 +139,7 @@ class UsageCounts:
             completion_tokens=self.completion_tokens + other.completion_tokens,
             latency_ms_sum=self.latency_ms_sum + other.latency_ms_sum,
             histogram=tuple(a + b for a, b in zip(self.histogram, other.histogram, strict=True)),
+            cold_starts=self.cold_starts + other.cold_starts,
         )
 
     @property
@@ -165,6 +168,7 @@ class UsageCounts:
             "latency_p50_ms": self.latency_p50_ms,
             "latency_p95_ms": self.latency_p95_ms,
             "latency_mean_ms": self.latency_mean_ms,
+            "cold_starts": self.cold_starts,
         }
 
 

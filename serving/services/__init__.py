@@ -18,6 +18,7 @@ from serving.services.aliases import (
     adapter_scale,
     alias_converge,
     alias_flip,
+    alias_reserve,
     converge_aliases,
     placement_ready,
     revision_activate,
@@ -51,6 +52,13 @@ from serving.services.placement import (
     prewarm_pacing_delay,
     ready_count,
 )
+from serving.services.residency import (
+    node_copies_over_budget,
+    node_copy_forget,
+    node_copy_removed,
+    node_copy_used,
+    stray_loras,
+)
 from serving.services.retention import retention_apply, retention_preview, retention_sweep
 from serving.services.retire import adapter_delete, alias_deactivate, naming_aliases, revision_archive
 from serving.services.usage import usage_add, usage_of_warmup, usage_purge
@@ -64,6 +72,7 @@ __all__ = [
     "alias_converge",
     "alias_deactivate",
     "alias_flip",
+    "alias_reserve",
     "canaries_stranded_abort",
     "canary_abort",
     "canary_abort_auto",
@@ -75,6 +84,10 @@ __all__ = [
     "eviction_victim",
     "naming_aliases",
     "node_can_load",
+    "node_copies_over_budget",
+    "node_copy_forget",
+    "node_copy_removed",
+    "node_copy_used",
     "node_drain",
     "node_reconcile",
     "node_register",
@@ -96,6 +109,7 @@ __all__ = [
     "revision_activate",
     "revision_archive",
     "revision_rollback",
+    "stray_loras",
     "usage_add",
     "usage_budget_crossed",
     "usage_month_tokens",

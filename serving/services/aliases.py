@@ -44,15 +44,25 @@ def _locked_alias(adapter: Adapter, name: str, *, create: bool) -> Alias:
     return alias
 
 
-def _check_capacity(adapter: Adapter, alias: str, revision: AdapterRevision) -> None:
-    """Refuse (429 serving_quota_exceeded) a new alias past the adapter's limit, or a new pin past the tenant's
-    quota. Under the tenant's row lock: two activations at once cannot both take the last place."""
+def _check_capacity(adapter: Adapter, alias: str, revision: AdapterRevision, *, reserve: bool | None) -> bool:
+    """Refuse (429 serving_quota_exceeded) a new alias past the adapter's limit, a new live alias past the tenant's
+    `max_live_aliases`, or, for a reserved alias, a new pin past its `max_ready_revisions`. Returns whether the
+    alias is reserved after this activation (`reserve` None keeps what it was; a new alias is not reserved).
+    Under the tenant's row lock: two activations at once cannot both take the last place."""
     adapter.tenant = capacity.lock_tenant(adapter.tenant_id)
     existing = Alias.objects.filter(adapter=adapter, name=alias).first()
     if existing is None:
         capacity.check_new_alias(adapter=adapter)
-    if existing is None or existing.desired_revision_id != revision.id:
-        capacity.check_pin(adapter=adapter, alias=existing, revision=revision)
+    if existing is None or (existing.revision_id is None and existing.desired_revision_id is None):
+        capacity.check_live_alias(adapter=adapter)
+    reserved = bool(existing.reserved if existing is not None and reserve is None else reserve)
+    if reserved and existing is not None and not existing.reserved:
+        capacity.check_reservation(adapter=adapter, alias=existing)
+    if reserved and (existing is None or existing.desired_revision_id != revision.id or not existing.reserved):
+        capacity.check_pin(
+            adapter=adapter, alias=existing if existing and existing.reserved else None, revision=revision
+        )
+    return reserved
 
 
 def _label(revision: AdapterRevision | None) -> str | None:
@@ -107,11 +117,15 @@ def revision_activate(
     by: Actor,
     alias: str = Alias.PRODUCTION,
     canary_percent: int | None = None,
+    reserve: bool | None = None,
 ) -> Alias:
     """Make `revision` the desired target of `alias`. The alias flips when the serving plane has it ready.
 
-    With `canary_percent` the alias does not flip: `revision` becomes its canary (`canary.canary_start`). While a
-    canary runs, a plain activation is refused (409 `canary_active`: promote or abort it first)."""
+    `reserve` True keeps what the alias serves loaded (a pin, within `max_ready_revisions`), False serves it on
+    demand (prewarmed now so the alias flips to a ready revision, evicted when cold later); None keeps the
+    alias's choice (a new alias is on demand). With `canary_percent` the alias does not flip: `revision` becomes
+    its canary (`canary.canary_start`). While a canary runs, a plain activation is refused (409 `canary_active`:
+    promote or abort it first)."""
     if canary_percent is not None:
         return canary.canary_start(adapter=adapter, revision=revision, percent=canary_percent, by=by, alias=alias)
     if revision.state != RevisionState.APPROVED:
@@ -119,13 +133,15 @@ def revision_activate(
             f"r{revision.number} is {revision.state}; only approved revisions can be activated.",
             detail={"state": revision.state},
         )
-    _check_capacity(adapter, alias, revision)
+    reserved = _check_capacity(adapter, alias, revision, reserve=reserve)
     target = _locked_alias(adapter, alias, create=True)
     if target.canary_revision_id is not None:
         raise Conflict(
             f"{adapter.name}:{alias} runs a canary of {_label(target.canary_revision)}; promote or abort it first.",
             code="canary_active",
         )
+    if target.reserved != reserved:
+        _set_reserved(target, reserved, by=by)
     _set_desired(target, revision, rollback=False, by=by)
     transaction.on_commit(lambda: tasks.alias_converge.delay(alias_id=target.id))
     return target
@@ -156,13 +172,54 @@ def revision_rollback(
         raise InvalidTransition(
             f"r{goal.number} is {goal.state}; rollback needs an approved revision.", detail={"state": goal.state}
         )
-    _check_capacity(adapter, alias, goal)
+    _check_capacity(adapter, alias, goal, reserve=None)
     if target.canary_revision_id is not None:  # a rollback is the way out of anything: it ends the canary too
         target.adapter = adapter
         canary.abort_locked(target, by=by, reason=f"rollback to r{goal.number}")
     _set_desired(target, goal, rollback=True, by=by)
     adapter_services.revision_ensure_export(revision=goal)
     transaction.on_commit(lambda: tasks.alias_converge.delay(alias_id=target.id))
+    return target
+
+
+def _set_reserved(target: Alias, reserved: bool, *, by: Actor) -> None:
+    """Record a locked alias's reservation, audited (`alias.reserve`)."""
+    target.reserved = reserved
+    target.save(update_fields=["reserved"])
+    audit_record(
+        tenant=target.adapter.tenant,
+        actor=by,
+        action="alias.reserve",
+        target=f"alias:{target.adapter.name}:{target.name}",
+        before={"reserved": not reserved},
+        after={"reserved": reserved},
+    )
+
+
+@transaction.atomic
+def alias_reserve(*, adapter: Adapter, alias: str, reserved: bool, by: Actor) -> Alias:
+    """Reserve an alias (what it serves stays loaded, within `max_ready_revisions`: 429 past it) or serve it on
+    demand again. Reserving converges at once: what it serves is loaded on its replica count if it is not.
+    Locks the tenant, then the alias, as activation does."""
+    adapter.tenant = capacity.lock_tenant(adapter.tenant_id)
+    target = _locked_alias(adapter, alias, create=False)
+    target.adapter = adapter
+    if target.reserved == reserved:
+        return target
+    if reserved:
+        capacity.check_reservation(adapter=adapter, alias=target)
+    _set_reserved(target, reserved, by=by)
+    live_event(
+        tenant_id=adapter.tenant_id,
+        type="alias.reserve",
+        id=target.id,
+        state="reserved" if reserved else "on_demand",
+        adapter=adapter.name,
+        alias=target.name,
+        revision=_label(target.revision),
+    )
+    if reserved:
+        transaction.on_commit(lambda: tasks.alias_converge.delay(alias_id=target.id))
     return target
 
 
@@ -306,14 +363,16 @@ def converge_aliases(*, revision: AdapterRevision) -> list[Alias]:
 def alias_converge(*, alias: Alias) -> None:
     """Bring an alias to what it should serve on its adapter's replica count (`Adapter.replica_count`) of up nodes:
     its live revision topped up to that count, its desired one flipped to now if it is ready on that many, else
-    prewarmed on that many, and the previous one topped up while its rollback grace lasts.
+    prewarmed on that many, and the previous one topped up while its rollback grace lasts. An alias that is not
+    reserved gets no top-ups: what it serves once flipped is on demand (loaded when asked for).
 
     A top-up counts placements in any state on up nodes, as the heartbeat's `placements_retry` does (a failed
     prewarm is not retried by itself): it only matters after the count was raised (`adapter_scale`) or a node
     went down since the last heartbeat.
     """
     count = alias.adapter.replica_count
-    _top_up(alias.revision, count)
+    if alias.reserved:
+        _top_up(alias.revision, count)
     desired = alias.desired_revision
     if desired is not None and desired.id != alias.revision_id:
         if placements.ready_count(desired) >= count:
@@ -322,7 +381,7 @@ def alias_converge(*, alias: Alias) -> None:
             priority = Priority.ROLLBACK if alias.rollback_pending else Priority.ACTIVATION
             placements.placement_request(revision=desired, priority=priority, replicas=count)
     until = alias.previous_pinned_until
-    if until is not None and until >= timezone.now():
+    if alias.reserved and until is not None and until >= timezone.now():
         _top_up(alias.previous_revision, count)
     candidate = alias.canary_revision
     if candidate is not None:

@@ -37,13 +37,14 @@ from serving.models import (
     ServingNode,
     lora_name,
 )
-from serving.services import capacity, rendezvous, sweep
+from serving.services import capacity, rendezvous, residency, sweep
 from serving.services.nodes import node_set_state
 from tenants.access import Actor
 from tenants.services import audit_record
 
 log = logging.getLogger(__name__)
 P = PlacementState
+REGISTERED_STATES = (P.LOADING, P.WARMING, P.READY, P.EVICTING)  # what the engine may hold under a LoRA name
 
 
 def _send(task, *, queue: str | None = None, countdown: float | None = None, **kwargs) -> None:
@@ -191,19 +192,23 @@ def _place(revision: AdapterRevision, priority: int, *, row: Placement | None) -
         _evict(victim, reason=reason)
         return _queue(row, revision, node=victim.node, priority=priority)
 
-    if revision.id not in pins:
-        # A cold request: only a slot nobody pins, and once the tenant holds its quota of unpinned
-        # placements, only one of its own.
-        held = capacity.tenant_unpinned_count(tenant_id=tenant_id, base_model_id=adapter.base_model_id, pins=pins)
-        own = held >= adapter.tenant.max_ready_revisions
-        if (node := _take_borrowed(locked, tenant_id=tenant_id if own else None)) is not None:
-            return _queue(row, revision, node=node, priority=priority)
-        victim = eviction_victim(locked, protected=set(pins), tenant_id=tenant_id if own else None)
-        return row if victim is None else take(victim)
     if (node := _take_borrowed(locked)) is not None:
         return _queue(row, revision, node=node, priority=priority)
-    if (victim := eviction_victim(locked, protected=set(pins))) is not None:
-        return take(victim)
+    if revision.id not in pins:
+        # On demand (a request for a live revision loaded nowhere, or a pinned `@rN`): the residency policy picks
+        # the node and what leaves (serving/services/residency.py); nothing pinned ever does. No room (all busy):
+        # the caller answers 503 with Retry-After and asks again.
+        decision = residency.on_demand(
+            revision_id=revision.id,
+            tenant_id=tenant_id,
+            order=order,
+            held=holding,
+            pins=pins,
+            on_disk=residency.disk_nodes(revision.id),
+        )
+        return row if decision.node is None else _carry_out(decision, row, revision, priority)
+    if (decision := residency.make_room(order=order, pins=pins)).node is not None:
+        return _carry_out(decision, row, revision, priority)
     shares = capacity.shares(base_model_id=adapter.base_model_id, requester=tenant_id, pins=pins)
     if shares.may_take(tenant_id):
         for over in shares.over(besides=tenant_id):
@@ -212,6 +217,15 @@ def _place(revision: AdapterRevision, priority: int, *, row: Placement | None) -
                 return take(victim, f"evicted for a tenant under its fair share: {shares.describe(over, slug)}")
     reason = f"waiting for a free slot: {shares.describe(tenant_id, adapter.tenant.slug)}"
     return _wait(row, revision, node=order[0], priority=priority, reason=reason)
+
+
+def _carry_out(decision: residency.Decision, row: Placement | None, revision: AdapterRevision, priority: int):
+    """Evict what the residency policy chose, record the segments it moved, and queue the revision there."""
+    for victim in decision.evict:
+        _evict(victim, reason=None)
+    if decision.view is not None:
+        residency.save_segments(decision.view)
+    return _queue(row, revision, node=decision.node, priority=priority)
 
 
 def _take_borrowed(nodes: list[ServingNode], *, tenant_id: int | None = None) -> ServingNode | None:
@@ -274,6 +288,7 @@ def _evict(victim: Placement, *, reason: str | None) -> None:
     recorded in its tenant's audit log; `placements_retry` places its revision again when capacity frees."""
     now = timezone.now()
     Placement.objects.filter(id=victim.id, state=P.READY).update(state=P.EVICTING, updated_at=now)
+    residency.record_eviction(node_name=victim.node.name)
     # Gateways stop routing to it now, not when their cached route expires.
     _placement_event(victim.id, state=P.EVICTING, updated_at=now, revision=victim.revision, node=victim.node)
     if reason is not None:
@@ -417,7 +432,11 @@ def admit(*, node_id: int) -> list[int]:
         if node is None or node.state != NodeState.UP:
             return []
         active = Placement.objects.filter(node=node, state__in=ACTIVE_STATES).count()
-        free = settings.MINT_NODE_COLD_LOADS - active
+        # What vLLM holds registered (loads under way, ready, not yet unloaded) never passes its CPU LoRA cache:
+        # a load whose slot an eviction frees waits for the unload, so the engine never pages adapters from disk
+        # inside its step (every tenant's batch would wait for the read).
+        registered = Placement.objects.filter(node=node, state__in=REGISTERED_STATES).count()
+        free = min(settings.MINT_NODE_COLD_LOADS - active, node.cpu_slots - registered)
         if free <= 0:
             return []
         queued = list(
@@ -489,12 +508,27 @@ def _pause_left(until: datetime | None, now: datetime) -> float:
 
 
 def _rest(placement: Placement, *, busy_s: float, now: datetime) -> None:
-    """Record the pause that a prewarm of `busy_s` seconds earns its tenant on the placement's node."""
-    duty = settings.MINT_NODE_PREWARM_DUTY
-    gap = 0.0 if duty >= 1 else min(busy_s * (1 - duty) / duty, settings.MINT_NODE_PREWARM_MAX_GAP_S)
+    """Record the pause that a prewarm of `busy_s` seconds earns its tenant on the placement's node.
+
+    Loads for requests (on demand) are paced at MINT_NODE_COLD_DUTY, the rest (activations, canaries) at
+    MINT_NODE_PREWARM_DUTY; neither when no other tenant used the node within MINT_NODE_PACING_NEIGHBOUR_S:
+    pacing protects the others' requests, and with nobody else there it would only slow the tenant down."""
+    tenant_id = placement.revision.adapter.tenant_id
+    window = settings.MINT_NODE_PACING_NEIGHBOUR_S
+    neighbours = (
+        not window  # 0: always paced
+        or Placement.objects.filter(node_id=placement.node_id, last_used_at__gte=now - timedelta(seconds=window))
+        .exclude(revision__adapter__tenant_id=tenant_id)
+        .exists()
+    )
+    duty = (
+        settings.MINT_NODE_COLD_DUTY if placement.priority <= Priority.COLD_REQUEST else settings.MINT_NODE_PREWARM_DUTY
+    )
+    cap = settings.MINT_NODE_PREWARM_MAX_GAP_S
+    gap = 0.0 if duty >= 1 or not neighbours else min(busy_s * (1 - duty) / duty, cap)
     PrewarmTurn.objects.update_or_create(
         node_id=placement.node_id,
-        tenant_id=placement.revision.adapter.tenant_id,
+        tenant_id=tenant_id,
         defaults={"resting_until": now + timedelta(seconds=gap)},
         create_defaults={"started_at": placement.started_at or now, "resting_until": now + timedelta(seconds=gap)},
     )
@@ -553,6 +587,9 @@ def placement_warmed(*, placement: Placement, warm_ms: float) -> bool:
     moved = _move(placement, sources=(P.WARMING,), to=P.READY, warm_ms=warm_ms, ready_at=now, last_used_at=now)
     if moved:
         _rest(placement, busy_s=((placement.load_ms or 0) + warm_ms) / 1000, now=now)
+        if placement.priority == Priority.COLD_REQUEST:
+            residency.cold_start_done(placement=placement, now=now)
+        residency.record_load(placement=placement, now=now)
     return moved
 
 
@@ -787,4 +824,5 @@ def placements_touch(*, used: dict[int, datetime]) -> int:
         chunk = ids[start : start + _TOUCH_CHUNK]
         value = Case(*(When(id=i, then=Value(used[i])) for i in chunk), output_field=DateTimeField())
         written += Placement.objects.filter(id__in=chunk).update(last_used_at=value)
+        residency.promote_hits(chunk)  # served again: from probation to protected (serving/residency/policy.py)
     return written

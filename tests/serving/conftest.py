@@ -78,7 +78,12 @@ def place(node: ServingNode, revision: AdapterRevision, state: str, **fields) ->
     return Placement.objects.create(node=node, revision=revision, state=state, **fields)
 
 
-def make_live(revision: AdapterRevision, *, desired: AdapterRevision | None = None) -> Alias:
+def make_live(revision: AdapterRevision, *, desired: AdapterRevision | None = None, reserved: bool = True) -> Alias:
+    """`production` serving `revision` (reserved by default: it pins what it serves)."""
     return Alias.objects.create(
-        adapter=revision.adapter, name="production", revision=revision, desired_revision=desired or revision
+        adapter=revision.adapter,
+        name="production",
+        revision=revision,
+        desired_revision=desired or revision,
+        reserved=reserved,
     )

@@ -25,7 +25,11 @@ def pending(adapter, live: int | None, desired: int, name: str = "production") -
     """An alias serving r<live> (or nothing) that wants r<desired>."""
     live_revision = approved_revision(adapter, live) if live else None
     return Alias.objects.create(
-        adapter=adapter, name=name, revision=live_revision, desired_revision=approved_revision(adapter, desired)
+        adapter=adapter,
+        name=name,
+        revision=live_revision,
+        desired_revision=approved_revision(adapter, desired),
+        reserved=True,
     )
 
 
@@ -35,7 +39,9 @@ def status_of(alias: Alias, **kwargs):
 
 def test_nothing_pending_has_no_status(adapter_a, node):
     live = approved_revision(adapter_a, 1)
-    alias = Alias.objects.create(adapter=adapter_a, name="production", revision=live, desired_revision=live)
+    alias = Alias.objects.create(
+        adapter=adapter_a, name="production", revision=live, desired_revision=live, reserved=True
+    )
     assert selectors.activation_status(alias) is None
 
 
@@ -63,9 +69,13 @@ def test_a_full_base_model_says_every_slot_is_pinned_and_the_quota(tenant_a, ada
     tenant_a.tenant.save()
     for number in (1, 2, 3):  # three live aliases fill node-1's three slots
         revision = approved_revision(adapter_a, number)
-        Alias.objects.create(adapter=adapter_a, name=f"a{number}", revision=revision, desired_revision=revision)
+        Alias.objects.create(
+            adapter=adapter_a, name=f"a{number}", revision=revision, desired_revision=revision, reserved=True
+        )
         place(node, revision, "ready")
-    alias = Alias.objects.create(adapter=adapter_a, name="next", desired_revision=approved_revision(adapter_a, 4))
+    alias = Alias.objects.create(
+        adapter=adapter_a, name="next", desired_revision=approved_revision(adapter_a, 4), reserved=True
+    )
     waiting = services.placement_request(revision=alias.desired_revision, priority=Priority.ACTIVATION)
     assert waiting.state == "waiting"
 
@@ -202,8 +212,10 @@ def test_room_says_a_full_quota_is_a_refusal(tenant_a, adapter_a, node):
     tenant_a.tenant.max_ready_revisions = 1
     tenant_a.tenant.save()
     live = approved_revision(adapter_a, 1)
-    Alias.objects.create(adapter=adapter_a, name="candidate", revision=live, desired_revision=live)
-    warning = selectors.activation_room(adapter_a, approved_revision(adapter_a, 2))
+    Alias.objects.create(adapter=adapter_a, name="candidate", revision=live, desired_revision=live, reserved=True)
+    wanted = approved_revision(adapter_a, 2)
+    assert selectors.activation_room(adapter_a, wanted) is None  # on demand: no quota
+    warning = selectors.activation_room(adapter_a, wanted, reserve=True)
     assert warning.startswith("Activating r2 would be refused")
     assert "pins 1 of its 1 revisions" in warning and "max_ready_revisions" in warning
 
@@ -214,10 +226,12 @@ def test_room_warns_when_every_slot_is_taken_and_the_tenant_holds_its_share(tena
     # Three slots, two tenants with pinned revisions: a fair share of 1.5; A holds 2.
     for number in (1, 2):
         revision = approved_revision(adapter_a, number)
-        Alias.objects.create(adapter=adapter_a, name=f"a{number}", revision=revision, desired_revision=revision)
+        Alias.objects.create(
+            adapter=adapter_a, name=f"a{number}", revision=revision, desired_revision=revision, reserved=True
+        )
         place(node, revision, "ready")
     theirs = approved_revision(adapter_b, 1)
-    Alias.objects.create(adapter=adapter_b, name="production", revision=theirs, desired_revision=theirs)
+    Alias.objects.create(adapter=adapter_b, name="production", revision=theirs, desired_revision=theirs, reserved=True)
     place(node, theirs, "ready")
     warning = selectors.activation_room(adapter_a, approved_revision(adapter_a, 3))
     assert "Every slot of test-dense is taken (3 of 3)" in warning
@@ -234,5 +248,5 @@ def test_room_is_none_for_the_live_revision(adapter_a, node):
     node.state = NodeState.DOWN
     node.save()
     live = approved_revision(adapter_a, 1)
-    Alias.objects.create(adapter=adapter_a, name="production", revision=live, desired_revision=live)
+    Alias.objects.create(adapter=adapter_a, name="production", revision=live, desired_revision=live, reserved=True)
     assert selectors.activation_room(adapter_a, live) is None

@@ -29,6 +29,7 @@ def sent():
 
 def test_admission_order_is_rollback_activation_cold_speculative_then_fifo(node, make_revision, settings):
     settings.MINT_NODE_COLD_LOADS = 1
+    ServingNode.objects.filter(id=node.id).update(cpu_slots=5)  # room for all five: only the order is tested
     order = [Priority.SPECULATIVE, Priority.COLD_REQUEST, Priority.ACTIVATION, Priority.ROLLBACK, Priority.ACTIVATION]
     placements = [place(node, make_revision(i + 1), "queued", priority=p) for i, p in enumerate(order)]
     admitted = []
@@ -135,7 +136,7 @@ def test_a_full_node_of_one_tenants_pinned_adapters_makes_its_next_wait_with_the
     for i in range(3):
         revision = make_revision(i + 1)
         make_live(revision) if i == 0 else Alias.objects.create(
-            adapter=revision.adapter, name=f"a{i}", revision=revision, desired_revision=revision
+            adapter=revision.adapter, name=f"a{i}", revision=revision, desired_revision=revision, reserved=True
         )
         place(node, revision, "ready")
     wanted = make_revision(9)
@@ -149,7 +150,9 @@ def test_a_full_node_of_one_tenants_pinned_adapters_makes_its_next_wait_with_the
 def test_a_cold_request_on_a_full_node_of_pinned_adapters_gets_nothing(node, make_revision):
     for i in range(3):
         revision = make_revision(i + 1)
-        Alias.objects.create(adapter=revision.adapter, name=f"a{i}", revision=revision, desired_revision=revision)
+        Alias.objects.create(
+            adapter=revision.adapter, name=f"a{i}", revision=revision, desired_revision=revision, reserved=True
+        )
         place(node, revision, "ready")
     assert services.placement_request(revision=make_revision(9), priority=Priority.COLD_REQUEST) is None
     assert not Placement.objects.filter(state="waiting").exists()
@@ -283,6 +286,7 @@ def test_a_packed_export_goes_only_to_a_node_with_its_flags_and_rank(node, make_
 def paced(settings):
     settings.MINT_NODE_PREWARM_DUTY = 0.25
     settings.MINT_NODE_PREWARM_MAX_GAP_S = 10.0
+    settings.MINT_NODE_PACING_NEIGHBOUR_S = 0  # paced whoever else uses the node
     cache.clear()
     yield settings
     cache.clear()
@@ -301,6 +305,16 @@ def rested_ago(node, tenant_id: int, seconds: float) -> None:
     PrewarmTurn.objects.filter(node=node, tenant_id=tenant_id).update(
         resting_until=F("resting_until") - timedelta(seconds=seconds)
     )
+
+
+def test_without_another_tenant_on_the_node_prewarms_are_not_paced(node, make_revision, paced, adapter_b):
+    paced.MINT_NODE_PACING_NEIGHBOUR_S = 60
+    just_prewarmed(node, make_revision(1), busy_ms=200)
+    assert services.prewarm_pacing_delay(node, tenant_id=make_revision(2).adapter.tenant_id) == 0
+    other = AdapterRevision.objects.create(adapter=adapter_b, number=1, state="approved", source_uri="x")
+    place(node, other, "ready", last_used_at=timezone.now())  # another tenant is served here now: paced
+    just_prewarmed(node, make_revision(3), busy_ms=200)
+    assert services.prewarm_pacing_delay(node, tenant_id=make_revision(4).adapter.tenant_id) > 0
 
 
 def test_after_a_prewarm_the_next_waits_so_prewarms_take_the_duty_share(

@@ -31,7 +31,7 @@ def live(adapter_a, node) -> Alias:
     r1 = approved_revision(adapter_a, 1)
     approved_revision(adapter_a, 2)
     place(node, r1, "ready")
-    return Alias.objects.create(adapter=adapter_a, name="production", revision=r1, desired_revision=r1)
+    return Alias.objects.create(adapter=adapter_a, name="production", revision=r1, desired_revision=r1, reserved=True)
 
 
 def _start(tenant, percent=20, revision="r2", principal="approver"):
@@ -149,7 +149,11 @@ def test_the_candidate_counts_against_the_pinned_revision_quota(tenant_a, live):
     # The canary holds the second pin: another alias cannot pin a third revision.
     with pytest.raises(Exception) as refused:
         services.revision_activate(
-            adapter=live.adapter, revision=approved_revision(live.adapter, 3), by=Actor.system(), alias="candidate"
+            adapter=live.adapter,
+            revision=approved_revision(live.adapter, 3),
+            by=Actor.system(),
+            alias="candidate",
+            reserve=True,
         )
     assert getattr(refused.value, "code", "") == "serving_quota_exceeded"
 

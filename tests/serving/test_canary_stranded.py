@@ -51,6 +51,9 @@ class Engines:
             def models(self) -> list[str]:
                 return ["test-dense", *engines.loaded.get(url, [])]
 
+            def model_entries(self) -> list[dict]:
+                return [{"id": name} for name in self.models()]
+
             def version(self) -> str:
                 return "0.32.0"
 

@@ -37,8 +37,13 @@ def revisions_of(adapter_a, adapter_b):
 
 
 def pin(revision: AdapterRevision, alias: str, *, live: bool = True) -> Alias:
+    """A reserved alias naming `revision`: it pins it."""
     return Alias.objects.create(
-        adapter=revision.adapter, name=alias, revision=revision if live else None, desired_revision=revision
+        adapter=revision.adapter,
+        name=alias,
+        revision=revision if live else None,
+        desired_revision=revision,
+        reserved=True,
     )
 
 
@@ -50,10 +55,9 @@ def plan(adapter, **fields) -> None:
 # ---------------------------------------------------------------- quotas
 
 
-def activate(tenant, adapter, number: int, alias: str):
-    return tenant.client_as("approver").post(
-        f"/api/v1/adapters/{adapter.name}/activate/", {"revision": number, "alias": alias}, format="json"
-    )
+def activate(tenant, adapter, number: int, alias: str, *, reserve: bool | None = True):
+    body = {"revision": number, "alias": alias} | ({} if reserve is None else {"reserve": reserve})
+    return tenant.client_as("approver").post(f"/api/v1/adapters/{adapter.name}/activate/", body, format="json")
 
 
 def test_activation_past_the_pinned_quota_is_refused_naming_it(tenant_a, adapter_a, revisions_of):
@@ -68,6 +72,50 @@ def test_activation_past_the_pinned_quota_is_refused_naming_it(tenant_a, adapter
     assert error["detail"] == {"quota": "max_ready_revisions", "limit": 2, "used": 2}
     assert "max_ready_revisions" in error["message"] and "r1 for support-bot:production" in error["message"]
     assert not Alias.objects.filter(name="third").exists()  # nothing half-written
+
+
+def test_aliases_served_on_demand_go_past_the_reserved_quota_up_to_the_live_alias_quota(
+    tenant_a, adapter_a, revisions_of
+):
+    plan(adapter_a, max_ready_revisions=1, max_live_aliases=3, max_aliases_per_adapter=10)
+    revisions_of("a", 4)
+    assert activate(tenant_a, adapter_a, 1, "production").status_code == 200  # reserved: the one reservation
+    for number, alias in ((2, "second"), (3, "third")):  # on demand: no reservation needed
+        response = activate(tenant_a, adapter_a, number, alias, reserve=None)
+        assert response.status_code == 200, response.content
+        assert response.json()["reserved"] is False
+    refused = activate(tenant_a, adapter_a, 4, "fourth", reserve=False)
+    assert refused.status_code == 429
+    assert refused.json()["error"]["detail"] == {"quota": "max_live_aliases", "limit": 3, "used": 3}
+    assert "max_live_aliases" in refused.json()["error"]["message"]
+    assert not Alias.objects.filter(name="fourth").exists()
+    # Reserving an on-demand alias counts against the reserved quota.
+    reserve = tenant_a.client_as("approver").post(
+        f"/api/v1/adapters/{adapter_a.name}/reserve/", {"alias": "second", "reserved": True}, format="json"
+    )
+    assert reserve.status_code == 429 and reserve.json()["error"]["detail"]["quota"] == "max_ready_revisions"
+    assert Alias.objects.get(name="second").reserved is False
+
+
+def test_reserving_an_alias_is_audited_and_pins_what_it_serves(tenant_a, adapter_a, revisions_of):
+    from serving import selectors
+    from tenants.models import AuditEvent
+
+    (first,) = revisions_of("a", 1)
+    assert activate(tenant_a, adapter_a, 1, "production", reserve=None).status_code == 200
+    Alias.objects.filter(name="production").update(revision=first)  # flipped
+    assert first.id not in selectors.pinned_revisions()
+    response = tenant_a.client_as("approver").post(
+        f"/api/v1/adapters/{adapter_a.name}/reserve/", {"alias": "production", "reserved": True}, format="json"
+    )
+    assert response.status_code == 200 and response.json()["reserved"] is True
+    assert first.id in selectors.pinned_revisions()
+    event = AuditEvent.objects.filter(action="alias.reserve").latest("id")
+    assert event.before == {"reserved": False} and event.after == {"reserved": True}
+    viewer = tenant_a.client_as("viewer").post(
+        f"/api/v1/adapters/{adapter_a.name}/reserve/", {"alias": "production", "reserved": False}, format="json"
+    )
+    assert viewer.status_code == 403
 
 
 def test_a_swap_and_a_revision_already_pinned_do_not_count_again(tenant_a, adapter_a, revisions_of):
@@ -185,18 +233,37 @@ def test_retry_drops_what_nobody_pins_and_requests_what_lost_its_placement(node,
 # ---------------------------------------------------------------- cold requests
 
 
-def test_cold_requests_past_the_quota_evict_only_the_tenants_own(node, adapter_a, revisions_of):
-    plan(adapter_a, max_ready_revisions=2)
+def test_a_load_on_demand_past_the_tenants_share_evicts_only_its_own(node, adapter_a, revisions_of):
+    """Node of 3 slots: B holds one (least recently used of all), A two. A is over its share (3 ÷ 2 tenants):
+    its next load on demand replaces its own least recently used entry, never B's."""
     now = timezone.now()
     (theirs,) = revisions_of("b", 1)
-    place(node, theirs, "ready", last_used_at=now - timedelta(hours=1))  # B's, unpinned, least recently used
+    place(node, theirs, "ready", last_used_at=now - timedelta(hours=1))
     mine = revisions_of("a", 3)
-    place(node, mine[0], "ready", last_used_at=now)
-    place(node, mine[1], "ready", last_used_at=now)
+    place(node, mine[0], "ready", last_used_at=now - timedelta(minutes=2))
+    place(node, mine[1], "ready", last_used_at=now - timedelta(minutes=1))
     placement = services.placement_request(revision=mine[2], priority=Priority.COLD_REQUEST)
-    assert placement is not None
+    assert placement is not None and placement.state == "queued"
     assert Placement.objects.get(revision=theirs).state == "ready"
-    assert Placement.objects.get(revision=mine[0]).state == "evicting"
+    evicting = Placement.objects.filter(state="evicting")
+    assert [p.revision_id for p in evicting] in ([mine[0].id], [mine[1].id])
+
+
+def test_a_load_on_demand_waits_rather_than_evict_what_is_in_use(node, adapter_a, revisions_of, settings):
+    """Every entry was used within MINT_RESIDENCY_MIN_RESIDENT_S: nothing leaves, the request gets no placement
+    (its 503 says when to come back), and a pinned revision would still take a slot."""
+    settings.MINT_RESIDENCY_MIN_RESIDENT_S = 30
+    now = timezone.now()
+    busy = revisions_of("a", 3)
+    for revision in busy:
+        place(node, revision, "ready", last_used_at=now)
+    (cold,) = revisions_of("b", 1)
+    assert services.placement_request(revision=cold, priority=Priority.COLD_REQUEST) is None
+    assert set(Placement.objects.values_list("state", flat=True)) == {"ready"}
+    (pinned,) = revisions_of("b", 1, start=2)
+    pin(pinned, "production")
+    assert services.placement_request(revision=pinned, priority=Priority.ACTIVATION).state == "queued"
+    assert Placement.objects.filter(state="evicting").count() == 1
 
 
 def test_a_failed_load_is_not_queued_again_by_cold_requests_until_its_backoff(node, revisions_of, settings):

@@ -4,6 +4,7 @@
  * the page embeds (Django's json_script, frontend/selectors/usage.py `UsageView.chart_json`). That script sits in
  * a live section (live.js re-reads it on a timer and on usage.* events); each time one is replaced, live.js sends
  * `mint:fragment` and the charts are given the new data (the chart elements and their headings stay in place).
+ * The Nodes page draws its residency charts the same way (MEASURES moves, tiers, misses).
  * The numbers are also in the tables beside the charts (their text alternative); each chart's label says what it
  * shows in words. After a draw the element carries data-drawn: each series' sum as drawn (read by the tests).
  */
@@ -26,6 +27,17 @@
       ["unavailable", "503", "#7a4a00"],
       ["limited", "429", "#6e40c9"],
     ],
+    // The Nodes page: each node's residency tiers per minute (serving/selectors/residency.py node_series).
+    moves: [
+      ["loads", "Loads", "#0b5cad"],
+      ["cold", "Loads on demand", "#b35900"],
+      ["evictions", "Evictions", "#b42318"],
+    ],
+    tiers: [
+      ["gpu_share", "Share found in the GPU batch", "#116329"],
+      ["cpu_share", "Share found loaded (CPU) only", "#0b5cad"],
+    ],
+    misses: [["miss", "Requests for a revision loaded nowhere", "#b42318"]],
   };
   var HEIGHT = { normal: 200, small: 140 };
   var plots = []; // {el, plot, key}

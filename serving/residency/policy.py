@@ -1,0 +1,271 @@
+"""One node's on-demand LoRA slots as a cache: W-TinyLFU admission with tenant shares, and where a miss loads.
+
+A node holds, in vLLM's CPU LoRA cache (`--max-cpu-loras`, the node's `cpu_slots`), its *reserved* revisions
+(aliases a tenant reserved: never evicted for another tenant, outside this cache) and *on-demand* ones: every other
+live revision, loaded when a request asks for it and evicted when cold. A miss always loads (the request cannot be
+answered otherwise); the cache decides what leaves to make room. Plain LRU lets one tenant touching thousands of
+cold adapters once each push out everybody's hot ones (a scan); here, as in Caffeine's W-TinyLFU (Einziger,
+Friedman and Manes, "TinyLFU: A Highly Efficient Cache Admission Policy", 2017):
+
+- a new entry enters a small *window* (LRU), so a burst of new revisions churns only the window;
+- an entry pushed out of the window joins the *main* region only if it was asked for more often lately
+  (`frequency`) than main's own victim, the least recently used entry of its *probation* segment; the loser leaves;
+- an entry hit again in probation moves to *protected* (most of main), whose overflow goes back to probation.
+
+Tenants share the slots fairly: a tenant holding more than its share of this node's entries (the slots ÷ the
+tenants with entries here) makes room from its own entries first, whatever the frequencies say, so no tenant can
+push out another's hot set by asking for many adapters often. Entries that are `busy` (a request in flight, a
+load under way) are never victims: the node may stay over capacity until one frees (`shrink` again).
+
+Pure: no I/O, no clock. The control plane rebuilds a node's cache from its placements at each decision
+(serving/services/residency.py); benchmarks/long_tail replays traces through the same object.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Collection, Hashable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+N = TypeVar("N")
+
+
+class Segment(StrEnum):
+    WINDOW = "window"
+    PROBATION = "probation"
+    PROTECTED = "protected"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How a node's on-demand slots are divided: the window's fraction of them (one slot at least), and the
+    protected segment's fraction of the rest (main)."""
+
+    window: float = 0.2
+    protected: float = 0.8
+
+
+class NodeCache(Generic[K]):
+    """The on-demand entries of one node (revision keys with their tenants), in three LRU segments."""
+
+    __slots__ = ("_segment", "_tenant", "capacity", "owned", "probation", "protected", "shape", "window")
+
+    def __init__(self, capacity: int, shape: Shape = Shape()) -> None:
+        self.capacity = max(0, capacity)
+        self.shape = shape
+        # Least recently used first in each.
+        self.window: OrderedDict[K, None] = OrderedDict()
+        self.probation: OrderedDict[K, None] = OrderedDict()
+        self.protected: OrderedDict[K, None] = OrderedDict()
+        self._segment: dict[K, Segment] = {}
+        self._tenant: dict[K, int] = {}
+        self.owned: Counter[int] = Counter()  # entries per tenant
+
+    def __len__(self) -> int:
+        return len(self._segment)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._segment
+
+    def segment_of(self, key: K) -> Segment | None:
+        return self._segment.get(key)
+
+    def tenant_of(self, key: K) -> int | None:
+        return self._tenant.get(key)
+
+    def free(self) -> int:
+        return max(0, self.capacity - len(self._segment))
+
+    def window_size(self) -> int:
+        return max(1, round(self.capacity * self.shape.window)) if self.capacity else 0
+
+    def protected_size(self) -> int:
+        return int((self.capacity - self.window_size()) * self.shape.protected)
+
+    def _segments(self) -> tuple[OrderedDict[K, None], ...]:
+        return (self.window, self.probation, self.protected)
+
+    def _of(self, segment: Segment) -> OrderedDict[K, None]:
+        if segment is Segment.WINDOW:
+            return self.window
+        return self.probation if segment is Segment.PROBATION else self.protected
+
+    # ------------------------------------------------------------------ what the caller tells it
+
+    def add(self, key: K, tenant: int, segment: Segment = Segment.WINDOW) -> None:
+        """Record an entry as most recently used in `segment` (rebuilding from stored state: add in LRU order)."""
+        if key in self._segment:
+            self.remove(key)
+        self._of(segment)[key] = None
+        self._segment[key] = segment
+        self._tenant[key] = tenant
+        self.owned[tenant] += 1
+
+    def remove(self, key: K) -> None:
+        """Forget an entry (unloaded, or its placement gone)."""
+        segment = self._segment.pop(key, None)
+        if segment is None:
+            return
+        del self._of(segment)[key]
+        tenant = self._tenant.pop(key)
+        self.owned[tenant] -= 1
+        if not self.owned[tenant]:
+            del self.owned[tenant]
+
+    def hit(self, key: K) -> list[tuple[K, Segment]]:
+        """A request was served from `key`: most recently used, and promoted from probation to protected (whose
+        overflow is demoted to probation). Returns the entries whose segment changed, with their new one."""
+        segment = self._segment.get(key)
+        if segment is Segment.WINDOW:
+            self.window.move_to_end(key)
+        elif segment is Segment.PROTECTED:
+            self.protected.move_to_end(key)
+        elif segment is Segment.PROBATION:
+            del self.probation[key]
+            self.protected[key] = None
+            self._segment[key] = Segment.PROTECTED
+            moved = [(key, Segment.PROTECTED)]
+            limit = self.protected_size()
+            while len(self.protected) > limit:
+                demoted, _ = self.protected.popitem(last=False)
+                self.probation[demoted] = None
+                self._segment[demoted] = Segment.PROBATION
+                moved.append((demoted, Segment.PROBATION))
+            return moved
+        return []
+
+    def miss(self, key: K, tenant: int, *, frequency: Callable[[K], float], busy: Collection[K] = ()) -> Admission[K]:
+        """Take in `key` (to be loaded now for a request) if room can be made: the entries that must leave, in the
+        order chosen (usually none or one). Not admitted, with nothing else changed, when no entry may leave (all
+        busy, or the tenant is over its share and all of its own are busy): the request waits for room instead of
+        pushing out what is being used, which is what keeps a busy working set larger than the node from
+        thrashing."""
+        evicted = self.shrink(frequency=frequency, busy=busy)  # already over (the capacity fell): back within first
+        if len(self._segment) + 1 > self.capacity:
+            victim = self._victim(frequency, busy, tenant, incoming=True)
+            if victim is None:
+                return Admission(False, evicted)
+            self.remove(victim)
+            evicted.append(victim)
+        self.add(key, tenant, Segment.WINDOW)
+        self._settle(_with(busy, key))
+        return Admission(True, evicted)
+
+    def shrink(self, *, frequency: Callable[[K], float], busy: Collection[K] = ()) -> list[K]:
+        """Evict until within capacity (or nothing evictable is left), then move the window's overflow to main."""
+        evicted: list[K] = []
+        while len(self._segment) > self.capacity:
+            victim = self._victim(frequency, busy, None)
+            if victim is None:
+                break  # everything is busy: over capacity until something frees
+            self.remove(victim)
+            evicted.append(victim)
+        self._settle(busy)
+        return evicted
+
+    def rebalance(self) -> list[tuple[K, Segment]]:
+        """After a rebuild: demote protected entries past the protected segment's size (the capacity fell since
+        they were promoted). Returns the entries whose segment changed."""
+        moved = []
+        limit = self.protected_size()
+        while len(self.protected) > limit:
+            demoted, _ = self.protected.popitem(last=False)
+            self.probation[demoted] = None
+            self._segment[demoted] = Segment.PROBATION
+            moved.append((demoted, Segment.PROBATION))
+        return moved
+
+    # ------------------------------------------------------------------ the decision
+
+    def _victim(
+        self, frequency: Callable[[K], float], busy: Collection[K], newcomer: int | None, *, incoming: bool = False
+    ) -> K | None:
+        """The entry to evict. `newcomer`: the tenant of an entry coming in (`incoming`: not in the cache yet) or
+        just come in: over its share (more than the slots ÷ the tenants with entries), only its own may leave."""
+        if newcomer is not None:
+            owned = self.owned[newcomer] + incoming
+            tenants = len(self.owned) + (incoming and newcomer not in self.owned)
+            if tenants > 1 and owned * tenants > self.capacity and self.owned[newcomer]:
+                # Its own entries, or none: it waits until one of them is no longer busy.
+                return self._choose(frequency, busy, tenant=newcomer, incoming=incoming)
+        return self._choose(frequency, busy, incoming=incoming)
+
+    def _choose(
+        self, frequency: Callable[[K], float], busy: Collection[K], *, tenant: int | None = None, incoming: bool
+    ) -> K | None:
+        """TinyLFU between the window's overflow and main's victim (among `tenant`'s entries only, when given)."""
+        overflowing = tenant is not None or len(self.window) + incoming > self.window_size()
+        candidate = self._first((self.window,), busy, tenant=tenant) if overflowing else None
+        resident = self._first((self.probation, self.protected), busy, tenant=tenant)
+        if candidate is None:  # nothing in the window may leave: main's victim (idle, as busy ones never leave)
+            return resident if resident is not None else self._first((self.window,), busy, tenant=tenant)
+        if resident is None:
+            return candidate
+        # The window's overflow is admitted to main only if asked for more often than main's victim.
+        if frequency(candidate) > frequency(resident):
+            self._move(candidate, Segment.PROBATION)
+            return resident
+        return candidate
+
+    def _settle(self, busy: Collection[K]) -> None:
+        """The window's overflow (entries past its size) joins probation: main has room for it now."""
+        limit = self.window_size()
+        while len(self.window) > limit:
+            key = self._first((self.window,), busy)
+            if key is None:
+                return
+            self._move(key, Segment.PROBATION)
+
+    def _move(self, key: K, segment: Segment) -> None:
+        del self._of(self._segment[key])[key]
+        self._of(segment)[key] = None
+        self._segment[key] = segment
+
+    def _first(
+        self, segments: Sequence[OrderedDict[K, None]], busy: Collection[K], *, tenant: int | None = None
+    ) -> K | None:
+        """The least recently used entry of the first of `segments` that has one not busy (of `tenant` only)."""
+        for segment in segments:
+            for key in segment:
+                if key in busy or (tenant is not None and self._tenant[key] != tenant):
+                    continue
+                return key
+        return None
+
+
+@dataclass(frozen=True)
+class Admission(Generic[K]):
+    """What a miss did: whether the entry was taken in, and what leaves (to be unloaded) either way."""
+
+    admitted: bool
+    evicted: list[K]
+
+
+def _with(busy: Collection[K], key: K) -> Collection[K]:
+    if not busy:
+        return (key,)
+    if isinstance(busy, (set, frozenset)):
+        return busy | {key}
+    return (*busy, key)
+
+
+def choose_node(
+    order: Sequence[N],
+    *,
+    free: Callable[[N], int],
+    on_disk: Callable[[N], bool] = lambda node: False,
+    disk_choices: int = 3,
+) -> N | None:
+    """Where a miss loads: the first node in the revision's preference `order` (rendezvous: its home first) with a
+    free slot; else the first of its `disk_choices` best nodes that holds its files on local disk (no fetch from
+    the store); else its home, where something is evicted. None without nodes."""
+    for node in order:
+        if free(node) > 0:
+            return node
+    for node in order[:disk_choices]:
+        if on_disk(node):
+            return node
+    return order[0] if order else None

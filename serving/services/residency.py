@@ -1,0 +1,312 @@
+"""The residency policy (serving/residency/policy.py) against the database: what an on-demand load evicts, where.
+
+A node's on-demand cache is rebuilt from its placements at each decision (`node_view`): ready placements of
+revisions nobody pins, least recently used first, in the segment each was left in (`Placement.segment`); its
+capacity is the node's `cpu_slots` less every slot held otherwise (pinned revisions, loads under way, evictions
+not yet unloaded, an evaluation's borrowed slot). Frequencies come from Redis (`frequency()`: every gateway process
+adds the requests it routed; a Redis that cannot be read makes the policy plain LRU with segments, never an error).
+`busy`: a placement used or loaded within MINT_RESIDENCY_MIN_RESIDENT_S is not evicted for an on-demand load, so
+a revision loaded for a request is still there when that request's client comes back after its Retry-After, and a
+working set larger than the node waits for room instead of thrashing.
+
+`on_demand` decides; serving/services/placement.py carries the decision out (evicts, queues) inside its
+transaction, with the nodes' rows locked.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Case, CharField, F, Value, When
+from django.utils import timezone
+
+from serving.models import (
+    HOLDING_STATES,
+    ColdStart,
+    NodeCopy,
+    Placement,
+    PlacementState,
+    Priority,
+    ServingNode,
+    lora_name,
+)
+from serving.residency import stats
+from serving.residency.frequency import SharedCounts
+from serving.residency.policy import NodeCache, Segment, Shape, choose_node
+from serving.selectors.residency import redis_client
+
+log = logging.getLogger(__name__)
+P = PlacementState
+_LORA_NAME = re.compile(r"^t[0-9]+-a[0-9]+-r[0-9]+$")  # serving.models.lora_name
+FREQUENCY_PREFIX = "mint:residency:freq"
+
+
+def shape() -> Shape:
+    return Shape(window=settings.MINT_RESIDENCY_WINDOW, protected=settings.MINT_RESIDENCY_PROTECTED)
+
+
+def frequency() -> SharedCounts:
+    return SharedCounts(FREQUENCY_PREFIX, settings.MINT_RESIDENCY_FREQUENCY_PERIOD_S)
+
+
+def estimates(revision_ids: list[int]) -> dict[int, int]:
+    """Requests per revision over the last one or two frequency periods (0 for each when Redis cannot be read)."""
+    import redis
+
+    try:
+        return frequency().estimates(redis_client(), revision_ids, time.time())
+    except redis.RedisError as exc:
+        log.warning("residency: frequencies unavailable (%s); deciding by recency only", exc)
+        return {}
+
+
+def record_requests(counts: dict[int, int], tiers: dict[tuple[str, str], int] | None = None) -> None:
+    """Add requests per revision to the shared frequencies, and requests per node and tier to the per-minute
+    stats (a gateway's batch; one pipeline)."""
+    if not counts and not tiers:
+        return
+    now = time.time()
+    pipe = redis_client().pipeline(transaction=False)
+    frequency().add(pipe, counts, now)
+    per_node: dict[str, dict[str, int]] = {}
+    for (node, tier), n in (tiers or {}).items():
+        per_node.setdefault(node, {})[tier] = n
+    for node, by_tier in per_node.items():
+        stats.add(pipe, node, by_tier, now)
+    pipe.execute()
+
+
+def _stats(write) -> None:
+    """Write residency stats (serving/residency/stats.py); a Redis that is away loses them, nothing else."""
+    import redis
+
+    try:
+        pipe = redis_client().pipeline(transaction=False)
+        write(pipe)
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("residency: stats not written (%s)", exc)
+
+
+def record_load(*, placement: Placement, now: datetime) -> None:
+    """A placement became ready: a load on its node (cold: asked by a request; from disk or from the store)."""
+    cold_s = (now - placement.queued_at).total_seconds() if placement.priority == Priority.COLD_REQUEST else None
+    from_disk = (getattr(placement, "load_source", "") or "") == "disk"
+    _stats(lambda pipe: stats.loaded(pipe, placement.node.name, cold_s=cold_s, from_disk=from_disk))
+
+
+def record_eviction(*, node_name: str) -> None:
+    _stats(lambda pipe: stats.add(pipe, node_name, {"evictions": 1}))
+
+
+@dataclass
+class NodeView:
+    """One node's on-demand cache as the database holds it now, with what rebuilding it found."""
+
+    node: ServingNode
+    cache: NodeCache[int]
+    ready: dict[int, Placement]  # revision id → its ready on-demand placement here
+    busy: set[int]
+    speculative: list[Placement] = field(default_factory=list)  # ready, borrowed by an evaluation: first to go
+
+
+def node_view(node: ServingNode, *, pins: set[int] | dict[int, int], now: datetime | None = None) -> NodeView:
+    """Rebuild `node`'s on-demand cache from its placements (the caller holds the node's row lock)."""
+    now = now or timezone.now()
+    rows = list(Placement.objects.filter(node=node, state__in=HOLDING_STATES).select_related("revision__adapter"))
+    ready, fixed, speculative = [], 0, []
+    for placement in rows:
+        if placement.state != P.READY or placement.revision_id in pins:
+            fixed += 1
+        elif placement.priority == Priority.SPECULATIVE:
+            speculative.append(placement)
+        else:
+            ready.append(placement)
+    cache_ = NodeCache(node.cpu_slots - fixed - len(speculative), shape())
+    ready.sort(key=lambda p: (p.last_used_at or p.ready_at or p.updated_at, p.id))
+    segments = set(Segment)
+    for placement in ready:
+        segment = Segment(placement.segment) if placement.segment in segments else Segment.WINDOW
+        cache_.add(placement.revision_id, placement.revision.adapter.tenant_id, segment)
+    cache_.rebalance()
+    since = now - timedelta(seconds=settings.MINT_RESIDENCY_MIN_RESIDENT_S)
+    busy = {
+        p.revision_id
+        for p in ready
+        if (p.last_used_at is not None and p.last_used_at >= since) or (p.ready_at is not None and p.ready_at >= since)
+    }
+    return NodeView(
+        node=node, cache=cache_, ready={p.revision_id: p for p in ready}, busy=busy, speculative=speculative
+    )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where an on-demand load goes and what it evicts (none: a free slot), or `node` None: no room now."""
+
+    node: ServingNode | None
+    evict: list[Placement]
+    view: NodeView | None = None
+
+
+def on_demand(
+    *,
+    revision_id: int,
+    tenant_id: int,
+    order: list[ServingNode],
+    held: dict[int, int],
+    pins: set[int] | dict[int, int],
+    on_disk: set[int],
+) -> Decision:
+    """Where a request's revision (loaded nowhere) is loaded: the first node in its preference `order` with a
+    free slot (`held`: slots taken per node id), else the best node holding its files (`on_disk`: node ids), else
+    its home, making room there by the policy. Tries the next nodes of its order while a node has no room
+    (everything there busy, or the tenant over its share with only busy entries). The caller holds the nodes'
+    row locks."""
+    node = choose_node(
+        order,
+        free=lambda n: n.cpu_slots - held.get(n.id, 0),
+        on_disk=lambda n: n.id in on_disk,
+        disk_choices=settings.MINT_RESIDENCY_DISK_CHOICES,
+    )
+    if node is None:
+        return Decision(None, [])
+    if held.get(node.id, 0) < node.cpu_slots:
+        return Decision(node, [])
+    tried = [node, *(n for n in order if n.id != node.id)][: settings.MINT_RESIDENCY_NODE_CHOICES]
+    for candidate in tried:
+        view = node_view(candidate, pins=pins)
+        if view.speculative:  # an evaluation's borrowed slot is given back first
+            return Decision(candidate, [view.speculative[0]], view)
+        counts = estimates([revision_id, *view.ready])
+        outcome = view.cache.miss(revision_id, tenant_id, frequency=_lookup(counts), busy=view.busy)
+        if outcome.admitted:
+            return Decision(candidate, [view.ready[k] for k in outcome.evicted], view)
+    return Decision(None, [])
+
+
+def _lookup(counts: dict[int, int]):
+    return lambda key: counts.get(key, 0)
+
+
+def make_room(*, order: list[ServingNode], pins: set[int] | dict[int, int]) -> Decision:
+    """Where a pinned revision (a reserved alias, an activation, a canary) may take an on-demand entry's slot:
+    the first node of its order with one to give, the policy choosing which (busy ones too: a pin outranks the
+    cache, and an unload waits for the requests in flight)."""
+    for node in order:
+        view = node_view(node, pins=pins)
+        if view.speculative:
+            return Decision(node, [view.speculative[0]], view)
+        if not view.ready:
+            continue
+        counts = estimates(list(view.ready))
+        view.cache.capacity -= 1  # the slot the pin takes
+        evicted = view.cache.shrink(frequency=_lookup(counts))
+        if evicted:
+            return Decision(node, [view.ready[k] for k in evicted], view)
+    return Decision(None, [])
+
+
+def save_segments(view: NodeView) -> int:
+    """Write back the segments the decision moved entries to (one UPDATE)."""
+    changed = {
+        p.id: str(view.cache.segment_of(revision_id))
+        for revision_id, p in view.ready.items()
+        if view.cache.segment_of(revision_id) is not None and str(view.cache.segment_of(revision_id)) != p.segment
+    }
+    if not changed:
+        return 0
+    value = Case(*(When(id=i, then=Value(s)) for i, s in changed.items()), output_field=CharField())
+    return Placement.objects.filter(id__in=list(changed)).update(segment=value)
+
+
+def promote_hits(placement_ids: list[int]) -> int:
+    """Ready on-demand placements that served a request again: from probation to protected (their node's cache
+    demotes protected overflow when it is next rebuilt)."""
+    return Placement.objects.filter(id__in=placement_ids, segment=Segment.PROBATION).update(segment=Segment.PROTECTED)
+
+
+def disk_nodes(revision_id: int) -> set[int]:
+    """The nodes that hold the revision's export on their local disk."""
+    return set(NodeCopy.objects.filter(revision_id=revision_id).values_list("node_id", flat=True))
+
+
+# ---------------------------------------------------------------- the disk tier (node-local copies)
+
+
+def node_copy_used(*, placement: Placement, size_bytes: int) -> None:
+    """The node agent loaded the placement from its local copy (`placement.load_source`: `disk` if the copy was
+    there already, `store` if fetched now): record the copy as just used, and where the load came from."""
+    now = timezone.now()
+    NodeCopy.objects.update_or_create(
+        node_id=placement.node_id,
+        revision_id=placement.revision_id,
+        defaults={"size_bytes": size_bytes, "last_used_at": now},
+        create_defaults={"size_bytes": size_bytes, "last_used_at": now, "fetched_at": now},
+    )
+    source = getattr(placement, "load_source", "") or ""
+    Placement.objects.filter(id=placement.id).update(load_source=source)
+
+
+def node_copies_over_budget(*, node: ServingNode) -> list[NodeCopy]:
+    """The node's least recently used copies to remove so its copies fit MINT_NODE_DISK_BYTES, leaving out any a
+    placement of the node holds (loaded, loading or being unloaded)."""
+    copies = list(NodeCopy.objects.filter(node=node).select_related("revision__adapter").order_by("last_used_at", "id"))
+    total = sum(c.size_bytes for c in copies)
+    budget = settings.MINT_NODE_DISK_BYTES
+    if total <= budget:
+        return []
+    held = set(Placement.objects.filter(node=node).values_list("revision_id", flat=True))
+    victims = []
+    for copy in copies:
+        if total <= budget:
+            break
+        if copy.revision_id in held:
+            continue
+        victims.append(copy)
+        total -= copy.size_bytes
+    return victims
+
+
+def node_copy_removed(*, copy: NodeCopy) -> None:
+    NodeCopy.objects.filter(id=copy.id).delete()
+
+
+def node_copy_forget(*, node: ServingNode, name: str) -> None:
+    """The node agent removed the files under LoRA name `name` (t<tenant>-a<adapter>-r<number>)."""
+    try:
+        _, adapter, number = (int(part[1:]) for part in name.split("-"))
+    except ValueError:
+        return
+    NodeCopy.objects.filter(node=node, revision__adapter_id=adapter, revision__number=number).delete()
+
+
+def cold_start_done(*, placement: Placement, now: datetime) -> None:
+    """A load asked for by a request is ready: the revision's last cold start (shown on its page and API)."""
+    seconds = max(0.0, (now - placement.queued_at).total_seconds())
+    node = placement.node.name if hasattr(placement, "node") else ""
+    source = getattr(placement, "load_source", "") or ""
+    updated = ColdStart.objects.filter(revision_id=placement.revision_id).update(
+        node=node, asked_at=placement.queued_at, seconds=seconds, source=source, count=F("count") + 1
+    )
+    if not updated:
+        ColdStart.objects.get_or_create(
+            revision_id=placement.revision_id,
+            defaults={"node": node, "asked_at": placement.queued_at, "seconds": seconds, "source": source},
+        )
+
+
+def stray_loras(*, node: ServingNode, loaded: set[str]) -> list[str]:
+    """LoRA names the engine holds that no placement of the node accounts for (an unload lost between the two,
+    a placement deleted while its load finished): the heartbeat unloads them, so what the control plane thinks
+    the engine holds stays what the engine holds."""
+    ours = {n for n in loaded if _LORA_NAME.match(n)}
+    if not ours:
+        return []
+    known = {lora_name(p.revision) for p in Placement.objects.filter(node=node).select_related("revision__adapter")}
+    return sorted(ours - known)
