@@ -71,6 +71,12 @@ class Tenant(models.Model):
     api_write_rpm = models.PositiveIntegerField(
         default=60, db_default=60, help_text="REST API writes per minute, per key or person."
     )
+    # Beside the per-key rate: otherwise each key a tenant creates (up to max_api_keys) adds another api_write_rpm.
+    api_tenant_write_rpm = models.PositiveIntegerField(
+        default=240,
+        db_default=240,
+        help_text="REST API writes per minute of the whole tenant, all its keys and people together.",
+    )
     # What the tenant keeps now, counted against max_storage_bytes and max_revisions. Kept up to date by the
     # services that store and collect files (adapters.services, adapters.collect), under this row's lock.
     stored_bytes = models.PositiveBigIntegerField(default=0, db_default=0, editable=False)
@@ -135,6 +141,12 @@ class Tenant(models.Model):
     )
     max_evaluation_tokens = models.PositiveIntegerField(
         default=128, db_default=128, help_text="Largest max_tokens one evaluation case may ask."
+    )
+    max_evaluation_requests = models.PositiveIntegerField(
+        default=1,
+        db_default=1,
+        validators=[MinValueValidator(1)],
+        help_text="Evaluation cases of this tenant sent to the nodes at once (below every tenant's inference).",
     )
     # Webhooks: endpoints subscribed to lifecycle events, delivered by the control workers.
     max_webhook_endpoints = models.PositiveIntegerField(
