@@ -203,6 +203,7 @@ class AuditFilterForm(forms.Form):
 
 
 USAGE_RANGE_CHOICES = [("hour", "Last hour"), ("day", "Last day"), ("month", "Last 30 days")]
+USAGE_KIND_CHOICES = [("inference", "Applications (inference)"), ("sampling", "Training pipelines (sampling)")]
 
 
 class UsageFilterForm(forms.Form):
@@ -210,6 +211,8 @@ class UsageFilterForm(forms.Form):
 
     range = forms.ChoiceField(label="Range", choices=USAGE_RANGE_CHOICES, required=False)
     adapter = forms.CharField(label="Adapter", max_length=64, required=False)
+    # Applications' calls, or training pipelines' samples (billed apart: serving/gateway/sampling.py).
+    kind = forms.ChoiceField(label="Traffic", choices=USAGE_KIND_CHOICES, required=False)
 
 
 class InviteForm(forms.Form):

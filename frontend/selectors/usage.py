@@ -47,6 +47,7 @@ USAGE_RANGES = {
     "month": UsageRange("month", "the last 30 days", "day", timedelta(days=30), timedelta(days=1), "day"),
 }
 DEFAULT_RANGE = "day"
+DEFAULT_KIND = "inference"  # applications' calls; "sampling": training pipelines' rollouts (billed apart)
 UNAVAILABLE, LIMITED = 503, 429
 
 
@@ -86,6 +87,7 @@ class UsageView:
 
     range: UsageRange
     adapter: str  # "": the whole tenant
+    kind: str  # the kind of traffic: inference or sampling
     start: datetime
     end: datetime
     period: str  # the rows read (minute, hour or day)
@@ -102,6 +104,7 @@ class UsageView:
             "label": self.range.label,
             "per": self.range.per,
             "adapter": self.adapter or None,
+            "kind": self.kind,
             "bucket_s": int(self.range.bucket.total_seconds()),
             "from": serving_usage.instant_json(self.start),
             "to": serving_usage.instant_json(self.end),
@@ -144,10 +147,17 @@ def _status_split(counts: UsageCounts, status: int | None) -> tuple[int, int]:
 
 
 def _report(
-    tenant: Tenant, *, start: datetime, end: datetime, group_by: tuple[str, ...], adapter: str, now: datetime
+    tenant: Tenant,
+    *,
+    start: datetime,
+    end: datetime,
+    group_by: tuple[str, ...],
+    adapter: str,
+    now: datetime,
+    kind: str = DEFAULT_KIND,
 ) -> UsageReport:
     return serving_usage.usage_report(
-        tenant=tenant, start=start, end=end, group_by=group_by, adapter=adapter or None, now=now
+        tenant=tenant, start=start, end=end, group_by=group_by, adapter=adapter or None, now=now, kind=kind
     )
 
 
@@ -162,11 +172,13 @@ def _point(start: datetime, rows: Iterable[serving_usage.UsageRow]) -> UsagePoin
 
 
 def _series(
-    tenant: Tenant, chosen: UsageRange, *, adapter: str, start: datetime, end: datetime, now: datetime
+    tenant: Tenant, chosen: UsageRange, *, adapter: str, start: datetime, end: datetime, now: datetime, kind: str
 ) -> tuple[list[UsagePoint], bool]:
     """The series over [start, end) in the range's buckets, empty buckets included (zeros), and whether the
     report was truncated: one report by (time, status), of the adapter's rows only when one is chosen."""
-    report = _report(tenant, start=start, end=end, group_by=(chosen.dimension, "status"), adapter=adapter, now=now)
+    report = _report(
+        tenant, start=start, end=end, group_by=(chosen.dimension, "status"), adapter=adapter, now=now, kind=kind
+    )
     by_bucket: dict[datetime, list[serving_usage.UsageRow]] = {}
     for row in report.rows:
         at = _floor(_bucket_start(chosen.dimension, row.group[chosen.dimension]), chosen.bucket)
@@ -180,10 +192,10 @@ def _series(
 
 
 def _lines(
-    tenant: Tenant, *, adapter: str, start: datetime, end: datetime, now: datetime
+    tenant: Tenant, *, adapter: str, start: datetime, end: datetime, now: datetime, kind: str
 ) -> tuple[list[UsageLine], UsageLine, UsageReport]:
     """Per adapter and revision (their statuses folded in), their totals, and the report they come from."""
-    report = _report(tenant, start=start, end=end, group_by=("revision", "status"), adapter=adapter, now=now)
+    report = _report(tenant, start=start, end=end, group_by=("revision", "status"), adapter=adapter, now=now, kind=kind)
     lines: dict[tuple[str | None, str | None], UsageLine] = {}
     for row in report.rows:
         name, revision = row.group.get("adapter"), row.group.get("revision")
@@ -201,10 +213,17 @@ def _lines(
 
 
 def usage_view(
-    *, tenant: Tenant, range_name: str = DEFAULT_RANGE, adapter: str = "", series: bool = True, now=None
+    *,
+    tenant: Tenant,
+    range_name: str = DEFAULT_RANGE,
+    adapter: str = "",
+    series: bool = True,
+    now=None,
+    kind: str = DEFAULT_KIND,
 ) -> UsageView:
-    """The tenant's metered inference usage (what it is billed for) over the range, for one adapter name or all;
-    without `series`, the table only (no points: the CSV export).
+    """The tenant's metered usage of one billed kind (`inference`, applications' calls; `sampling`, training
+    pipelines' rollouts) over the range, for one adapter name or all; without `series`, the table only (no
+    points: the CSV export).
 
     Queries: see the module's docstring.
     """
@@ -217,12 +236,13 @@ def usage_view(
     else:
         start, end = now - chosen.span, now
     points, series_truncated = (
-        _series(tenant, chosen, adapter=adapter, start=start, end=end, now=now) if series else ([], False)
+        _series(tenant, chosen, adapter=adapter, start=start, end=end, now=now, kind=kind) if series else ([], False)
     )
-    lines, totals, report = _lines(tenant, adapter=adapter, start=start, end=end, now=now)
+    lines, totals, report = _lines(tenant, adapter=adapter, start=start, end=end, now=now, kind=kind)
     return UsageView(
         range=chosen,
         adapter=adapter,
+        kind=kind,
         start=report.start,
         end=report.end,
         period=report.period,
