@@ -28,6 +28,7 @@ from frontend.forms import (
     form_errors,
 )
 from frontend.selectors import lifecycle as lifecycle_selectors
+from frontend.selectors import runs as runs_selectors
 from frontend.selectors import usage as usage_selectors
 from frontend.views.base import page
 from mint_site.csv_cells import csv_cell
@@ -181,6 +182,10 @@ def adapter_detail(request: HttpRequest, name: str, number: int | None = None) -
         # The usage panel, fetched by the page's script (so the page itself costs no usage query).
         usage = usage_selectors.usage_view(tenant=viewer.tenant, range_name="day", adapter=adapter.name)
         return render(request, "frontend/partials/adapter_usage.html", {"adapter": adapter, "usage": usage})
+    if request.GET.get("fragment") == "runs":
+        # The training runs panel (a run's curves, steps and parent chain), fetched like the usage panel.
+        panel = runs_selectors.runs_panel(adapter=adapter, run=request.GET.get("run", "")[:64])
+        return render(request, "frontend/partials/runs.html", {"adapter": adapter, "panel": panel})
     if request.GET.get("fragment") in ("retention", "lineage"):
         # Loaded by the page's script when it opens (their queries are not the page's): retention's dry run on
         # the adapter's page, the lineage graph and the revisions to compare with on a revision's page.
