@@ -13,7 +13,6 @@ ever be allowed.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 
@@ -25,7 +24,7 @@ from mint_site.limits import Allowance, Refusal, Scope
 from tenants import idempotency
 from tenants.access import Access, Capability
 from tenants.header_auth import caller_from_headers, headers_of
-from tenants.throttles import GATE_COUNTED, api_write_wait, burst_note
+from tenants.throttles import GATE_COUNTED, api_write_refusal
 
 # The API's registration and the dashboard's upload form.
 UPLOAD_ROUTES = re.compile(r"^/(?:api/v1/adapters/[^/]+/revisions|adapters/[^/]+/register)/$")
@@ -73,15 +72,9 @@ def upload_allowance(scope: Scope) -> Allowance | Refusal:
         return held
     # The upload counts against the caller's API write rate here, once, whatever becomes of its body: a
     # throttled caller sends none, and one refused for size still spent a write.
-    wait = api_write_wait(tenant=tenant, key=access.actor.key, user=access.actor.user)
-    if wait is not None:
-        return Refusal(
-            429,
-            "rate_limited",
-            f"Over tenant {tenant.slug}'s limit of {tenant.api_write_rpm} API writes per minute"
-            f"{burst_note(tenant.api_write_rpm)} (api_write_rpm); retry in {math.ceil(wait)} s.",
-            {"Retry-After": str(max(1, math.ceil(wait)))},
-        )
+    refused = api_write_refusal(tenant=tenant, key=access.actor.key, user=access.actor.user)
+    if refused is not None:  # the key's or person's rate, or the tenant's (both named in the message)
+        return Refusal(429, "rate_limited", str(refused.detail), {"Retry-After": str(refused.wait)})
     scope[GATE_COUNTED] = True  # the DRF throttle does not count it again
     use = selectors.storage_use(tenant=tenant)
     if use.revisions >= tenant.max_revisions:

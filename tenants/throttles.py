@@ -5,7 +5,8 @@ Both are kept in Redis, so every process of the site (web servers, gateways) sha
 - `ApiRateThrottle`: DRF throttling per API key (by key id) or per signed-in person (by user id, in one
   tenant), reads (GET, HEAD, OPTIONS) and writes counted apart, at the rate of the caller's tenant plan
   (`Tenant.api_read_rpm`, `Tenant.api_write_rpm`; staff endpoints without a tenant use those fields'
-  defaults). It is DRF's `SimpleRateThrottle` on the Django cache (a sliding log of the last minute's
+  defaults), and every write also against the tenant's own `api_tenant_write_rpm`, all its keys and people
+  together. It is DRF's `SimpleRateThrottle` on the Django cache (a sliding log of the last minute's
   requests); `api_write_wait` counts one write outside DRF (the ASGI upload gate) in the same entries.
 - Failed key authentications (a malformed token, an unknown prefix, a wrong secret), per client address and,
   for a wrong secret, per key (`failure_buckets`), over a fixed one-minute window, counted with the `limits`
@@ -277,7 +278,8 @@ def _ident(*, tenant: Tenant | None, key: ApiKey | None, user: Any) -> str | Non
 def _limit_message(*, tenant: Tenant | None, key: ApiKey | None, user: Any, write: bool, wait: float) -> str:
     kind = "writes" if write else "reads"
     limit = plan_rate(tenant, write=write)
-    retry = f"{burst_note(limit)}; retry in {max(1, math.ceil(wait))} s."
+    field = "api_write_rpm" if write else "api_read_rpm"
+    retry = f" ({field}){burst_note(limit)}; retry in {max(1, math.ceil(wait))} s."
     if key is not None:
         return f"Key mint_{key.prefix}… is over its tenant's limit of {limit} API {kind} per minute{retry}"
     who = user.get_username()
@@ -312,6 +314,11 @@ class ApiRateThrottle(SimpleRateThrottle):
         tenant = access.tenant if access is not None else None
         key = access.actor.key if access is not None else None
         write = request.method not in READ_METHODS
+        if write:
+            refused = api_write_refusal(tenant=tenant, key=key, user=request.user)
+            if refused is not None:
+                raise refused
+            return True
         wait = self.hit(tenant=tenant, key=key, user=request.user, write=write)
         if wait is None:
             return True
@@ -333,10 +340,17 @@ class ApiRateThrottle(SimpleRateThrottle):
         ident = _ident(tenant=tenant, key=key, user=user)
         if ident is None:
             return None
-        self.num_requests, self.duration = plan_rate(tenant, write=write), WINDOW_S
+        return self._count(ident, plan_rate(tenant, write=write), "write" if write else "read")
+
+    def hit_tenant(self, *, tenant: Tenant) -> float | None:
+        """Count one write of the tenant's, whoever made it, against `api_tenant_write_rpm`: as `hit`."""
+        return self._count(f"tenant_{tenant.id}", int(tenant.api_tenant_write_rpm), "write")
+
+    def _count(self, ident: str, rate: int, scope: str) -> float | None:
+        self.num_requests, self.duration = rate, WINDOW_S
         self.burst, self.burst_refused = burst_of(self.num_requests), False
         self.rate = f"{self.num_requests}/min"
-        self._cache_key = self.cache_format % {"scope": "write" if write else "read", "ident": ident}
+        self._cache_key = self.cache_format % {"scope": scope, "ident": ident}
         try:
             if super().allow_request(None, None):
                 return None
@@ -358,18 +372,41 @@ GATE_COUNTED = "mint.write_counted"
 
 
 def api_write_check(*, tenant: Tenant, user: Any, scope: dict | None = None) -> None:
-    """Count one write of a person outside DRF (a dashboard form) against the same limit as their API writes;
-    `RateLimited` (429 naming the limit) when over it. A write the ASGI upload gate counted already is free."""
+    """Count one write of a person outside DRF (a dashboard form) against the same limits as their API writes;
+    `RateLimited` (429 naming the limit) when over one. A write the ASGI upload gate counted already is free."""
     if scope and scope.get(GATE_COUNTED):
         return
-    wait = api_write_wait(tenant=tenant, key=None, user=user)
+    refused = api_write_refusal(tenant=tenant, key=None, user=user)
+    if refused is not None:
+        raise refused
+
+
+def api_write_refusal(*, tenant: Tenant | None, key: ApiKey | None, user: Any) -> RateLimited | None:
+    """Count one write: against its key's or person's `api_write_rpm`, then, once that allows it, against the
+    tenant's `api_tenant_write_rpm` (all its keys and people together, so that more keys do not mean more
+    writes). None when both allow it, else the refusal naming the limit that was hit. A write refused by its
+    key's limit does not count against the tenant's: one key past its own rate cannot use up its colleagues'.
+    """
+    wait = ApiRateThrottle().hit(tenant=tenant, key=key, user=user, write=True)
     if wait is not None:
-        raise RateLimited(wait=wait, message=_limit_message(tenant=tenant, key=None, user=user, write=True, wait=wait))
+        return RateLimited(wait=wait, message=_limit_message(tenant=tenant, key=key, user=user, write=True, wait=wait))
+    if tenant is None or _ident(tenant=tenant, key=key, user=user) is None:
+        return None
+    wait = ApiRateThrottle().hit_tenant(tenant=tenant)
+    if wait is None:
+        return None
+    limit = int(tenant.api_tenant_write_rpm)
+    return RateLimited(
+        wait=wait,
+        message=f"Tenant {tenant.slug} is over its limit of {limit} API writes per minute for all its keys and "
+        f"people together (api_tenant_write_rpm){burst_note(limit)}; retry in {max(1, math.ceil(wait))} s.",
+    )
 
 
 def api_write_wait(*, tenant: Tenant, key: ApiKey | None, user: Any) -> float | None:
-    """Count one API write outside DRF (the ASGI upload gate) against the same limit as `ApiRateThrottle`.
+    """Count one API write outside DRF against the same limits as `ApiRateThrottle` (`api_write_refusal`).
 
-    Records the hit and returns None when it is allowed, else the seconds to wait (the write is then not counted).
+    Records the hit and returns None when it is allowed, else the seconds to wait.
     """
-    return ApiRateThrottle().hit(tenant=tenant, key=key, user=user, write=True)
+    refused = api_write_refusal(tenant=tenant, key=key, user=user)
+    return None if refused is None else float(refused.wait)

@@ -12,7 +12,7 @@ from tenants import services
 from tenants.access import Actor
 from tenants.auth import KeyRefused, TooManyAuthFailures, authenticate_token
 from tenants.models import Tenant
-from tenants.throttles import api_write_wait, client_bucket, plan_rate
+from tenants.throttles import ApiRateThrottle, api_write_wait, client_bucket, plan_rate
 from tests.conftest import error_of
 from tests.factories import UserFactory
 
@@ -301,3 +301,46 @@ def test_a_minutes_rate_cannot_be_spent_in_one_burst(tenant_a):
     assert refused.status_code == 429
     assert "at most 10 in any 10 s" in error_of(refused)["message"]
     assert 1 <= int(refused["Retry-After"]) <= 10
+
+
+# ---------------------------------------------------------------------------------------------
+# The tenant's writes, all its keys and people together
+
+
+def test_more_keys_do_not_mean_more_writes(tenant_a, dense_base):
+    plan(tenant_a, api_write_rpm=600, api_tenant_write_rpm=60)  # a burst of 10 for the tenant, 100 per key
+    tokens = [
+        tenant_a.key("pipeline", *extra)[1] for extra in ((), ("inference",), ("deploy",), ("inference", "deploy"))
+    ]
+    statuses = []
+    for token in tokens * 3:
+        statuses.append(bearer(token).post("/api/v1/adapters/", {}, format="json").status_code)  # 400: counted
+    assert statuses[:10] == [400] * 10 and statuses[10:] == [429, 429]
+    refused = bearer(tokens[0]).post("/api/v1/adapters/", {}, format="json")
+    error = error_of(refused)
+    assert error["code"] == "rate_limited" and "api_tenant_write_rpm" in error["message"]
+    assert "Tenant acme is over its limit of 60 API writes per minute" in error["message"]
+    assert bearer(tokens[0]).get("/api/v1/").status_code == 200  # reads are not the tenant's writes
+
+
+def test_a_key_past_its_own_rate_does_not_use_up_its_tenants(tenant_a, dense_base):
+    plan(tenant_a, api_write_rpm=2, api_tenant_write_rpm=60)
+    _, greedy = tenant_a.key("pipeline")
+    _, other = tenant_a.key("pipeline", "deploy")
+    for _ in range(20):
+        bearer(greedy).post("/api/v1/adapters/", {}, format="json")
+    assert bearer(other).post("/api/v1/adapters/", {}, format="json").status_code == 400  # not 429
+    tenant = Tenant.objects.get(id=tenant_a.tenant.id)
+    wait = ApiRateThrottle().hit_tenant(tenant=tenant)
+    assert wait is None  # the tenant counted 3 writes (2 of the greedy key, 1 of the other), not 21
+
+
+def test_people_and_keys_share_the_tenants_write_rate(tenant_a, dense_base):
+    plan(tenant_a, api_write_rpm=600, api_tenant_write_rpm=30)  # burst 5
+    person = tenant_a.client_as("owner")
+    _, token = tenant_a.key("pipeline")
+    for _ in range(3):
+        assert person.post("/api/v1/adapters/", {}, format="json").status_code == 400
+    assert bearer(token).post("/api/v1/adapters/", {}, format="json").status_code == 400
+    assert bearer(token).post("/api/v1/adapters/", {}, format="json").status_code == 400
+    assert person.post("/api/v1/adapters/", {}, format="json").status_code == 429
