@@ -117,7 +117,8 @@ class AdapterApiMixin:
 
 
 class AdapterListCreateApi(TenantApi):
-    """The tenant's adapters, newest first; create one on a base model.
+    """The tenant's adapters, newest first, in cursor pages (`next`/`previous` links); `?q=` keeps those whose name
+    matches it (adapters.selectors.adapter_search). Create one on a base model.
 
     Routed by serving (serving.apis), which shows each adapter with its aliases: the catalog cannot.
     """
@@ -129,9 +130,22 @@ class AdapterListCreateApi(TenantApi):
     def get_base_queryset(self):
         return selectors.adapter_list(tenant=self.tenant)
 
-    @extend_schema(responses=AdapterSerializer(many=True))
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "q",
+                str,
+                description="Part of an adapter's name, any case: three characters or more match anywhere in it, "
+                "one or two its start. At most 64 letters, digits, '.', '_' or '-' (400 `invalid_search` otherwise). "
+                "The cursor links keep it.",
+            )
+        ],
+        responses=AdapterSerializer(many=True),
+    )
     def get(self, request):
-        page = self.paginate_queryset(self.get_queryset())
+        # On the tenant's queryset (get_queryset), which serving's subclass shows with aliases.
+        adapters = selectors.adapter_search(self.get_queryset(), q=request.query_params.get("q"))
+        page = self.paginate_queryset(adapters)
         return self.get_paginated_response(self.serializer_class(page, many=True).data)
 
     @extend_schema(

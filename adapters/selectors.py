@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
-from adapters.models import Adapter, AdapterRevision, BaseModel, Evaluation, EvaluationSuite, RevisionState
+from adapters.models import (
+    ADAPTER_NAME_CHARS,
+    ADAPTER_NAME_MAX,
+    Adapter,
+    AdapterRevision,
+    BaseModel,
+    Evaluation,
+    EvaluationSuite,
+    RevisionState,
+)
 from mint_site.errors import MintError
 from tenants.models import Tenant
 
@@ -45,8 +55,52 @@ def base_model_by_name(name: str) -> BaseModel | None:
     return BaseModel.objects.filter(name=name).first()
 
 
-def adapter_list(*, tenant: Tenant) -> QuerySet[Adapter]:
-    return Adapter.objects.filter(tenant=tenant).select_related("base_model")
+def adapter_list(*, tenant: Tenant, q: str | None = None) -> QuerySet[Adapter]:
+    """The tenant's adapters with their base model; with `q`, those whose name matches it (`adapter_search`)."""
+    return adapter_search(Adapter.objects.filter(tenant=tenant).select_related("base_model"), q=q)
+
+
+SEARCH_TERM = re.compile(rf"[{ADAPTER_NAME_CHARS}]{{0,{ADAPTER_NAME_MAX}}}")
+
+
+def adapter_search_term(q: str | None) -> str:
+    """`q` as the catalog searches for it: trimmed and lowercased (names are lowercase, so any case finds them).
+
+    A term no name could contain is refused (400 `invalid_search`) rather than searched for: longer than a name,
+    or with a character names never hold (a NUL byte would not even reach PostgreSQL).
+    """
+    term = (q or "").strip().lower()
+    if len(term) > ADAPTER_NAME_MAX:
+        raise MintError(
+            f"q: at most {ADAPTER_NAME_MAX} characters (the longest adapter name); this one has {len(term)}.",
+            code="invalid_search",
+        )
+    if not SEARCH_TERM.fullmatch(term):
+        raise MintError(
+            "q: adapter names hold only letters, digits, '.', '_' and '-'; search for a part of one.",
+            code="invalid_search",
+        )
+    return term
+
+
+SEARCH_SUBSTRING_MIN = 3  # pg_trgm's trigram: a shorter term cannot use the trigram index
+
+
+def adapter_search(adapters: QuerySet[Adapter], *, q: str | None) -> QuerySet[Adapter]:
+    """`adapters` (already narrowed to one tenant) whose name matches `q`, any case; all of them for an empty `q`.
+
+    Three characters or more match anywhere in the name, one or two the start of it: a term that short is part of
+    most names, says little anywhere else, and no index can find it mid-name, so a search for one that matches
+    nothing would read every adapter of the tenant. Each is one index range of adapters/migrations/
+    0013_adapter_name_search.py (a trigram GIN index led by the tenant, a prefix btree); the measurements behind
+    them are benchmarks/catalog's `big_tenant` (docs/benchmarks.md).
+    """
+    term = adapter_search_term(q)
+    if not term:
+        return adapters
+    if len(term) < SEARCH_SUBSTRING_MIN:
+        return adapters.filter(name__istartswith=term)
+    return adapters.filter(name__icontains=term)
 
 
 def revision_list(*, adapter: Adapter, state: str | None = None) -> QuerySet[AdapterRevision]:

@@ -6,10 +6,19 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from adapters import dispatch, runs
-from adapters.models import Adapter, AdapterRevision, Approval, BaseModel, Evaluation, EvaluationSuite
+from adapters.models import (
+    ADAPTER_NAME_CHARS,
+    ADAPTER_NAME_MAX,
+    Adapter,
+    AdapterRevision,
+    Approval,
+    BaseModel,
+    Evaluation,
+    EvaluationSuite,
+)
 from adapters.services.transitions import RETRYABLE_FAILURE_CODES
 
-ADAPTER_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+ADAPTER_NAME = re.compile(rf"^[a-z0-9][{ADAPTER_NAME_CHARS}]{{0,{ADAPTER_NAME_MAX - 1}}}$")
 # An alias name: `production`, `candidate`, `canary-2`, ... (the gateway parses `<adapter>:<alias>` alike).
 ALIAS_NAME = r"^[a-z][a-z0-9_-]{0,31}$"
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from adapters.models import ADAPTER_NAME_MAX
 from adapters.selectors import adapter_search_term
-from adapters.serializers import ADAPTER_NAME, ALIAS_NAME
+from adapters.serializers import ALIAS_NAME
 from mint_site.errors import MintError
 from tenants.models import Role, Scope
 
@@ -162,16 +162,18 @@ class RevisionFilterForm(forms.Form):
 
 
 class AdapterFilterForm(forms.Form):
-    """The overview's search (a part of the name, a state) and its page: the names the page starts after or ends
-    before (the page links carry them; names are unique in a tenant, so a name is a cursor)."""
+    """The overview's search (a part of the name, a state) and its page: the ids the page starts below or ends
+    above (the page links carry them)."""
 
-    CURSOR_ERROR = "not an adapter name; follow the page links as they are."
+    CURSOR_ERRORS = {k: "not a page of this list; follow the page links as they are." for k in ("invalid", "min_value")}
 
     q = forms.CharField(label="Name contains", max_length=ADAPTER_NAME_MAX, required=False)
     state = forms.ChoiceField(label="State", choices=ADAPTER_STATE_CHOICES, required=False)
-    after = forms.RegexField(ADAPTER_NAME, label="Page after", required=False, error_messages={"invalid": CURSOR_ERROR})
-    before = forms.RegexField(
-        ADAPTER_NAME, label="Page before", required=False, error_messages={"invalid": CURSOR_ERROR}
+    after = forms.IntegerField(
+        label="Page after", required=False, min_value=1, max_value=2**63 - 1, error_messages=CURSOR_ERRORS
+    )
+    before = forms.IntegerField(
+        label="Page before", required=False, min_value=1, max_value=2**63 - 1, error_messages=CURSOR_ERRORS
     )
 
     def clean_q(self) -> str:
@@ -183,7 +185,7 @@ class AdapterFilterForm(forms.Form):
     def clean(self):
         data = super().clean()
         if data.get("after") and data.get("before"):
-            raise forms.ValidationError("A page starts after one name or ends before one, not both.")
+            raise forms.ValidationError("A page starts after one adapter or ends before one, not both.")
         return data
 
 

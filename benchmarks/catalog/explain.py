@@ -70,11 +70,11 @@ def explain_paths(targets: dict, apis: dict[int, Api], probe: tuple[int, str]) -
             continue
         seen.add(sql)
         (plan,) = execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}")[0]
-        plans.append(_plan_summary(label, sql, plan[0] if isinstance(plan, list) else plan))
+        plans.append(plan_summary(label, sql, plan[0] if isinstance(plan, list) else plan))
     return plans
 
 
-def _plan_summary(label: str, sql: str, plan: dict) -> dict:
+def plan_summary(label: str, sql: str, plan: dict) -> dict:
     nodes, indexes, seq_scans, rows_removed = [], [], [], 0
 
     def walk(node: dict) -> None:

@@ -120,13 +120,9 @@ class Catalog:
                 adapter_id = first + i
                 name = f"{WORDS[adapter_id % len(WORDS)]}-{adapter_id}"
                 created = _ts(base_time + starts[i])
-                yield (adapter_id, name, "", created, k, int(tenants[i]), int(bases[i]))
+                yield (adapter_id, name, created, k, int(tenants[i]), int(bases[i]))
 
-        copy_rows(
-            "adapters_adapter",
-            ["id", "name", "description", "created_at", "revision_counter", "tenant_id", "base_model_id"],
-            adapter_rows(),
-        )
+        copy_adapters(adapter_rows())
         last = first + len(counts) - 1
         timings["adapters_s"] = time.perf_counter() - started
 
@@ -190,6 +186,16 @@ class Catalog:
         reset_sequences("serving_placement")
 
 
+def copy_adapters(rows) -> int:
+    """COPY adapters given as (id, name, created_at, revision_counter, tenant_id, base_model_id); no description,
+    no tags."""
+    return copy_rows(
+        "adapters_adapter",
+        ["id", "name", "created_at", "revision_counter", "tenant_id", "base_model_id", "description", "tags"],
+        ((*row, "", "[]") for row in rows),
+    )
+
+
 PLACEMENT_COLUMNS = [
     "node_id",
     "revision_id",
@@ -203,6 +209,7 @@ PLACEMENT_COLUMNS = [
     "attempts",
     "failure_reason",
     "updated_at",
+    "load_source",
 ]
 
 
@@ -221,6 +228,7 @@ def _placement(node_id: int, revision_id: int, state: str, now: str) -> tuple:
         1 if state != "queued" else 0,
         "vLLM answered 500: rank 64 over --max-lora-rank 16" if state == "failed" else "",
         now,
+        "",
     )
 
 
@@ -235,7 +243,7 @@ REVISIONS_SQL = """
 INSERT INTO adapters_adapterrevision (
     adapter_id, number, state, source_uri, export_uri, sha256, size_bytes, rank, alpha, target_modules,
     training_step, policy_record, failure_reason, failure_code, created_at, validated_at, exported_at,
-    decided_at, updated_at, created_by_id, created_by_key_id, parent_id)
+    decided_at, updated_at, created_by_id, created_by_key_id, parent_id, metrics)
 SELECT adapter_id, n, state,
        format('t/%%s/incoming/run-%%s/step-%%s/', tenant_id, adapter_id, n * 500),
        CASE WHEN state IN ('exported', 'pending_approval', 'approved', 'rejected')
@@ -255,7 +263,7 @@ SELECT adapter_id, n, state,
        created, CASE WHEN state <> 'registered' THEN created + interval '2 s' END,
        CASE WHEN state IN ('exported', 'pending_approval', 'approved', 'rejected') THEN created + interval '9 s' END,
        CASE WHEN state IN ('approved', 'rejected') THEN created + interval '1 hour' END,
-       created, NULL, NULL, NULL
+       created, NULL, NULL, NULL, '{}'::jsonb
 FROM (
     SELECT a.id AS adapter_id, a.tenant_id, n, u,
            a.created_at + make_interval(secs => n * least(259200.0, 31536000.0 / a.revision_counter)) AS created,

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 import benchmarks.catalog as package
-from benchmarks.catalog import DB_NAME, NODES, QUICK_SIZES, SEED, SIZES, TARGET, TENANTS
+from benchmarks.catalog import DB_NAME, NODES, QUICK_SIZES, SEED, SIZES, TARGET, TENANTS, big_tenant, search_plans
 from benchmarks.catalog.db import clone_database, disconnect, drop_database, setup_django, use_database
 from benchmarks.catalog.explain import explain_paths, measure_resolution_server, table_sizes
 from benchmarks.catalog.load import Catalog
@@ -70,6 +70,7 @@ def main() -> int:
     # the machine falls on every size alike rather than on whichever was measured at the time.
     rounds, cold_n, cached_n, list_n, register_n = (2, 100, 1000, 10, 6) if args.quick else (5, 3000, 20000, 200, 100)
     server_n = 50 if args.quick else 1000
+    big_n = 4 if args.quick else 100  # per case, over all rounds
     work = Path(tempfile.mkdtemp(prefix="mint-bench-catalog-"))
     total_started = time.perf_counter()
     states: list[SizeState] = []
@@ -115,6 +116,16 @@ def main() -> int:
                 file=sys.stderr,
                 flush=True,
             )
+        # The tenant with 10^5 adapters joins the largest catalog once every size is measured (it would change
+        # their shapes): its list and search pages, in rounds as well.
+        use_database(db_name)
+        print("catalog: one tenant with many adapters", file=sys.stderr, flush=True)
+        big = big_tenant.load_big_tenant(catalog, big_tenant.QUICK_ADAPTERS if args.quick else big_tenant.ADAPTERS)
+        for round_ in range(rounds):
+            print(f"catalog: round {round_ + 1}/{rounds} of the big tenant", file=sys.stderr, flush=True)
+            big_tenant.measure_big_tenant(big, big_n // rounds)
+        big_result = big_tenant.summarize(big)
+        big_result["search_plans"] = search_plans.explain_searches(big)
     finally:
         if states:
             disconnect()
@@ -145,6 +156,8 @@ def main() -> int:
         "resolution_cached_p99_ms": max(r["resolution"]["cached"]["p99_ms"] for r in results),
         "list_p95_ms": max(r["list_p95_ms"] for r in results),
         "registration_p95_ms": max(r["registration"]["p95_ms"] for r in results),
+        "big_tenant": big_result,
+        **{k: big_result[k] for k in big_tenant.KEYS},
         "ratio_sizes": [first["revisions"], last["revisions"]],
         "target": TARGET,
         "load_s": round(load_s, 1),

@@ -16,9 +16,6 @@ pytestmark = pytest.mark.django_db
 EXPECTED = {
     # adapters, aliases, readiness; nodes with tier counts, own placements; base models (the create form)
     "/": 3 + 5 + 1,
-    "/?q=SUPPORT": 3 + 5 + 1,  # a search, a page further on, a state filter: the same reads, narrowed in SQL
-    "/?q=bot&after=more-1": 3 + 5 + 1,
-    "/?before=zzz&state=awaiting": 3 + 5 + 1,
     # adapter, aliases, newest evaluation suite; revisions: count, page, approvals, placements
     "/adapters/support-bot/": 3 + 3 + 4,
     "/adapters/support-bot/?fragment=revisions": 3 + 3 + 4,
@@ -29,6 +26,9 @@ EXPECTED = {
     "/audit/?since=2000-01-01&until=2999-01-01": 3 + 3,
     "/keys/": 3 + 2,  # count, page (created_by joined)
 }
+
+# A search, a page further on, a state filter: the overview's reads, each narrowed in SQL.
+EXPECTED |= {url: EXPECTED["/"] for url in ("/?q=SUPPORT", "/?q=bot&after=999999999", "/?before=1&state=awaiting")}
 
 
 def many_keys(world, n: int) -> None:
