@@ -570,6 +570,8 @@ AXES_ENABLE_ADMIN = False  # its admin pages would list the database tables the 
 # (--forwarded-allow-ips), and any other header is the client's to forge.
 AXES_CLIENT_IP_CALLABLE = "frontend.views.auth.login_client_address"
 AXES_LOCKOUT_CALLABLE = "frontend.views.auth.login_locked_out"
+# A single sign-on callback checks no password (the issuer did): it is neither counted nor locked out.
+AXES_WHITELIST_CALLABLE = "frontend.views.auth.not_a_password_attempt"
 # A good password clears the count for that username and address (only its owner can do that).
 AXES_RESET_ON_SUCCESS = True
 # A refused attempt during the cool-off starts it again (django-axes' default, named here because the lockout

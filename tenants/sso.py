@@ -90,6 +90,11 @@ class SsoBackend(OIDCAuthenticationBackend):
         self.provider: IdentityProvider | None = None
         self.tenant: Tenant | None = None
 
+    def get_user(self, user_id: Any):
+        """The signed-in person of a session this backend started; None once deactivated (as ModelBackend)."""
+        user = self.UserModel._default_manager.filter(pk=user_id).first()
+        return user if user is not None and user.is_active else None
+
     def get_settings(self, attr: str, *args: Any) -> Any:
         ours = oidc_settings(self.provider)
         if attr in ours:

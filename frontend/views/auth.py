@@ -94,6 +94,12 @@ def login_client_address(request: HttpRequest) -> str | None:
     return request.META.get("REMOTE_ADDR")
 
 
+def not_a_password_attempt(request: HttpRequest, credentials: dict | None = None) -> bool:
+    """django-axes' whitelist hook: a single sign-on callback (its credentials are a nonce and a code, checked
+    by the issuer, never a password) is not a sign-in attempt to count; password sign-ins always are."""
+    return bool(credentials) and credentials.get("nonce") is not None and not credentials.get("password")
+
+
 def login_locked_out(request: HttpRequest, original_response: Any = None, credentials: Any = None) -> HttpResponse:
     """The 429 page for a locked-out username + address, saying why and when to try again.
 

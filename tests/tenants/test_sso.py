@@ -41,6 +41,10 @@ def test_a_person_of_the_issuer_signs_in_and_joins_with_the_default_role(tenant_
     again = Client()
     assert oidc_provider.sign_in(again, "acme", "ada").status_code == 302
     assert SsoIdentity.objects.count() == 1 and who(again)["principal"] == "ada"
+    # A deactivated account's single sign-on session ends with it.
+    identity.user.is_active = False
+    identity.user.save(update_fields=["is_active"])
+    assert again.get("/api/v1/").status_code in (401, 403)
 
 
 def test_invitation_only_tenant_refuses_strangers_and_admits_the_invited(tenant_a, oidc_provider):  # noqa: F811
@@ -94,3 +98,12 @@ def test_a_tenant_without_single_sign_on_has_none(tenant_a, tenant_b, oidc_provi
     assert oidc_provider.sign_in(browser, "acme", "ada").status_code == 302
     assert not Membership.objects.filter(tenant=tenant_b.tenant, user__username="ada").exists()
     assert browser.get("/api/v1/", HTTP_X_MINT_TENANT="globex").status_code == 404
+
+
+def test_refused_sign_ins_through_the_issuer_never_lock_out_the_address(tenant_a, oidc_provider, settings):  # noqa: F811
+    # The callback checks no password (the issuer did): django-axes neither counts nor locks it out.
+    bind(tenant_a.tenant, oidc_provider, "wrong-audience")
+    for _ in range(settings.AXES_FAILURE_LIMIT + 1):
+        assert oidc_provider.sign_in(Client(), "acme", "ada").status_code == 403
+    bind(tenant_a.tenant, oidc_provider, "mint")
+    assert oidc_provider.sign_in(Client(), "acme", "ada").status_code == 302
