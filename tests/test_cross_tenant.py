@@ -156,7 +156,9 @@ def test_routes_are_found():
 def test_object_routes_answer_404_for_another_tenants_objects(tenant_a, tenant_b, principal):
     # Two requests per route and method, far past a plan's burst: the throttle (tests/tenants/test_throttles.py)
     # would answer 429 before the object is looked up, which is not what this test is about.
-    Tenant.objects.filter(id=tenant_a.tenant.id).update(api_read_rpm=100_000, api_write_rpm=100_000)
+    Tenant.objects.filter(id=tenant_a.tenant.id).update(
+        api_read_rpm=100_000, api_write_rpm=100_000, api_tenant_write_rpm=100_000
+    )
     client = tenant_a.client_as(principal)
     checked = 0
     for route, view in tenant_routes():
@@ -241,3 +243,40 @@ def test_an_owner_of_a_cannot_invite_into_list_or_change_b(tenant_a, tenant_b):
     assert roles_b == {f"globex-{role}": role for role in ("owner", "approver", "developer", "viewer")}
     b_pending.refresh_from_db()
     assert b_pending.state == "pending" and Invitation.objects.filter(tenant=tenant_b.tenant).count() == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Download links (adapters/downloads.py): a link is the capability for one file of one revision. Tenant A never
+# gets one for B's revision (the route answers 404, above), and no edit of A's link reaches B's files.
+
+
+def test_a_download_link_of_a_cannot_be_bent_to_bs_revision(tenant_a, tenant_b, client):
+    from django.core import signing
+
+    b_rev = b_revision(tenant_b)
+    AdapterRevision.objects.filter(id=b_rev.id).update(
+        export_uri="t/b/export", policy_record={"files": [{"name": "adapter_model.safetensors"}]}
+    )
+    base = BaseModel.objects.get(name="cross-tenant-base")
+    a_adapter = Adapter.objects.create(tenant=tenant_a.tenant, name="acme-bot", base_model=base)
+    a_rev = AdapterRevision.objects.create(
+        adapter=a_adapter,
+        number=1,
+        state="approved",
+        source_uri="x",
+        export_uri="t/a/export",
+        policy_record={"files": [{"name": "adapter_model.safetensors"}]},
+    )
+    link = tenant_a.client_as("owner").get("/api/v1/adapters/acme-bot/revisions/1/download/").json()["files"][0]
+    token = link["url"].rstrip("/").rsplit("/", 1)[-1]
+    payload = signing.loads(token, salt="mint.adapters.download")
+    assert payload == {"r": a_rev.id, "f": "adapter_model.safetensors"}
+    # The payload is signed: naming B's revision in it breaks the signature, whatever else stays the same.
+    _, _, signature = token.rpartition(":")
+    forged = signing.dumps({"r": b_rev.id, "f": "adapter_model.safetensors"}, salt="mint.adapters.download")
+    bent = forged.rpartition(":")[0] + ":" + signature
+    for attempt in (bent, forged.replace(forged[:4], token[:4], 1)):
+        response = client.get(f"/api/v1/downloads/{attempt}/")
+        assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+    denied = tenant_a.client_as("owner").get(f"/api/v1/adapters/{b_rev.adapter.name}/revisions/1/download/")
+    assert denied.status_code == 404
