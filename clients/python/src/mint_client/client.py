@@ -23,6 +23,7 @@ from mint_client._http import Http
 from mint_client.errors import (
     ConfigurationError,
 )
+from mint_client.lifecycle import LifecycleMixin
 from mint_client.models import (
     Adapter,
     Alias,
@@ -47,7 +48,7 @@ M = TypeVar("M", bound=Model)
 DEFAULT_UPLOAD_THRESHOLD = 64 * 1024 * 1024
 
 
-class Client(UploadsMixin, WaitingMixin, SamplingMixin):
+class Client(UploadsMixin, WaitingMixin, SamplingMixin, LifecycleMixin):
     """A MinT API client acting with one API key (`mint_<prefix>_<secret>`).
 
     `base_url` and `api_key` default to MINT_BASE_URL and MINT_API_KEY. `retries` bounds the retries of

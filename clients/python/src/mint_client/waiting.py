@@ -37,7 +37,11 @@ class WaitingMixin:
             while True:
                 current = self.revision(adapter, number)
                 if status is not None:
-                    status.update(f"{adapter} {current.label}: {current.state} (waiting for {state})")
+                    waited = time.monotonic() - (deadline - timeout)
+                    stalled = f"; stalled: {current.stalled_reason}" if current.stalled else ""
+                    status.update(
+                        f"{adapter} {current.label}: {current.state} (waiting for {state}, {waited:.0f} s){stalled}"
+                    )
                 if on_poll is not None:
                     on_poll(current)
                 if current.state == "failed" and state != "failed":
@@ -81,7 +85,8 @@ class WaitingMixin:
         `canary=True` until the alias's canary of that revision routes its share. Raises `ActivationFailed`
         when its placement failed or the activation was withdrawn, `WaitTimeout` after `timeout` s."""
         label = f"r{revision_number(revision)}"
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         delay = interval
         status = _status(show_progress, f"{adapter}:{alias}: waiting for {label}")
         try:
@@ -91,9 +96,7 @@ class WaitingMixin:
                     if on_poll is not None:
                         on_poll(found)
                     if status is not None:
-                        status.update(
-                            f"{adapter}:{alias} → {found.revision or '-'}; {found.reason or found.phase or ''}"
-                        )
+                        status.update(_alias_progress(adapter, alias, label, found, time.monotonic() - started))
                     if canary:
                         c = found.canary or {}
                         if c.get("revision") == label and c.get("routing"):
@@ -117,6 +120,17 @@ class WaitingMixin:
         finally:
             if status is not None:
                 status.stop()
+
+
+def _alias_progress(adapter: str, alias: str, label: str, found: Alias, waited: float) -> str:
+    """One line of a wait for an alias: what it serves, the phase of what it waits for (and its place in the
+    node's queue), for how long, and the server's reason."""
+    pending = found.pending or {}
+    phase = pending.get("phase") or ("live" if found.revision == label else "requested")
+    position = pending.get("position")
+    where = f" #{position} in {pending.get('node') or 'the'} queue" if position else ""
+    reason = f": {pending['reason']}" if pending.get("reason") else ""
+    return f"{adapter}:{alias} serves {found.revision or '-'}; {label} {phase}{where} ({waited:.0f} s){reason}"
 
 
 def _status(show: bool, text: str):

@@ -57,6 +57,7 @@ def main(argv: Sequence[str] | None = None, *, make_client: Callable[..., Client
     except KeyboardInterrupt:
         return 130
     except (errors.MintError, ValueError, FileNotFoundError) as exc:
+        exc = _explained(ctx, exc)
         code = EXIT_USAGE if isinstance(exc, FileNotFoundError) else exit_code_for(exc)
         if ctx.json:
             body = (
@@ -73,6 +74,39 @@ def main(argv: Sequence[str] | None = None, *, make_client: Callable[..., Client
         return code
     finally:
         ctx.close()
+
+
+# The server names its API fields; a person at the command line reads the flags that set them.
+_FLAGS = {"send allow_duplicate=true": "pass --allow-duplicate", "with allow_duplicate=true": "with --allow-duplicate"}
+
+
+def _flags(text: str) -> str:
+    for field, flag in _FLAGS.items():
+        text = text.replace(field, flag)
+    return text
+
+
+def _explained(ctx: Context, exc: BaseException) -> BaseException:
+    """The error as a person at the command line reads it: a bare "Not found." names what the command looked for
+    (an adapter, or a revision of one that exists), and API fields are named by their flags."""
+    if isinstance(exc, errors.NotFound) and exc.message.strip(" .").lower() in ("not found", ""):
+        adapter = getattr(ctx.args, "adapter", None)
+        revision = getattr(ctx.args, "revision", None)
+        if adapter:
+            message = f"No adapter named {adapter!r} in the tenant this key acts for."
+            if revision is not None:
+                try:
+                    ctx.client().adapter(adapter)
+                except errors.MintError:
+                    pass
+                else:
+                    message = f"{adapter} has no r{str(revision).removeprefix('r')}."
+            return errors.NotFound(message, code=exc.code, status=exc.status, detail=exc.detail)
+    if isinstance(exc, errors.MintError) and "allow_duplicate=true" in exc.message:
+        exc.message = _flags(exc.message)
+    if isinstance(exc, errors.RevisionFailed):
+        exc.failure_reason = _flags(exc.failure_reason)
+    return exc
 
 
 def _human(exc: BaseException) -> str:

@@ -242,7 +242,17 @@ def cmd_activate(ctx: Context) -> int:
 
 def cmd_rollback(ctx: Context) -> int:
     a = ctx.args
-    _show_alias(ctx, a.adapter, ctx.client().rollback(a.adapter, a.revision, alias=a.alias))
+    client = ctx.client()
+    alias = client.rollback(a.adapter, a.revision, alias=a.alias)
+    if a.wait and alias.desired_revision:
+        alias = client.wait_for_alias(
+            a.adapter,
+            alias.desired_revision,
+            alias=a.alias or "production",
+            timeout=a.timeout,
+            show_progress=not ctx.json,
+        )
+    _show_alias(ctx, a.adapter, alias)
     return EXIT_OK
 
 
@@ -318,7 +328,7 @@ def cmd_usage(ctx: Context) -> int:
         for column in [*usage.columns, *counts]:
             table.add_column(column)
         for row in usage.rows:
-            table.add_row(*[str(row.get(c, "")) for c in [*usage.columns, *counts]])
+            table.add_row(*["-" if row.get(c) is None else str(row.get(c)) for c in [*usage.columns, *counts]])
         ctx.console.print(table)
 
     ctx.emit(usage.raw, render)

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from mint_client.cli import commands, keys, members, rollouts
+from mint_client.cli import commands, keys, lifecycle, members, rollouts
 
 
 def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None, help="prompt i samples with seed + i")
+    p.add_argument("--seed", type=int, default=None, help="prompt i is seeded seed + i*n (each sample its own)")
     p.add_argument("--no-logprobs", action="store_true", help="leave out token ids and log-probabilities")
     p.add_argument("--routed-experts", action="store_true", help="the experts each token was routed to (MoE, R3)")
     p.add_argument("--concurrency", type=int, default=8, help="requests at once (default 8)")
@@ -122,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("adapter")
     p.add_argument("revision", nargs="?", default=None)
     alias(p)
+    p.add_argument("--wait", action="store_true", help="wait until the alias serves it again")
+    p.add_argument("--timeout", type=float, default=900.0)
     for name, handler, text in (
         ("promote", commands.cmd_promote, "flip an alias to its canary"),
         ("cancel", commands.cmd_cancel, "withdraw an alias's pending activation"),
@@ -133,6 +135,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("adapter")
     alias(p)
     p.add_argument("--reason", default="")
+    # The rest of an adapter's life (mint_client/cli/lifecycle.py).
+    p = command("deactivate", lifecycle.cmd_deactivate, "take an alias down: its requests answer 404")
+    p.add_argument("adapter")
+    alias(p)
+    p = command("archive", lifecycle.cmd_archive, "archive a revision no alias names (its files are removed)")
+    rev(p)
+    p.add_argument("--keep-source", action="store_true", help="keep its source so `mint restore` can bring it back")
+    p.add_argument("--reason", default="")
+    p = command("restore", lifecycle.cmd_restore, "restore an archived revision whose source was kept")
+    rev(p)
+    p = command("keep", lifecycle.cmd_keep, "mark a revision keep: retention never archives it")
+    rev(p)
+    p.add_argument("--off", action="store_true", help="unmark it")
+    p = command("retention", lifecycle.cmd_retention, "an adapter's retention and its dry run; set it")
+    p.add_argument("adapter")
+    p.add_argument("--keep-last", type=int, default=None, help="keep the newest N exported revisions")
+    p.add_argument("--grace-days", type=int, default=None, help="keep what an alias named within D days")
+    p.add_argument("--plan", action="store_true", help="drop the adapter's own policy: the tenant plan's applies")
+    p = command("edit-adapter", lifecycle.cmd_edit_adapter, "change an adapter's description and tags")
+    p.add_argument("adapter")
+    p.add_argument("--description", default=None)
+    p.add_argument("--tag", action="append", default=None, help="a tag (repeat; replaces the tags)")
+    p = command("delete-adapter", lifecycle.cmd_delete_adapter, "delete an adapter with no live alias")
+    p.add_argument("adapter")
+    p.add_argument("--yes", default=None, metavar="ADAPTER", help="the adapter's name again, to confirm")
+    p = command("diff", lifecycle.cmd_diff, "two revisions side by side (config, modules, scores)")
+    p.add_argument("adapter")
+    p.add_argument("a", help="r<n>")
+    p.add_argument("b", help="r<n>")
+    p = command("lineage", lifecycle.cmd_lineage, "a revision's parent chain and children")
+    rev(p)
+    p = command("download", lifecycle.cmd_download, "fetch a revision's exported files")
+    rev(p)
+    p.add_argument("--to", default=".", help="the folder to write them to (default .)")
     p = command("logs", commands.cmd_logs, "the tenant's audit log (oldest of the last --limit first)")
     p.add_argument("--action", default=None)
     p.add_argument("--target", default=None)
