@@ -75,7 +75,7 @@ def test_samples_come_back_in_prompt_order_with_token_ids_and_logprobs():
     assert [s.text for s in samples[:3]] == ["p00-0", "p00-1", "p00-2"]
     assert samples[5].token_ids == [len(prompts[1]), 2, 7] and samples[5].logprobs == [-0.5, -3.0, -2.0]
     sent = sorted(bodies, key=lambda b: b["seed"])
-    assert [b["seed"] for b in sent] == list(range(100, 112))
+    assert [b["seed"] for b in sent] == list(range(100, 136, 3))  # the engine seeds choice j with seed + j
     assert {b["model"] for b in sent} == {"policy@r7"}
     assert all(b["logprobs"] == 0 and b["return_tokens_as_token_ids"] is True for b in sent)
     assert all(b["n"] == 3 and b["max_tokens"] == 8 and "return_routed_experts" not in b for b in sent)

@@ -144,7 +144,8 @@ class SamplingMixin:
     ) -> list[Sample]:
         """Sample `n` completions of each prompt (text, or token ids) from `adapter` r`revision`; the samples in
         prompt order (each prompt's `n` by index). `logprobs`: each sampled token's log-probability and id;
-        `seed`: one per request (prompt `i` gets `seed + i`, so prompts differ and a rerun repeats);
+        `seed`: prompt `i` is sent with `seed + i * n` (the engine seeds its `n` samples from there on, one each:
+        every sample of the rollout has a seed of its own);
         `routed_experts`: the experts each token was routed to, from nodes that return them (MoE, R3).
         `retries` (default the client's) bounds the retries of each request; the first error left raises."""
         model = f"{adapter}@r{revision_number(revision)}"
@@ -163,7 +164,7 @@ class SamplingMixin:
         def one(i: int) -> list[Sample]:
             body = {**base, "prompt": prompts[i]}
             if seed is not None:
-                body["seed"] = seed + i
+                body["seed"] = seed + i * n
             response = self._http.request("POST", "/v1/completions", json=body, idempotent=True, retries=retries)
             return samples_of(response.json(), i)
 
