@@ -73,6 +73,12 @@ def parse_url(url: str, *, max_length: int) -> Target:
     host = (parts.hostname or "").rstrip(".")
     if not host:
         raise Refused("The URL names no host.")
+    if _literal(host) is None and (len(host) > 253 or any(len(label) > 63 for label in host.split("."))):
+        # Said plainly here: the resolver would refuse it with an encoder's error about labels.
+        raise Refused(
+            f"The URL's host name is {len(host)} characters long; a host name has at most 253, and each part "
+            "between dots at most 63."
+        )
     if port == 0:
         raise Refused("The URL's port is 0.")
     path = parts.path or "/"
@@ -162,7 +168,10 @@ def check_addresses(host: str, addresses: list[IPAddress], *, allow_private: boo
         problem = address_problem(ip, allow_private=allow_private)
         if problem:
             shown = "" if _literal(host) is not None else f"{host} resolves to "
-            raise Refused(f"Webhook receivers on private networks are refused: {shown}{problem}.")
+            raise Refused(
+                f"Webhook receivers on private networks are refused: {shown}{problem}. An operator can allow "
+                "them with the setting MINT_WEBHOOK_ALLOW_PRIVATE=1 (a laptop, a closed network)."
+            )
     return addresses[0]
 
 

@@ -19,6 +19,12 @@ def base_models() -> QuerySet[BaseModel]:
     return adapter_selectors.base_model_list()
 
 
+def adapters_missing(tenant, names: list[str]) -> list[str]:
+    """Which of `names` are no adapter of the tenant (a key's allow-list names adapters exactly)."""
+    found = set(Adapter.objects.filter(tenant=tenant, name__in=names).values_list("name", flat=True))
+    return [n for n in names if n not in found]
+
+
 def retention_of(adapter: Adapter) -> dict:
     """The policy in force and its dry run (what it would archive now, and why it keeps the rest)."""
     return serving_services.retention_preview(adapter=adapter)

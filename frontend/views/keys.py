@@ -8,8 +8,10 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from adapters.serializers import ADAPTER_NAME
 from frontend import selectors
 from frontend.forms import ApiKeyCreateForm, form_errors
+from frontend.selectors import lifecycle
 from frontend.views.base import act, anchor_tag, check_tenant_field, check_write_rate, page, safe_next
 from mint_site.errors import MintError
 from tenants import services
@@ -34,6 +36,11 @@ def api_keys(request: HttpRequest) -> HttpResponse:
         try:
             check_tenant_field(request)
             check_write_rate(request)
+            # Names that are no names at all are the service's to refuse (it says what a name is made of).
+            names = [n for n in form.cleaned_data["adapters"] if ADAPTER_NAME.match(n)] if form.is_valid() else []
+            missing = lifecycle.adapters_missing(viewer.tenant, names)
+            if missing:  # a misspelt name makes a key that calls nothing it was meant for: said now, not at 404s
+                form.add_error("adapters", f"no adapter named {', '.join(missing)} in {viewer.tenant.slug}.")
             if form.is_valid():
                 key, token = services.api_key_create(
                     tenant=viewer.tenant,

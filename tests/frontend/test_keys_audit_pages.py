@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from adapters.models import Adapter
 from tenants.access import Actor
 from tenants.auth import authenticate_token
 from tenants.models import ApiKey
@@ -28,7 +29,9 @@ def test_owner_creates_a_key_and_sees_its_token_once(tenant_a):
     assert key.scopes == ["deploy", "pipeline"] and key.created_by == tenant_a.users["owner"]
 
 
-def test_a_key_is_made_with_its_adapters_and_token_limits(tenant_a):
+def test_a_key_is_made_with_its_adapters_and_token_limits(tenant_a, dense_base):
+    for name in ("support-bot", "triage"):
+        Adapter.objects.create(tenant=tenant_a.tenant, name=name, base_model=dense_base)
     client = page_client(tenant_a.users["owner"])
     form = {
         "name": "bot-only",
@@ -46,6 +49,15 @@ def test_a_key_is_made_with_its_adapters_and_token_limits(tenant_a):
         500000,
     )
     assert "adapters: support-bot, triage" in response.content.decode()
+
+
+def test_an_allow_list_naming_no_adapter_of_the_tenant_is_refused(tenant_a, tenant_b, adapter_a, adapter_b):
+    client = page_client(tenant_a.users["owner"])
+    form = {"name": "typo", "scopes": ["inference"], "adapters": f"support-bot, suport-bot, {adapter_b.name}"}
+    response = client.post("/keys/", form, follow=True)
+    shown = response.content.decode()
+    assert f"no adapter named suport-bot, {adapter_b.name} in acme." in shown  # another tenant's is none of A's
+    assert not ApiKey.objects.filter(tenant=tenant_a.tenant, name="typo").exists()
 
 
 def test_a_bad_key_limit_is_named_and_nothing_is_made(tenant_a):
