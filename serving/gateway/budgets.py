@@ -1,13 +1,17 @@
-"""Tokens per minute and monthly token budgets, per tenant and per key: counted after the fact, shared in Redis.
+"""Tokens per minute and monthly token budgets, per tenant and per key: reserved at admission, settled at the end,
+shared in Redis.
 
 The gateway has no tokenizer: a request's tokens are known only once its node has answered (vLLM's `usage`, a
-stream's last chunk; serving/gateway/metering.py fills the request's `Tally`). So the limits are checked when a
-request arrives, against the tokens of the requests already answered. A request arriving while its tenant's (or
-key's) counter has reached the limit is refused: 429 `tokens_per_minute_exceeded` (a fixed one-minute window,
-`Retry-After` to its end) or 429 `budget_exhausted` (a calendar month, UTC; `Retry-After` to the first instant of
-the next month, which the message names with the budget). What was admitted before still finishes and counts,
-so the overshoot is bounded by the requests in flight when the counter passes the limit (at most the tenant's
-`max_inflight_requests`), each at most its prompt plus `n` times `max_tokens`.
+stream's last chunk; serving/gateway/metering.py fills the request's `Tally`). So a request arriving while its
+tenant's (or key's) counter has reached the limit is refused: 429 `tokens_per_minute_exceeded` (a fixed
+one-minute window, `Retry-After` to its end) or 429 `budget_exhausted` (a calendar month, UTC; `Retry-After` to
+the first instant of the next month, which the message names with the budget). A request admitted adds what it
+may cost at most to every limited counter at once (`admit`: `max_tokens` times `n` plus an estimate of its prompt,
+serving/gateway/policy/fields.py), and gives it back when it ends, when what it used is counted (`spend`). So
+requests arriving together see each other's reservations: past a limit by at most one request's reservation
+(the last one admitted), whatever the concurrency, within one process; across processes, as of each one's last
+sync (below). Reservations stay in the process that made them: Redis totals (and the budget events read from
+them) are only ever what was used.
 
 A request never waits on Redis (the pattern of ratelimit.py and inflight.py). Each process keeps, per counter,
 the total as Redis last reported it (`known`) and its own tokens not yet sent there (`pending`), and decides on
@@ -49,8 +53,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
@@ -60,7 +63,15 @@ from redis.exceptions import RedisError
 
 from serving import services as serving_services
 from serving.gateway import GatewayError
-from serving.services.budgets import BUDGET_THRESHOLDS
+from serving.gateway.token_counts import SYNC_SCRIPT, Count, Reservation
+from serving.services.budgets import (  # the counters' Redis layout, shared with the evaluation runner
+    BUDGET_THRESHOLDS,
+    KEY_PREFIX,  # noqa: F401  (the counters' prefix, for those who read them: tests, benchmarks)
+    WINDOW_S,
+    Period,
+    month_key,
+    window_key,
+)
 
 if TYPE_CHECKING:
     from serving.gateway.auth import Caller
@@ -68,8 +79,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KEY_PREFIX = "mint:gw:tokens"
-WINDOW_S = 60
 FRESH_S = 1.0  # how old a counter's total may be before a request that checks it asks for it again
 IDLE_S = 600.0  # a counter nobody checked or spent on for this long is forgotten (read again when next needed)
 # After a failure, do not try Redis again for this long (a dead Redis must not cost a timeout on every sync).
@@ -82,88 +91,6 @@ TOKENS_REFUSED = Counter(
     "Requests refused 429 by a token limit, by tenant and code (tokens_per_minute_exceeded, budget_exhausted).",
     ["tenant", "code"],
 )
-
-# KEYS: counters. ARGV[3i-2]: tokens to add to KEYS[i]; ARGV[3i-1]: 1 creates it when absent (a minute's window),
-# 0 leaves an absent one absent (a month's, rebuilt from the database first); ARGV[3i]: its lifetime in seconds,
-# set when it has none. Returns each counter's total, or -1 for an absent month.
-_SYNC = """
-local out = {}
-for i, key in ipairs(KEYS) do
-  local add, create, ttl = tonumber(ARGV[3 * i - 2]), ARGV[3 * i - 1] == '1', tonumber(ARGV[3 * i])
-  if create or redis.call('EXISTS', key) == 1 then
-    out[i] = redis.call('INCRBY', key, add)
-    if redis.call('TTL', key) < 0 then
-      redis.call('EXPIRE', key, ttl)
-    end
-  else
-    out[i] = -1
-  end
-end
-return out
-"""
-
-
-def who(tenant_id: int, key_id: int | None) -> str:
-    return f"k{key_id}" if key_id is not None else f"t{tenant_id}"
-
-
-def window_key(tenant_id: int, key_id: int | None, minute: int) -> str:
-    return f"{KEY_PREFIX}:tpm:{who(tenant_id, key_id)}:{minute}"
-
-
-def month_key(tenant_id: int, key_id: int | None, month: str) -> str:
-    return f"{KEY_PREFIX}:month:{who(tenant_id, key_id)}:{month}"
-
-
-@dataclass(frozen=True, slots=True)
-class Period:
-    """The minute window and the calendar month (UTC) an instant falls in."""
-
-    minute: int  # the window's index: seconds since the epoch // 60
-    month: str  # YYYY-MM
-    month_start: datetime
-    month_end: datetime  # the next month's first instant
-
-    @classmethod
-    def at(cls, now: float) -> Period:
-        moment = datetime.fromtimestamp(now, tz=UTC)
-        start = moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-        end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
-        return cls(minute=int(now // WINDOW_S), month=start.strftime("%Y-%m"), month_start=start, month_end=end)
-
-    @property
-    def minute_end(self) -> float:
-        return (self.minute + 1) * WINDOW_S
-
-
-@dataclass(eq=False, slots=True)
-class _Count:
-    """One counter as this process knows it: a tenant's or a key's tokens in a minute window or a month."""
-
-    redis_key: str
-    tenant_id: int
-    key_id: int | None  # None: the tenant's
-    period: Period
-    month: bool
-    known: int = 0  # the total across processes, as of the last sync
-    pending: int = 0  # this process's tokens not yet added in Redis
-    read_at: float = -math.inf  # when Redis last reported the total (monotonic)
-    used_at: float = 0.0  # when a request last checked or spent on it (monotonic)
-    budget: int = 0  # month: the budget it was last checked against (0: none; kept only while Redis has it)
-    key_prefix: str = ""
-    absent: bool = False  # month: Redis had no such counter at the last sync
-    seeding: bool = False  # month: being rebuilt from the database
-    seed_after: float = 0.0  # month: no rebuild before (monotonic), after one failed
-    crossed: set[tuple[int, int]] = field(default_factory=set)  # (budget, threshold) whose event was asked for
-
-    @property
-    def total(self) -> int:
-        return self.known + self.pending
-
-    def ttl(self, now: float) -> int:
-        if not self.month:
-            return 2 * WINDOW_S
-        return max(WINDOW_S, int(self.period.month_end.timestamp() - now) + 86400)
 
 
 class TokenLimits:
@@ -179,9 +106,9 @@ class TokenLimits:
     ) -> None:
         self._background, self._client, self._db = background, client, db
         self.clock = clock  # wall-clock seconds: windows and months follow it (tests move it)
-        self._windows: dict[tuple[int, int | None, int], _Count] = {}  # (tenant id, key id, minute) → count
-        self._months: dict[tuple[int, int | None, str], _Count] = {}  # (tenant id, key id, month) → count
-        self._dirty: set[_Count] = set()  # counts to sync: tokens to send, or a total to read
+        self._windows: dict[tuple[int, int | None, int], Count] = {}  # (tenant id, key id, minute) → count
+        self._months: dict[tuple[int, int | None, str], Count] = {}  # (tenant id, key id, month) → count
+        self._dirty: set[Count] = set()  # counts to sync: tokens to send, or a total to read
         self._period: Period | None = None
         self._task: asyncio.Task | None = None
         self._script: AsyncScript | None = None
@@ -211,19 +138,36 @@ class TokenLimits:
             if self._dirty:
                 self._keep_synced()  # the totals checked that were getting old are read again
 
-    def spend(self, caller: Caller, tokens: int) -> None:
-        """Count an answered request's tokens against its tenant's and key's counters (sent in the background)."""
+    def admit(self, caller: Caller, tokens: int) -> Reservation | None:
+        """`check` the caller's limits, then reserve `tokens` (what the request may cost at most) on each limited
+        counter at once: the next request, however soon, counts it. Given back by `spend` when the request ends.
+
+        No await between the check and the reservation: requests arriving together are admitted one by one.
+        A reservation is this process's alone (never sent to Redis, whose totals and the budget events on them
+        stay what was used): other processes see the tokens once they are spent.
+        """
+        self.check(caller)
+        if tokens <= 0:
+            return None
+        counts = self._limited(caller, self._period_at(self.clock()))
+        if not counts:
+            return None
+        for count in counts:
+            count.reserved += tokens
+        return Reservation(tokens, tuple(counts))
+
+    def spend(self, caller: Caller, tokens: int, reservation: Reservation | None = None) -> None:
+        """Count an answered request's tokens against its tenant's and key's counters (sent in the background),
+        and give back the `reservation` it was admitted with."""
+        if reservation is not None:
+            for count in reservation.counts:
+                count.reserved -= reservation.tokens
         if tokens <= 0:
             return
-        plan = caller.plan
         period = self._period_at(self.clock())
-        counts = [self._month(period, caller, None, plan.monthly_token_budget)]
-        if caller.monthly_token_budget:
-            counts.append(self._month(period, caller, caller.key_id, caller.monthly_token_budget))
-        if plan.max_tokens_per_minute:
-            counts.append(self._window(period, caller, None))
-        if caller.max_tokens_per_minute:
-            counts.append(self._window(period, caller, caller.key_id))
+        counts = self._limited(caller, period)
+        if not caller.plan.monthly_token_budget:  # the tenant's month is counted budget or not (module docstring)
+            counts.insert(0, self._month(period, caller, None, 0))
         now = time.monotonic()
         dirty = False
         for count in counts:
@@ -235,7 +179,20 @@ class TokenLimits:
         if dirty:
             self._keep_synced()
 
-    def _check_month(self, count: _Count, caller: Caller, now: float) -> None:
+    def _limited(self, caller: Caller, period: Period) -> list[Count]:
+        """The counters that limit the caller now: its tenant's and key's months with a budget, minutes with a rate."""
+        plan, counts = caller.plan, []
+        if plan.monthly_token_budget:
+            counts.append(self._month(period, caller, None, plan.monthly_token_budget))
+        if caller.monthly_token_budget:
+            counts.append(self._month(period, caller, caller.key_id, caller.monthly_token_budget))
+        if plan.max_tokens_per_minute:
+            counts.append(self._window(period, caller, None))
+        if caller.max_tokens_per_minute:
+            counts.append(self._window(period, caller, caller.key_id))
+        return counts
+
+    def _check_month(self, count: Count, caller: Caller, now: float) -> None:
         self._keep_fresh(count)
         if count.total < count.budget:
             return
@@ -245,11 +202,11 @@ class TokenLimits:
             429,
             "budget_exhausted",
             f"{_holder(caller, count)} has used its monthly budget of {count.budget:,} tokens "
-            f"({count.total:,} in {count.period.month}, UTC); it resets at {resets:%Y-%m-%dT%H:%M:%SZ}.",
+            f"({count.used:,} in {count.period.month}, UTC); it resets at {resets:%Y-%m-%dT%H:%M:%SZ}.",
             headers={"Retry-After": str(max(1, math.ceil(resets.timestamp() - now)))},
         )
 
-    def _check_window(self, count: _Count, limit: int, caller: Caller, now: float) -> None:
+    def _check_window(self, count: Count, limit: int, caller: Caller, now: float) -> None:
         self._keep_fresh(count)
         if count.total < limit:
             return
@@ -261,7 +218,7 @@ class TokenLimits:
             headers={"Retry-After": str(max(1, math.ceil(count.period.minute_end - now)))},
         )
 
-    def _keep_fresh(self, count: _Count) -> None:
+    def _keep_fresh(self, count: Count) -> None:
         """A request looked at this count: have its total read again if what this process knows is getting old."""
         if count.used_at - count.read_at >= FRESH_S and not count.seeding:
             self._dirty.add(count)
@@ -273,11 +230,11 @@ class TokenLimits:
             self._forget_stale(period)
         return period
 
-    def _month(self, period: Period, caller: Caller, key_id: int | None, budget: int | None) -> _Count:
+    def _month(self, period: Period, caller: Caller, key_id: int | None, budget: int | None) -> Count:
         index = (caller.tenant_id, key_id, period.month)
         count = self._months.get(index)
         if count is None:
-            count = self._months[index] = _Count(
+            count = self._months[index] = Count(
                 month_key(caller.tenant_id, key_id, period.month),
                 caller.tenant_id,
                 key_id,
@@ -289,11 +246,11 @@ class TokenLimits:
         count.used_at = time.monotonic()
         return count
 
-    def _window(self, period: Period, caller: Caller, key_id: int | None) -> _Count:
+    def _window(self, period: Period, caller: Caller, key_id: int | None) -> Count:
         index = (caller.tenant_id, key_id, period.minute)
         count = self._windows.get(index)
         if count is None:
-            count = self._windows[index] = _Count(
+            count = self._windows[index] = Count(
                 window_key(caller.tenant_id, key_id, period.minute), caller.tenant_id, key_id, period, month=False
             )
         count.used_at = time.monotonic()
@@ -321,7 +278,7 @@ class TokenLimits:
         if task is None or task.done() or task.get_loop().is_closed():
             self._task = self._background.spawn(self._keep(), name="token counts sync")
 
-    def _due(self) -> list[_Count]:
+    def _due(self) -> list[Count]:
         """The counts to sync now; a tenant's month Redis lately had not, and that needs none, is let go."""
         now = time.monotonic()
         batch = []
@@ -342,7 +299,7 @@ class TokenLimits:
                 return
             await self._sync(batch)
 
-    async def _sync(self, batch: list[_Count]) -> None:
+    async def _sync(self, batch: list[Count]) -> None:
         now = self.clock()
         sent = [count.pending for count in batch]
         args: list[int] = []
@@ -350,7 +307,7 @@ class TokenLimits:
             args += [tokens, 0 if count.month else 1, count.ttl(now)]
         client = self._client()
         if self._script is None:
-            self._script = client.register_script(_SYNC)
+            self._script = client.register_script(SYNC_SCRIPT)
         try:
             totals = await self._script(keys=[c.redis_key for c in batch], args=args, client=client)
         except (TimeoutError, RedisError, OSError) as exc:
@@ -378,13 +335,13 @@ class TokenLimits:
             if count.month and count.budget:
                 self._announce_crossings(count)
 
-    def _rebuild(self, count: _Count) -> None:
+    def _rebuild(self, count: Count) -> None:
         if count.seeding or time.monotonic() < count.seed_after:
             return
         count.seeding = True
         self._background.spawn(self._seed(count), name=f"rebuild {count.redis_key}")
 
-    async def _seed(self, count: _Count) -> None:
+    async def _seed(self, count: Count) -> None:
         """Rebuild an absent month counter from the database (on a database thread), unless another process has."""
         try:
             used = await self._db.run(
@@ -401,7 +358,7 @@ class TokenLimits:
         self._dirty.add(count)  # send its pending tokens and read the total, whoever's seed won
         self._keep_synced()
 
-    def _announce_crossings(self, count: _Count) -> None:
+    def _announce_crossings(self, count: Count) -> None:
         for threshold in BUDGET_THRESHOLDS:
             mark = (count.budget, threshold)
             if mark in count.crossed or count.known * 100 < threshold * count.budget:
@@ -411,7 +368,7 @@ class TokenLimits:
                 self._announce(count, threshold, count.known), name=f"budget {threshold}% {count.redis_key}"
             )
 
-    async def _announce(self, count: _Count, threshold: int, used: int) -> None:
+    async def _announce(self, count: Count, threshold: int, used: int) -> None:
         budget = count.budget
         try:
             await self._db.run(_budget_crossed, count, threshold, used, budget)
@@ -424,10 +381,10 @@ class TokenLimits:
         period = self._period_at(self.clock())
         index = (tenant_id, key_id)
         count = self._months.get((*index, period.month)) if month else self._windows.get((*index, period.minute))
-        return None if count is None else count.total
+        return None if count is None else count.used
 
 
-def _holder(caller: Caller, count: _Count) -> str:
+def _holder(caller: Caller, count: Count) -> str:
     if count.key_id is not None:
         return f"Key mint_{caller.key_prefix}_…"
     return f"Tenant {caller.tenant_slug}"
@@ -437,7 +394,7 @@ def _month_tokens(tenant_id: int, key_id: int | None, start: datetime, end: date
     return serving_services.usage_month_tokens(tenant_id=tenant_id, key_id=key_id, start=start, end=end)
 
 
-def _budget_crossed(count: _Count, threshold: int, used: int, budget: int) -> bool:
+def _budget_crossed(count: Count, threshold: int, used: int, budget: int) -> bool:
     return serving_services.usage_budget_crossed(
         tenant_id=count.tenant_id,
         key_id=count.key_id,

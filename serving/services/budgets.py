@@ -2,12 +2,14 @@
 live event that tells a tenant's dashboard a budget reached 80 % or 100 %.
 
 The counters themselves live in Redis and are kept by the gateway (serving/gateway/budgets.py), which calls these
-from its database threads, never on a request's path.
+from its database threads, never on a request's path; their key layout is here, where the evaluation runner
+(serving/services/evaluation.py) finds it too.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from django.core.cache import cache
 from django.db.models import F, Sum
@@ -21,6 +23,45 @@ BUDGET_EVENT = "usage.budget"
 BUDGET_EVENT_KEY = "usage.budget"
 # Thresholds of a budget that send an event, in per cent.
 BUDGET_THRESHOLDS = (80, 100)
+
+# The token counters in Redis (kept by serving/gateway/budgets.py, added to by the evaluation runner): under
+# KEY_PREFIX, `…:tpm:<who>:<minute>` (one minute's tokens) and `…:month:<who>:<YYYY-MM>`, where `<who>` is
+# `t<tenant id>` or `k<key id>`.
+KEY_PREFIX = "mint:gw:tokens"
+WINDOW_S = 60
+
+
+def who(tenant_id: int, key_id: int | None) -> str:
+    return f"k{key_id}" if key_id is not None else f"t{tenant_id}"
+
+
+def window_key(tenant_id: int, key_id: int | None, minute: int) -> str:
+    return f"{KEY_PREFIX}:tpm:{who(tenant_id, key_id)}:{minute}"
+
+
+def month_key(tenant_id: int, key_id: int | None, month: str) -> str:
+    return f"{KEY_PREFIX}:month:{who(tenant_id, key_id)}:{month}"
+
+
+@dataclass(frozen=True, slots=True)
+class Period:
+    """The minute window and the calendar month (UTC) an instant falls in."""
+
+    minute: int  # the window's index: seconds since the epoch // 60
+    month: str  # YYYY-MM
+    month_start: datetime
+    month_end: datetime  # the next month's first instant
+
+    @classmethod
+    def at(cls, now: float) -> Period:
+        moment = datetime.fromtimestamp(now, tz=UTC)
+        start = moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+        return cls(minute=int(now // WINDOW_S), month=start.strftime("%Y-%m"), month_start=start, month_end=end)
+
+    @property
+    def minute_end(self) -> float:
+        return (self.minute + 1) * WINDOW_S
 
 
 def usage_month_tokens(*, tenant_id: int, key_id: int | None = None, start: datetime, end: datetime) -> int:

@@ -243,49 +243,69 @@ def test_a_keys_budget_refuses_that_key_and_names_it(world, events):
     assert redis_total(budgets.month_key(world.tenant_a.tenant.id, key.id, month)) == TOKENS
 
 
-def test_the_overshoot_is_bounded_by_the_requests_in_flight(world, events):
-    plan(world.tenant_a.tenant, monthly_token_budget=2 * TOKENS, max_inflight_requests=4)
-    token = world.token
+def _burst(world, token: str, count: int, body: dict) -> list:
+    """`count` requests sent at once, each held at the node until all have been admitted or refused."""
     upstream_post = world.vllm.post
     gate, arrived = asyncio.Event(), []
 
-    async def held(url: str, body: bytes):
+    async def held(url: str, sent: bytes):
         arrived.append(url)
         await gate.wait()
-        return await upstream_post(url, body)
+        return await upstream_post(url, sent)
 
     world.vllm.post = held
 
-    async def burst() -> tuple[list[int], dict]:
+    async def burst() -> list:
         async with site(world.state) as client:
-
-            def send():
-                return client.post(
-                    "/v1/completions",
-                    json={"model": "support-bot", "prompt": "Hi", "max_tokens": 4},
-                    headers={"Authorization": f"Bearer {token}"},
+            requests = [
+                asyncio.ensure_future(
+                    client.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {token}"})
                 )
-
-            first = [asyncio.ensure_future(send()) for _ in range(4)]
-            async with asyncio.timeout(15):
-                while len(arrived) < 4:
-                    await asyncio.sleep(0.005)
-            fifth = await send()  # the cap on requests in flight is what bounds the overshoot
+                for _ in range(count)
+            ]
+            await asyncio.sleep(0.5)  # every request was admitted (and is held at the node) or refused
             gate.set()
-            answers = await asyncio.gather(*first)
+            answers = await asyncio.gather(*requests)
         await settle(world.state)
-        return [a.status_code for a in answers], fifth.json()["error"]
+        return answers
 
-    admitted, fifth = async_to_sync(burst)()
-    assert admitted == [200, 200, 200, 200]  # all under the budget when they arrived
-    assert fifth["code"] == "too_many_requests_in_flight"
-    used = world.state.tokens.known(world.tenant_a.tenant.id)
-    assert used == 4 * TOKENS  # past the budget by what was in flight: at most 4 requests times their tokens
-    assert 2 * TOKENS < used <= 2 * TOKENS + 4 * TOKENS
-    world.vllm.post = upstream_post
-    refused = complete(world, token)
-    assert refused.status == 429 and refused.error()["code"] == "budget_exhausted"
-    assert "20 in" in refused.error()["message"]
+    try:
+        return async_to_sync(burst)()
+    finally:
+        world.vllm.post = upstream_post
+
+
+def test_concurrent_requests_overshoot_a_budget_by_at_most_one_reservation(world, events):
+    """Eight requests at once, each of n=4 x 64 tokens, on a budget of 50 tokens: the first admitted reserves what
+    it may cost (4 x 64 + its prompt), and the seven others see that reservation and are refused."""
+    plan(world.tenant_a.tenant, monthly_token_budget=50, max_inflight_requests=16)
+    body = {"model": "support-bot", "prompt": "Hi", "max_tokens": 64, "n": 4}
+    answers = _burst(world, world.token, 8, body)
+    codes = sorted(a.status_code for a in answers)
+    assert codes == [200] + [429] * 7
+    assert {a.json()["error"]["code"] for a in answers if a.status_code == 429} == {"budget_exhausted"}
+    assert len(world.vllm.calls) == 1
+    # Settled when it ended: the counter holds what the node reported (5 tokens), not the reservation.
+    assert world.state.tokens.known(world.tenant_a.tenant.id) == TOKENS
+    month = month_of(world.state.tokens.clock())
+    assert redis_total(budgets.month_key(world.tenant_a.tenant.id, None, month)) == TOKENS
+
+
+def test_concurrent_requests_overshoot_tokens_per_minute_by_at_most_one_reservation(world):
+    plan(world.tenant_a.tenant, max_tokens_per_minute=100, max_inflight_requests=16)
+    body = {"model": "support-bot", "prompt": "Hi", "max_tokens": 30}  # 30 + 12 reserved each
+    answers = _burst(world, world.token, 8, body)
+    assert sorted(a.status_code for a in answers) == [200] * 3 + [429] * 5  # 42, 84, 126: the third passes 100
+    assert world.state.tokens.known(world.tenant_a.tenant.id, month=False) == 3 * TOKENS
+    assert complete(world, world.token).status == 200  # what was reserved and not used is given back
+
+
+def test_a_refused_or_failed_request_gives_its_reservation_back(world, events):
+    plan(world.tenant_a.tenant, monthly_token_budget=1000)
+    assert complete(world, world.token, "no-such-bot").status == 404  # refused after it was admitted
+    assert world.state.tokens.known(world.tenant_a.tenant.id) == 0
+    assert complete(world, world.token).status == 200
+    assert world.state.tokens.known(world.tenant_a.tenant.id) == TOKENS
 
 
 def test_a_lost_counter_is_rebuilt_from_postgresql(world, events):

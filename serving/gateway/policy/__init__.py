@@ -19,6 +19,21 @@ compiles, fetches or decodes what a tenant sent (structured-output constraints a
 """
 
 from serving.gateway.policy.answers import openai_answer
-from serving.gateway.policy.fields import CHAT_COMPLETIONS, COMPLETIONS, FIELDS, check_request, with_plan_defaults
+from serving.gateway.policy.fields import (
+    CHAT_COMPLETIONS,
+    COMPLETIONS,
+    FIELDS,
+    check_request,
+    tokens_at_most,
+    with_plan_defaults,
+)
 
-__all__ = ["CHAT_COMPLETIONS", "COMPLETIONS", "FIELDS", "check_request", "openai_answer", "with_plan_defaults"]
+__all__ = [
+    "CHAT_COMPLETIONS",
+    "COMPLETIONS",
+    "FIELDS",
+    "check_request",
+    "openai_answer",
+    "tokens_at_most",
+    "with_plan_defaults",
+]
