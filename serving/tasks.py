@@ -237,6 +237,7 @@ def nodes_heartbeat(self) -> None:
             healthy = engine.health()
             loaded: set[str] | None = None
             context = None
+            seen_at = timezone.now()  # what vLLM lists, as of now: a load finished after it is not missing
             if healthy:
                 try:
                     entries = engine.model_entries()
@@ -267,7 +268,7 @@ def nodes_heartbeat(self) -> None:
                 max_model_len=context,
             )
         if node.state == NodeState.UP:
-            result = services.node_reconcile(node=node, loaded=loaded or set())
+            result = services.node_reconcile(node=node, loaded=loaded or set(), seen_at=seen_at)
             if any(result.values()):
                 log.info("reconciled %s: %s", node, result)
             for name in services.stray_loras(node=node, loaded=loaded or set()):

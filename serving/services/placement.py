@@ -747,8 +747,8 @@ def drain_step(*, node: ServingNode, force: bool = False) -> dict[str, object]:
 # ---------------------------------------------------------------- reconcile
 
 
-def node_reconcile(*, node: ServingNode, loaded: set[str]) -> dict[str, int]:
-    """Make the records of an up node match what its vLLM really holds.
+def node_reconcile(*, node: ServingNode, loaded: set[str], seen_at: datetime | None = None) -> dict[str, int]:
+    """Make the records of an up node match what its vLLM really holds (`loaded`, as read at `seen_at`).
 
     A placement marked ready or warming whose LoRA name vLLM no longer lists was lost
     (the engine restarted): live and desired revisions are queued again to be
@@ -766,10 +766,14 @@ def node_reconcile(*, node: ServingNode, loaded: set[str]) -> dict[str, int]:
     now = timezone.now()
     placements = Placement.objects.filter(node=node).select_related("revision__adapter__tenant")
     with transaction.atomic():
+        # A load that finished after `loaded` was read is not in it, and is not lost: with loads on demand every
+        # second or so, a heartbeat would otherwise forget what the agent had just loaded (and then unload it as a
+        # stray), leaving the request that asked for it to time out.
         lost = [
             placement
             for placement in placements.filter(state__in=(P.READY, P.WARMING)).select_for_update(of=("self",))
             if lora_name(placement.revision) not in loaded
+            and not (seen_at is not None and placement.loaded_at is not None and placement.loaded_at >= seen_at)
         ]
         # While the node was away its revisions were placed elsewhere (failover): one that holds its replica
         # count on other up nodes is not loaded here again.

@@ -193,6 +193,20 @@ def test_reconcile_requeues_lost_live_placements_and_forgets_the_rest(node, make
     assert Placement.objects.get(id=kept.id).state == "ready"
 
 
+def test_reconcile_keeps_a_load_that_finished_after_the_engine_was_read(node, make_revision):
+    """The heartbeat reads /v1/models, then reconciles: a load the agent finished in between is not in the list it
+    read, and must not be forgotten (with loads on demand every second, that happened several times a minute)."""
+    seen_at = timezone.now()
+    just_loaded = place(node, make_revision(1), "warming", loaded_at=seen_at + timedelta(milliseconds=50))
+    really_lost = place(node, make_revision(2), "ready", loaded_at=seen_at - timedelta(seconds=5))
+
+    result = services.node_reconcile(node=node, loaded={"test-dense"}, seen_at=seen_at)
+
+    assert result["forgotten"] == 1
+    assert Placement.objects.get(id=just_loaded.id).state == "warming"
+    assert not Placement.objects.filter(id=really_lost.id).exists()
+
+
 def test_a_returning_node_does_not_reload_what_failover_placed_elsewhere(node, make_revision):
     """While the node was down its live revisions went to another node: there they hold their one replica, so
     the returning node forgets its lost copy; a revision short of replicas elsewhere is loaded here again."""
