@@ -31,6 +31,9 @@ from mint_client.models import Revision, revision_number
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's form of a token with `return_tokens_as_token_ids`
 # How the gateway says a revision is not (yet) sampleable: worth waiting for while it is validated and exported.
 NOT_YET = frozenset({"revision_not_exported", "adapter_not_ready", "node_busy"})
+# Asks the gateway to hold a request for a revision being loaded until it is ready (at most the plan's
+# max_cold_wait_s), instead of answering 503 at once.
+WAIT_HEADER = "X-Mint-Wait"
 
 
 @dataclass
@@ -191,7 +194,8 @@ class SamplingMixin:
         placed on a node as soon as it is exported (`prewarm`), and this returns once it answers a sample: a
         one-token completion of `probe_prompt` through the gateway (metered as sampling), tried every few
         tens of milliseconds while the gateway says it is not exported or not loaded yet. `RevisionFailed` if
-        validation refuses it, `WaitTimeout` after `timeout` s."""
+        validation refuses it, `WaitTimeout` after `timeout` s. Once exported, a probe asks the gateway to hold it
+        while the revision loads (`X-Mint-Wait`), so it is answered the moment the revision is ready."""
         registered = self.register(
             adapter, path, training_step=training_step, parent=parent, run=run, metrics=metrics, prewarm=ready_to_sample
         )
@@ -215,8 +219,9 @@ class SamplingMixin:
         body = {"model": f"{adapter}@r{number}", "prompt": probe_prompt, "max_tokens": 1, "temperature": 0}
         deadline, delay = time.monotonic() + timeout, interval
         while True:
+            hold = max(1, int(deadline - time.monotonic()))
             try:
-                self._http.request("POST", "/v1/completions", json=body, retries=0)
+                self._http.request("POST", "/v1/completions", json=body, retries=0, headers={WAIT_HEADER: str(hold)})
                 return
             except MintError as exc:
                 if exc.code == "revision_not_sampleable":

@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     key_action("list", keys.cmd_keys_list, "the tenant's keys: live, revoked and expired")
     k = key_action("create", keys.cmd_keys_create, "create a key; its token is printed once")
     k.add_argument("name")
-    k.add_argument("--scopes", required=True, help="comma-separated: pipeline, deploy, inference")
+    k.add_argument("--scopes", required=True, help="comma-separated: pipeline, deploy, inference, sampling")
     k.add_argument("--expires", default=None, help="a duration (30d, 12h, 90m) or an ISO date or date-time")
     k.add_argument("--adapters", default=None, help="comma-separated adapters the key may call (default all)")
     k.add_argument("--max-tokens-per-minute", type=int, default=None, help="the key's own gateway limit")
