@@ -3,9 +3,10 @@
 Each serving *host* is a vLLM CPU engine confined to CPUs of its own (they stand for the host's
 accelerator) with its node agent beside it: a Celery worker on `node.<host>` only, whose node cache and
 `MINT_VAR_DIR` are the host's own directories. The *web host* runs the control worker (queue `control`, with
-beat) and the web server with the gateway. They share nothing but what real hosts share: PostgreSQL, Redis
-and the artifact store, which must be S3 here (no host can read another's disk). tests/e2e/test_fleet.py and
-benchmarks/failover.py use it; README "Production" describes the layout it plays.
+beat), the worker of webhook deliveries (queue `webhooks`) and the web server with the gateway. They share
+nothing but what real hosts share: PostgreSQL, Redis and the artifact store, which must be S3 here (no host can
+read another's disk). tests/e2e/test_fleet.py and benchmarks/failover.py use it; README "Production"
+describes the layout it plays.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from devtools.launcher import web_argv, web_env, worker_argv
+from devtools.launcher import web_argv, web_env, webhook_worker_argv, worker_argv
 from devtools.local_node import STARTUP_TIMEOUT_S, start_engine
 from devtools.supervisor import Supervisor, free_port, http_ok, wait_for
 
@@ -189,6 +190,11 @@ class Fleet:
         )
         return self.supervisor.start("control", argv, env=self.host_env(root))
 
+    def start_webhooks(self) -> subprocess.Popen:
+        """The web host's worker of webhook deliveries (queue `webhooks`), apart from the control worker."""
+        root = self.work / "web-host"
+        return self.supervisor.start("webhooks", webhook_worker_argv(threads=2), env=self.host_env(root))
+
     def start_web(self, *, processes: int = 2, timeout: float = 60) -> str:
         """The web host's ASGI server (API, dashboard, gateway), in `processes` processes on one port, as in
         production. Returns its base URL."""
@@ -205,6 +211,7 @@ class Fleet:
         for name in self.hosts:
             self.start_agent(name)
         self.start_control()
+        self.start_webhooks()
         self.start_web()
 
     def log(self, name: str, tail: int = 4000) -> str:
@@ -212,7 +219,8 @@ class Fleet:
         return path.read_text(errors="replace")[-tail:] if path.exists() else ""
 
     def logs(self) -> str:
-        names = ["control", "web", *(h.agent for h in self.hosts.values()), *(h.engine for h in self.hosts.values())]
+        hosts = self.hosts.values()
+        names = ["control", "webhooks", "web", *(h.agent for h in hosts), *(h.engine for h in hosts)]
         return "\n".join(f"--- {name}\n{self.log(name)}" for name in names)
 
 

@@ -129,6 +129,17 @@ def worker_argv(
     return argv
 
 
+def webhook_worker_argv(*, threads: int, name: str = "webhooks") -> list[str]:
+    """The worker of webhook deliveries (queue `webhooks`, webhooks/tasks.py): threads, since an attempt mostly
+    waits on a receiver, and apart from the control worker, so that receivers that never answer hold only these
+    (each attempt at most MINT_WEBHOOK_TIMEOUT_S), never the validation and export every tenant needs."""
+    return worker_argv(
+        "webhooks",
+        concurrency=threads,
+        extra=("--pool", "threads", "-n", f"{name}@%h", "--without-mingle", "--without-gossip"),
+    )
+
+
 def worker_nice(env: dict[str, str]) -> int:
     """CPU niceness of Celery workers (MINT_WORKER_NICE, default 10).
 
@@ -240,6 +251,12 @@ def main() -> int:
         supervisor.start(
             "worker",
             worker_argv(f"control,node.{LOCAL_NODE}", beat_schedule=var_dir / "celerybeat-schedule"),
+            env=env,
+            nice=worker_nice(env),
+        )
+        supervisor.start(
+            "webhooks",
+            webhook_worker_argv(threads=env_int("MINT_WEBHOOK_WORKERS", 4, minimum=1)),
             env=env,
             nice=worker_nice(env),
         )

@@ -378,6 +378,7 @@ MINT_RESIDENCY_FREQUENCY_PERIOD_S = env_int("MINT_RESIDENCY_FREQUENCY_PERIOD_S",
 # A placement used or loaded within this many seconds is not evicted for an on-demand load (a request's retry
 # finds what was loaded for it; a working set larger than the node waits instead of thrashing).
 MINT_RESIDENCY_MIN_RESIDENT_S = env_float("MINT_RESIDENCY_MIN_RESIDENT_S", 5.0, minimum=0)
+MINT_RESIDENCY_FLUSH_S = env_float("MINT_RESIDENCY_FLUSH_S", 1.0, minimum=0)  # gateway request counts → Redis
 MINT_RESIDENCY_NODE_CHOICES = env_int("MINT_RESIDENCY_NODE_CHOICES", 3, minimum=1)  # nodes a load may try
 MINT_RESIDENCY_DISK_CHOICES = env_int("MINT_RESIDENCY_DISK_CHOICES", 3, minimum=1)  # best nodes checked for files
 # The disk tier: node-local copies of exports kept after unload, least recently used removed past this.
@@ -471,6 +472,9 @@ MINT_USAGE_HOUR_RETENTION_DAYS = env_int("MINT_USAGE_HOUR_RETENTION_DAYS", 93, m
 MINT_WEBHOOK_MAX_ATTEMPTS = env_int("MINT_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
 MINT_WEBHOOK_BACKOFF_S = env_float("MINT_WEBHOOK_BACKOFF_S", 10.0, minimum=0)
 MINT_WEBHOOK_TIMEOUT_S = env_float("MINT_WEBHOOK_TIMEOUT_S", 5.0, minimum=0.1)
+MINT_WEBHOOK_CONNECT_TIMEOUT_S = env_float("MINT_WEBHOOK_CONNECT_TIMEOUT_S", 2.0, minimum=0.1)  # within the above
+# Deliveries run on their own queue (`webhooks`) and worker: `make run` starts it with this many threads.
+MINT_WEBHOOK_WORKERS = env_int("MINT_WEBHOOK_WORKERS", 4, minimum=1)
 # Attempts one tenant makes at once, over all its endpoints: what its slow receivers can hold of the workers.
 MINT_WEBHOOK_TENANT_CONCURRENCY = env_int("MINT_WEBHOOK_TENANT_CONCURRENCY", 1, minimum=1)
 # Pending deliveries past which a tenant's pings and redeliveries are refused (429 webhook_backlog_full).

@@ -488,6 +488,7 @@ def _attempt(delivery_id: int) -> str:
         headers={"X-Mint-Event": delivery.event, "X-Mint-Delivery": str(delivery.uid)},
         secret=endpoint.secret,
         timeout_s=settings.MINT_WEBHOOK_TIMEOUT_S,
+        connect_timeout_s=settings.MINT_WEBHOOK_CONNECT_TIMEOUT_S,
         max_bytes=settings.MINT_WEBHOOK_MAX_RESPONSE_BYTES,
         allow_private=settings.MINT_WEBHOOK_ALLOW_PRIVATE,
         max_url_length=URL_MAX_LENGTH,

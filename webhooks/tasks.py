@@ -1,4 +1,6 @@
-"""Celery tasks of webhooks, on the control queue (the workers of `make run` and of the e2e world consume it)."""
+"""Celery tasks of webhooks. Deliveries run on a queue of their own, `webhooks`, taken by a worker pool of their own
+(`make run` starts one: devtools/launcher.py), so that receivers that answer slowly or never hold those threads
+only, never the control workers every tenant's validation and export need. The sweep stays on `control`."""
 
 from __future__ import annotations
 
@@ -14,7 +16,11 @@ _LIMITS = {
 }
 
 
-@shared_task(acks_late=True, ignore_result=True, **_LIMITS)
+# The queue of deliveries (and the name its workers take: `celery worker -Q webhooks`).
+WEBHOOK_QUEUE = "webhooks"
+
+
+@shared_task(acks_late=True, ignore_result=True, queue=WEBHOOK_QUEUE, **_LIMITS)
 def webhook_deliver(*, delivery_id: int) -> None:
     """Make the next attempt of one delivery (it queues the one after, with backoff, when it fails)."""
     services.delivery_attempt(delivery_id=delivery_id)

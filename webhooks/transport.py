@@ -6,8 +6,10 @@ The receiver is untrusted (any tenant names it), so:
   and the connection goes to that address (the `Host` header and TLS SNI carry the name), so a name cannot
   rebind into the private network between the check and the connect;
 - the whole attempt (resolution, connect, TLS, request, response headers) has one deadline, so a receiver
-  that trickles costs at most MINT_WEBHOOK_TIMEOUT_S of a worker; at most MINT_WEBHOOK_MAX_RESPONSE_BYTES of
-  a failed response's body are read (undecoded: no decompression bomb), none of a successful one's;
+  that trickles costs at most MINT_WEBHOOK_TIMEOUT_S of a worker, and the connection its own, shorter one
+  (MINT_WEBHOOK_CONNECT_TIMEOUT_S: an address that drops packets is given up on early); at most
+  MINT_WEBHOOK_MAX_RESPONSE_BYTES of a failed response's body are read (undecoded: no decompression bomb),
+  none of a successful one's;
 - no proxy from the environment (it would resolve the name itself).
 """
 
@@ -199,10 +201,17 @@ def _clip(data: bytes, limit: int = 500) -> str:
 
 
 async def _post(
-    url: str, *, headers: dict[str, str], body: bytes, sni: str | None, timeout_s: float, max_bytes: int
+    url: str,
+    *,
+    headers: dict[str, str],
+    body: bytes,
+    sni: str | None,
+    timeout_s: float,
+    connect_timeout_s: float,
+    max_bytes: int,
 ) -> Outcome:
     extensions = {"sni_hostname": sni} if sni else {}
-    timeout = httpx.Timeout(timeout_s)
+    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, connect_timeout_s))
     async with (
         asyncio.timeout(timeout_s),
         httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False) as client,
@@ -234,6 +243,7 @@ def post_signed(
     max_bytes: int,
     allow_private: bool,
     max_url_length: int,
+    connect_timeout_s: float | None = None,
 ) -> Outcome:
     """POST `body` to `url`, signed with `secret`, under the rules of this module's docstring. Never raises."""
     deadline = time.monotonic() + timeout_s
@@ -266,11 +276,14 @@ def post_signed(
                 body=body,
                 sni=sni,
                 timeout_s=remaining,
+                connect_timeout_s=remaining if connect_timeout_s is None else connect_timeout_s,
                 max_bytes=max_bytes,
             )
         )
     except TimeoutError:
         return Outcome(error=f"no answer within {timeout_s:g} s")
+    except httpx.ConnectTimeout:
+        return Outcome(error=f"no connection within {min(timeout_s, connect_timeout_s or timeout_s):g} s")
     except httpx.TimeoutException:
         return Outcome(error=f"no answer within {timeout_s:g} s")
     except httpx.HTTPError as exc:

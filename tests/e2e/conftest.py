@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from django.db import connection, connections
 
-from devtools.launcher import web_argv, web_env, worker_argv
+from devtools.launcher import web_argv, web_env, webhook_worker_argv, worker_argv
 from devtools.supervisor import BASE_DIR, Supervisor, free_port, http_ok, wait_for
 from tests.e2e import slowed_worker
 
@@ -64,6 +64,17 @@ def start_control_worker(supervisor, transactional_db):
             main_module=worker_main(env),
         )
         return supervisor.start(name, argv, env=env)
+
+    return start
+
+
+@pytest.fixture
+def start_webhook_worker(supervisor, transactional_db):
+    """Start the worker of webhook deliveries (queue `webhooks`) as `make run` does, against the test database."""
+
+    def start(name: str = "webhooks", extra_env: dict[str, str] | None = None, threads: int = 2):
+        env = os.environ | {"DATABASE_URL": database_url_of_test_db()} | (extra_env or {})
+        return supervisor.start(name, webhook_worker_argv(threads=threads, name=name), env=env)
 
     return start
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
 import socket
+import time
 from datetime import timedelta
 
 import pytest
@@ -208,3 +210,46 @@ def test_the_sweep_deletes_old_finished_deliveries(tenant_a, receiver, allow_loo
     )
     assert services.deliveries_sweep()["purged"] == 1
     assert list(WebhookDelivery.objects.values_list("id", flat=True)) == [recent.id]
+
+
+def test_a_receiver_that_never_accepts_the_connection_is_given_up_on_at_the_connect_timeout():
+    """A full accept queue on loopback: the connection never opens. The attempt ends at its connect timeout, not
+    at the whole attempt's."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    queued = []
+    for _ in range(3):  # fill the accept queue: the next connection's SYN is dropped
+        held = socket.socket()
+        held.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            held.connect(("127.0.0.1", port))
+        queued.append(held)
+    try:
+        started = time.monotonic()
+        outcome = transport.post_signed(
+            url=f"http://127.0.0.1:{port}/hook",
+            body=b"{}",
+            headers={},
+            secret="whsec_x",
+            timeout_s=10.0,
+            connect_timeout_s=0.5,
+            max_bytes=0,
+            allow_private=True,
+            max_url_length=2000,
+        )
+        elapsed = time.monotonic() - started
+    finally:
+        for held in queued:
+            held.close()
+        listener.close()
+    assert not outcome.delivered and not outcome.permanent
+    assert outcome.error == "no connection within 0.5 s"
+    assert elapsed < 3.0
+
+
+def test_deliveries_go_to_their_own_queue():
+    """Not the control queue every tenant's validation and export wait on (tests/e2e/test_webhook_isolation.py)."""
+    assert tasks.webhook_deliver.queue == tasks.WEBHOOK_QUEUE == "webhooks"
+    assert getattr(tasks.webhooks_sweep, "queue", None) is None  # the sweep is quick: the default (control) queue
