@@ -87,6 +87,9 @@ class Alias(models.Model):
 
 # The vLLM flag a node's `engine_flags` carries when its engine returns routed experts (R3) with every choice.
 ROUTED_EXPERTS_FLAG = "--enable-return-routed-experts"
+# The vLLM flag of a node whose engine schedules by each request's `priority` (lower first): evaluations are then
+# sent below every tenant's inference (serving/services/evaluation.py), which the gateway never lets set one.
+PRIORITY_SCHEDULING_FLAG = "--scheduling-policy=priority"
 
 
 class NodeState(models.TextChoices):
@@ -133,6 +136,13 @@ class ServingNode(models.Model):
     def returns_routed_experts(self) -> bool:
         """Its engine returns the experts each token was routed to (a node setting: the engine flag below)."""
         return ROUTED_EXPERTS_FLAG in (self.engine_flags or ())
+
+    @property
+    def schedules_by_priority(self) -> bool:
+        """Its engine takes a request's `priority` (vLLM --scheduling-policy priority, in either spelling)."""
+        flags = list(self.engine_flags or ())
+        pairs = zip(flags, [*flags[1:], ""], strict=True)
+        return PRIORITY_SCHEDULING_FLAG in flags or ("--scheduling-policy", "priority") in pairs
 
 
 class PlacementState(models.TextChoices):
@@ -277,11 +287,13 @@ class UsageKind(models.TextChoices):
     INFERENCE = "inference", "Inference (billed)"
     SAMPLING = "sampling", "Sampling (billed): a pipeline's rollouts of `adapter@rN`, approved or not"
     WARMUP = "warmup", "Warm-up (MinT's own, not billed)"
-    EVALUATION = "evaluation", "Evaluation (MinT's own, not billed)"
+    EVALUATION = "evaluation", "Evaluation (billed): the tenant's suites run on the nodes"
 
 
 # The kinds a tenant is billed for, and whose tokens count toward its token limits and monthly budget.
-BILLED_KINDS = (UsageKind.INFERENCE, UsageKind.SAMPLING)
+# What counts against a tenant's token budgets and tokens per minute. Evaluations run the tenant's own prompts on
+# the shared nodes (serving/services/evaluation_tokens.py): an oracle free of charge otherwise.
+BILLED_KINDS = (UsageKind.INFERENCE, UsageKind.SAMPLING, UsageKind.EVALUATION)
 
 
 class UsagePeriod(models.TextChoices):
