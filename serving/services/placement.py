@@ -192,9 +192,10 @@ def _place(revision: AdapterRevision, priority: int, *, row: Placement | None) -
         _evict(victim, reason=reason)
         return _queue(row, revision, node=victim.node, priority=priority)
 
-    if (node := _take_borrowed(locked)) is not None:
-        return _queue(row, revision, node=node, priority=priority)
     if revision.id not in pins:
+        # An evaluation's queued slot goes to its own tenant's loads on demand, to anyone's pins (below).
+        if (node := _take_borrowed(locked, tenant_id=tenant_id)) is not None:
+            return _queue(row, revision, node=node, priority=priority)
         # On demand (a request for a live revision loaded nowhere, or a pinned `@rN`): the residency policy picks
         # the node and what leaves (serving/services/residency.py); nothing pinned ever does. No room (all busy):
         # the caller answers 503 with Retry-After and asks again.
@@ -207,6 +208,8 @@ def _place(revision: AdapterRevision, priority: int, *, row: Placement | None) -
             on_disk=residency.disk_nodes(revision.id),
         )
         return row if decision.node is None else _carry_out(decision, row, revision, priority)
+    if (node := _take_borrowed(locked)) is not None:
+        return _queue(row, revision, node=node, priority=priority)
     if (decision := residency.make_room(order=order, pins=pins)).node is not None:
         return _carry_out(decision, row, revision, priority)
     shares = capacity.shares(base_model_id=adapter.base_model_id, requester=tenant_id, pins=pins)

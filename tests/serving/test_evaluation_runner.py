@@ -60,7 +60,7 @@ def world(adapter_a, node, engine):
     candidate = AdapterRevision.objects.create(
         adapter=adapter_a, number=2, state="exported", source_uri="x", export_uri="e2"
     )
-    Alias.objects.create(adapter=adapter_a, name="production", revision=live)
+    Alias.objects.create(adapter=adapter_a, name="production", revision=live, reserved=True)
     place(node, live, "ready", priority=Priority.ACTIVATION)
     engine.answers[lora_name(live)] = {"one": "A", "two": "B", "three": "xCx"}
     engine.answers[lora_name(candidate)] = {"one": " A\n", "two": "nope", "three": "C"}
@@ -130,7 +130,7 @@ def test_the_slot_is_kept_when_the_revision_was_pinned_meanwhile(world, node):
     evaluation.evaluation_run(evaluation_id=ev.id)
     spec_id = Evaluation.objects.get(id=ev.id).runner["placement_id"]
     Placement.objects.filter(id=spec_id).update(state="ready")
-    Alias.objects.create(adapter=candidate.adapter, name="candidate", revision=candidate)
+    Alias.objects.create(adapter=candidate.adapter, name="candidate", revision=candidate, reserved=True)
     evaluation.evaluation_run(evaluation_id=ev.id)
     evaluation.evaluation_cases(evaluation_id=ev.id, placement_id=spec_id)
     assert Placement.objects.get(id=spec_id).state == "ready"
@@ -216,7 +216,10 @@ def _fill(node, tenant_world, dense_base, count: int, *, priority=Priority.COLD_
     rows = []
     for n in range(1, count + 1):
         revision = AdapterRevision.objects.create(adapter=adapter, number=n, state="approved", source_uri="x")
-        rows.append(place(node, revision, "ready", priority=priority, last_used_at=timezone.now()))
+        # Used a minute ago: in use recently, but not within MINT_RESIDENCY_MIN_RESIDENT_S (not busy).
+        rows.append(
+            place(node, revision, "ready", priority=priority, last_used_at=timezone.now() - timedelta(minutes=1))
+        )
     return rows
 
 

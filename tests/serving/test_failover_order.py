@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent")]
 
 def live_on(revision: AdapterRevision, alias: str, *, desired: AdapterRevision | None = None) -> Alias:
     return Alias.objects.create(
-        adapter=revision.adapter, name=alias, revision=revision, desired_revision=desired or revision
+        adapter=revision.adapter, name=alias, revision=revision, desired_revision=desired or revision, reserved=True
     )
 
 
@@ -85,7 +85,7 @@ def test_inside_a_tenant_live_then_desired_then_previous(node, adapter_a):
     # Oldest first: the rollback target, the desired revision, the live one.
     previous, desired, live = (approved_revision(adapter_a, n) for n in (1, 2, 3))
     with_previous(live_on(live, "production"), previous)
-    Alias.objects.create(adapter=adapter_a, name="candidate", revision=None, desired_revision=desired)
+    Alias.objects.create(adapter=adapter_a, name="candidate", revision=None, desired_revision=desired, reserved=True)
     for revision in (previous, desired, live):
         place(node, revision, "ready")
     lose(node)

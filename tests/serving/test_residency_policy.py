@@ -75,8 +75,8 @@ def test_a_scan_by_one_tenant_leaves_anothers_hot_set_in_place():
     cache: NodeCache[int] = NodeCache(8)
     freq = LocalCounts(period=200)
     replay(cache, freq, warm)
-    hits, misses = replay(cache, freq, mixed, start=len(warm))
-    hot_hits = sum(1 for i, (t, k) in enumerate(mixed) if t == 1)
+    hits, _ = replay(cache, freq, mixed, start=len(warm))
+    hot_hits = sum(1 for t, _ in mixed if t == 1)
     assert all(k in cache for _, k in hot)
     assert hits == hot_hits  # every hot request was a hit during the scan
 

@@ -434,6 +434,7 @@ def test_csv_has_a_header_and_a_line_per_group(tenant_a, traffic):
         "latency_p50_ms",
         "latency_p95_ms",
         "latency_mean_ms",
+        "cold_starts",
     ]
     assert [line[:7] for line in lines[1:]] == [
         ["summarizer", "r1", "1", "0", "10", "5", "15"],

@@ -1,0 +1,176 @@
+"""The gateway's side of residency (serving/gateway/residency.py), with vLLM faked at its edge: the 503's
+Retry-After from the control plane's estimate, requests held for a load (bounded per tenant, released when
+ready, 503 when the wait runs out, no thread per waiter), and the request counts that feed the frequencies."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from unittest import mock
+
+import pytest
+import redis
+from asgiref.sync import async_to_sync
+from django.conf import settings
+
+from serving.gateway.residency import retry_after
+from serving.models import Placement, PlacementState
+from serving.services import residency as residency_services
+from tenants.models import Tenant
+from tests.serving.gateway_world import complete, settle, site
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def estimate():
+    """The control plane's estimate of when a revision loading on demand is ready (seconds)."""
+    with mock.patch("serving.selectors.residency.expected_ready_s", return_value=2.3) as patched:
+        yield patched
+
+
+def test_retry_after_is_whole_seconds_rounded_up_and_one_at_least():
+    assert [retry_after(s) for s in (0.0, 0.2, 1.0, 1.01, 2.3, 59.5)] == [1, 1, 1, 2, 3, 60]
+
+
+def test_a_cold_request_answers_at_once_with_the_estimated_retry_after_and_asks_one_load(world, estimate):
+    first = complete(world, world.token, model="support-bot@r2")
+    assert first.status == 503 and first.error()["code"] == "adapter_not_ready"
+    assert first.headers["retry-after"] == "3"
+    assert "X-Mint-Wait" in first.error()["message"]
+    again = complete(world, world.token, model="support-bot@r2")
+    assert again.status == 503 and 1 <= int(again.headers["retry-after"]) <= 3  # counting down, not asked again
+    assert world.prewarm.call_count == 1
+
+
+def test_the_first_request_of_a_load_is_metered_as_its_cold_start(world, estimate):
+    from serving.models import UsageRecord
+
+    for _ in range(3):
+        complete(world, world.token, model="support-bot@r2")
+    world.state.meter.flush()
+    rows = UsageRecord.objects.filter(period="minute", revision=2)
+    assert sum(r.requests for r in rows) == 3 and sum(r.cold_starts for r in rows) == 1
+
+
+async def _held(world, token: str, *, wait: str, model: str = "support-bot@r2") -> tuple[int, dict]:
+    headers = {"Authorization": f"Bearer {token}", "X-Mint-Wait": wait}
+    async with site(world.state) as client:
+        response = await client.post(
+            "/v1/completions", json={"model": model, "prompt": "Hi", "max_tokens": 4}, headers=headers
+        )
+    return response.status_code, dict(response.headers)
+
+
+def _ready(world) -> None:
+    Placement.objects.create(node=world.node_a, revision=world.r2, state=PlacementState.READY)
+
+
+def test_a_held_request_is_answered_once_its_revision_is_ready(world, estimate):
+    token = world.token
+
+    async def scenario():
+        task = asyncio.ensure_future(_held(world, token, wait="5"))
+        await asyncio.sleep(0.3)
+        assert not task.done()  # held, not refused
+        await world.state.db.run(_ready, world)
+        world.state.cold.ready()  # the live event of the placement becoming ready
+        status, _ = await asyncio.wait_for(task, 5)
+        await settle(world.state)
+        return status
+
+    started = time.monotonic()
+    assert async_to_sync(scenario)() == 200
+    assert time.monotonic() - started < 3
+    assert world.vllm.calls[-1][2]["model"] != "support-bot@r2"  # sent under the LoRA name, to the node
+
+
+def test_a_held_request_gets_the_503_when_its_wait_runs_out(world, estimate):
+    token = world.token
+
+    async def scenario():
+        started = time.monotonic()
+        status, headers = await _held(world, token, wait="0.8")
+        await settle(world.state)
+        return status, headers, time.monotonic() - started
+
+    status, headers, took = async_to_sync(scenario)()
+    assert status == 503 and int(headers["retry-after"]) >= 1
+    assert 0.8 <= took < 5
+
+
+def test_the_wait_is_bounded_by_the_plan(world, estimate):
+    token = world.token
+    Tenant.objects.filter(id=world.tenant_a.tenant.id).update(max_cold_wait_s=0)
+    world.state.keys.clear()
+
+    async def scenario():
+        started = time.monotonic()
+        status, _ = await _held(world, token, wait="30")
+        await settle(world.state)
+        return status, time.monotonic() - started
+
+    status, took = async_to_sync(scenario)()
+    assert status == 503 and took < 2  # the plan holds nothing: answered at once
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "nan", "inf"])
+def test_a_wait_that_is_not_seconds_is_a_400_naming_the_header(world, value):
+    token = world.token
+
+    async def scenario():
+        status, _ = await _held(world, token, wait=value)
+        await settle(world.state)
+        return status
+
+    assert async_to_sync(scenario)() == 400
+
+
+def test_held_requests_are_bounded_per_tenant_and_hold_no_thread_each(world, estimate):
+    token = world.token
+    Tenant.objects.filter(id=world.tenant_a.tenant.id).update(max_held_requests=12, max_inflight_requests=100)
+    world.state.keys.clear()
+    baseline = threading.active_count()
+
+    async def scenario():
+        tasks = [asyncio.ensure_future(_held(world, token, wait="3")) for _ in range(13)]
+        await asyncio.sleep(1.0)
+        during = threading.active_count()
+        statuses = [status for status, _ in await asyncio.gather(*tasks)]
+        await settle(world.state)
+        return statuses, during
+
+    statuses, during = async_to_sync(scenario)()
+    assert statuses.count(429) == 1 and statuses.count(503) == 12  # one past the bound; the rest waited it out
+    # Twelve held requests are coroutines: the threads are the database pool's, however many wait.
+    assert during <= baseline + world.state.db.threads + 2
+
+
+def test_another_tenants_held_requests_do_not_count_against_its_bound(world, estimate):
+    token = world.token
+    Tenant.objects.filter(id=world.tenant_a.tenant.id).update(max_held_requests=1)
+    world.state.keys.clear()
+    token_b = world.tenant_b.key("inference")[1]
+
+    async def scenario():
+        first = asyncio.ensure_future(_held(world, token, wait="1.5"))
+        await asyncio.sleep(0.3)
+        second = await _held(world, token, wait="0.5")  # tenant A's second: over its bound
+        other = await _held(world, token_b, wait="0.5", model="globex-bot@r1")  # ready: B is answered
+        statuses = (await first)[0], second[0], other[0]
+        await settle(world.state)
+        return statuses
+
+    assert async_to_sync(scenario)() == (503, 429, 200)
+
+
+def test_requests_feed_the_shared_frequencies(world, settings):
+    settings.MINT_RESIDENCY_FLUSH_S = 0
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    for key in client.scan_iter(f"{residency_services.FREQUENCY_PREFIX}:*"):
+        client.delete(key)
+    for _ in range(5):
+        assert complete(world, world.token).status == 200
+    world.state.cold._flush()  # what the background flush does, now
+    assert residency_services.estimates([world.r1.id])[world.r1.id] >= 5

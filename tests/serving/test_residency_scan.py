@@ -1,0 +1,85 @@
+"""Scan resistance against the database and Redis: tenant A's hot set stays loaded while tenant B asks for 200
+cold adapters once each, every one of B's loaded in turn (serving/services/residency.py over the policy)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from adapters.models import Adapter, AdapterRevision
+from serving import services
+from serving.models import Placement, Priority, ServingNode
+from serving.services import residency
+from tests.serving.conftest import place
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent")]
+
+SLOTS, HOT, SCAN = 8, 4, 200
+
+
+@pytest.fixture
+def clean_frequencies():
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    for key in client.scan_iter(f"{residency.FREQUENCY_PREFIX}:*"):
+        client.delete(key)
+    yield
+    for key in client.scan_iter(f"{residency.FREQUENCY_PREFIX}:*"):
+        client.delete(key)
+
+
+def loaded(placement: Placement) -> None:
+    """The node agent's load finished a while ago (not busy any more)."""
+    earlier = timezone.now() - timedelta(seconds=settings.MINT_RESIDENCY_MIN_RESIDENT_S + 5)
+    Placement.objects.filter(id=placement.id).update(state="ready", ready_at=earlier, last_used_at=earlier)
+
+
+def unloaded() -> int:
+    """The node agents' unloads of everything being evicted finished."""
+    return Placement.objects.filter(state="evicting").delete()[0]
+
+
+def test_a_scan_by_one_tenant_leaves_anothers_hot_set_loaded(node, adapter_a, tenant_b, dense_base, clean_frequencies):
+    ServingNode.objects.filter(id=node.id).update(cpu_slots=SLOTS)
+    node.refresh_from_db()
+    earlier = timezone.now() - timedelta(minutes=1)
+    hot = [
+        AdapterRevision.objects.create(adapter=adapter_a, number=n, state="approved", source_uri="x", export_uri="e")
+        for n in range(1, HOT + 1)
+    ]
+    hot_placements = [place(node, r, "ready", last_used_at=earlier, segment="protected") for r in hot]
+    residency.record_requests({r.id: 50 for r in hot})  # A asks for them often
+
+    scanner = Adapter.objects.create(tenant=tenant_b.tenant, name="scanner", base_model=dense_base)
+    evicted = 0
+    for n in range(1, SCAN + 1):
+        cold = AdapterRevision.objects.create(
+            adapter=scanner, number=n, state="approved", source_uri="x", export_uri="e"
+        )
+        residency.record_requests({cold.id: 1})  # once each
+        placement = services.placement_request(revision=cold, priority=Priority.COLD_REQUEST)
+        assert placement is not None and placement.state == "queued", f"scan request {n} got no slot"
+        evicted += unloaded()
+        loaded(placement)
+
+    assert evicted >= SCAN - (SLOTS - HOT)  # B's loads made room from the window and from B's own entries
+    assert set(Placement.objects.filter(id__in=[p.id for p in hot_placements]).values_list("state", flat=True)) == {
+        "ready"
+    }
+    assert Placement.objects.filter(node=node).count() == SLOTS
+
+
+def test_without_frequencies_the_same_scan_would_flush_a_plain_lru():
+    """The counterfactual the policy exists for: plain LRU (no frequencies, no tenant shares: every entry counted
+    as one tenant's) over the same sequence evicts A's hot set."""
+    from serving.residency.policy import NodeCache, Shape
+
+    lru: NodeCache[int] = NodeCache(SLOTS, Shape(window=1.0))  # a window as large as the cache: LRU
+    for key in range(HOT):
+        lru.add(key, tenant=1)
+    for key in range(1000, 1000 + SCAN):
+        lru.miss(key, tenant=1, frequency=lambda k: 0)
+    assert not any(key in lru for key in range(HOT))
