@@ -536,15 +536,17 @@ def test_prewarm_is_asked_again_after_the_ttl(world, settings):
     assert {c.kwargs["revision"].id for c in world.prewarm.call_args_list} == {world.r2.id}
 
 
-def test_alias_that_never_flipped_is_503_without_a_prewarm(world):
+def test_alias_that_never_flipped_is_503_without_a_prewarm_and_a_missing_one_404(world):
     Alias.objects.create(adapter=world.adapter, name="candidate", revision=None, desired_revision=world.r2)
 
     answer = complete(world, world.token, "support-bot:candidate")
     missing = complete(world, world.token, "support-bot:canary")
 
-    assert answer.status == missing.status == 503
-    assert answer.error()["code"] == missing.error()["code"] == "adapter_not_ready"
+    assert answer.status == 503 and answer.error()["code"] == "adapter_not_ready"
     assert "Retry-After" in answer.headers
+    # No such alias is a model that does not exist (a typo, a deactivated alias), not an outage to retry.
+    assert missing.status == 404 and missing.error()["code"] == "model_not_found"
+    assert "Retry-After" not in missing.headers
     world.prewarm.assert_not_called()
 
 
