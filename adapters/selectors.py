@@ -84,23 +84,45 @@ def adapter_search_term(q: str | None) -> str:
 
 
 SEARCH_SUBSTRING_MIN = 3  # pg_trgm's trigram: a shorter term cannot use the trigram index
+# How a search of three characters or more picks its plan (adapter_search): among the tenant's SEARCH_PROBE newest
+# adapters, SEARCH_DENSE matches or more make the term common, fewer make it rare; a rare term whose matches are
+# still more than SEARCH_RARE_MAX after all is common too.
+SEARCH_PROBE = 1000
+SEARCH_DENSE = 10
+SEARCH_RARE_MAX = 5000
 
 
 def adapter_search(adapters: QuerySet[Adapter], *, q: str | None) -> QuerySet[Adapter]:
     """`adapters` (already narrowed to one tenant) whose name matches `q`, any case; all of them for an empty `q`.
 
-    Three characters or more match anywhere in the name, one or two the start of it: a term that short is part of
-    most names, says little anywhere else, and no index can find it mid-name, so a search for one that matches
-    nothing would read every adapter of the tenant. Each is one index range of adapters/migrations/
-    0013_adapter_name_search.py (a trigram GIN index led by the tenant, a prefix btree); the measurements behind
-    them are benchmarks/catalog's `big_tenant` (docs/benchmarks.md).
+    One or two characters match the start of the name (the prefix btree `adapter_name_prefix`): a term that short
+    is part of most names, and no index finds it mid-name, so a search for one that matches nothing would read
+    every adapter of the tenant. Three or more match anywhere in the name; which plan answers that depends on how
+    common the term is, which PostgreSQL cannot tell for one tenant (its statistics are the whole table's):
+
+    - common (SEARCH_DENSE matches among the tenant's SEARCH_PROBE newest): the page is read newest first, and fills
+      within a few thousand rows at most;
+    - rare: read newest first, a page would read most of the tenant's adapters before it fills (or all of them, for a
+      term frequent in other tenants' names and absent from this one's), so the matches' ids are found first with
+      the trigram index (`adapter_name_trgm`), at most SEARCH_RARE_MAX of them, and the page is read among those.
+
+    One query more for a common term, two for a rare one. adapters/migrations/0013_adapter_name_search.py has the
+    indexes; benchmarks/catalog (big_tenant, search_plans) the measurements behind them (docs/benchmarks.md).
     """
     term = adapter_search_term(q)
     if not term:
         return adapters
     if len(term) < SEARCH_SUBSTRING_MIN:
         return adapters.filter(name__istartswith=term)
-    return adapters.filter(name__icontains=term)
+    matching = adapters.filter(name__icontains=term)
+    # The probe reads the names here: in SQL, PostgreSQL would join the newest ids with every match of the term in
+    # the whole table, which is what the probe is there to avoid.
+    newest = adapters.order_by("-id").values_list("name", flat=True)[:SEARCH_PROBE]
+    if sum(term in name.lower() for name in newest) >= SEARCH_DENSE:
+        return matching
+    # No ORDER BY and no LIMIT: PostgreSQL reads the trigram index and the matching rows, nothing else.
+    ids = list(matching.order_by().values_list("id", flat=True))
+    return matching if len(ids) > SEARCH_RARE_MAX else adapters.filter(id__in=ids)
 
 
 def revision_list(*, adapter: Adapter, state: str | None = None) -> QuerySet[AdapterRevision]:

@@ -1,11 +1,12 @@
 """The adapter list's search by name (adapters.selectors.adapter_search), and a (tenant, base model) index.
 
 A search of three characters or more is `UPPER(name::text) LIKE UPPER('%q%')`: a GIN index of the upper-cased
-name's trigrams (pg_trgm), led by the tenant (btree_gin), reads only the tenant's matching rows, however common the
-term is in other tenants. One or two characters match the start of the name, `LIKE 'Q%'`: a btree on (tenant,
-upper-cased name) with `text_pattern_ops` reads that prefix's range, in any collation. benchmarks/catalog
-(big_tenant, search_plans) measures these against no index, a trigram index without the tenant and trigrams alone
-(docs/benchmarks.md).
+name's trigrams (pg_trgm) finds a term's rows without reading the others. It is led by the tenant (btree_gin), which
+PostgreSQL uses where the tenant is a small part of the catalog; for a large tenant it reads the term's rows of every
+tenant and drops the others' (the selector reads rare terms that way, common ones newest first). One or two
+characters match the start of the name, `LIKE 'Q%'`: a btree on (tenant, upper-cased name) with
+`text_pattern_ops` reads that prefix's range, in any collation. benchmarks/catalog (big_tenant, search_plans)
+measures these against no index, trigrams without the tenant and the prefix btree alone (docs/benchmarks.md).
 
 The search indexes are PostgreSQL only and outside the model's state: SQLite (`make run`'s default) has neither the
 extensions nor GIN, and a table SQLite rebuilds would try to re-create indexes the state knew. They are built

@@ -267,6 +267,41 @@ def catalog_sections(d: dict) -> list[str]:
             for p in plans
         ]
         out += table(["path", "query", "indexes", "seq scans", "sort", "rows filtered", "ms"], rows)
+    return out + big_tenant_sections(d.get("big_tenant") or {})
+
+
+def big_tenant_sections(big: dict) -> list[str]:
+    """The tenant with 10^5 adapters: each list and search request's time, and the searches under each index set."""
+    cases = big.get("cases") or {}
+    if not cases:
+        return []
+    searches = big.get("searches") or {}
+    out = [
+        "",
+        f"One tenant with {fmt(big.get('adapters'), digits=0)} adapters (milliseconds; wall: the server's time for the "
+        "request in this process, CPU: this process's share of it):",
+        "",
+    ]
+    rows = []
+    for name, c in cases.items():
+        term = next((f" (`{q}`)" for key, q in searches.items() if name.endswith(f"_search_{key}")), "")
+        rows.append(
+            [f"{name}{term}"] + [fmt(c.get(k)) for k in ("p50_ms", "p95_ms", "p99_ms", "cpu_p50_ms", "cpu_p95_ms")]
+        )
+    out += table(["request", "wall p50", "wall p95", "wall p99", "CPU p50", "CPU p95"], rows)
+    candidates = get(big, "search_plans.candidates", default={}) or {}
+    if candidates:
+        labels = list(next(iter(candidates.values())).get("searches", {}))
+        out += [
+            "",
+            "Each search's queries, the database server's own time (EXPLAIN ANALYZE, ms) per set of indexes:",
+            "",
+        ]
+        rows = [
+            [name, fmt(c.get("worst_ms"))] + [fmt(get(c, f"searches.{label}.server_ms")) for label in labels]
+            for name, c in candidates.items()
+        ]
+        out += table(["indexes", "worst", *labels], rows)
     return out
 
 

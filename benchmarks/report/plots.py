@@ -113,7 +113,9 @@ def _size_axis(ax, title: str, ylabel: str, *, legend_size: int = 8, log_y: bool
 def plot_catalog(d: dict, plt) -> Any:
     results = get(d, "results", default=[]) or []
     sizes = [r.get("revisions") for r in results]
-    fig, (resolution, lists, registration) = plt.subplots(1, 3, figsize=(15, 4.5))
+    big = get(d, "big_tenant.cases", default={}) or {}
+    fig, panels = plt.subplots(1, 4 if big else 3, figsize=(21 if big else 15, 4.5))
+    resolution, lists, registration = panels[:3]
     for path, label in (
         ("resolution.cold.p50_ms", "cold p50"),
         ("resolution.cold.p99_ms", "cold p99"),
@@ -133,7 +135,24 @@ def plot_catalog(d: dict, plt) -> Any:
         registration.plot(sizes, [number(get(r, f"registration.{q}_ms")) for r in results], marker="o", label=q)
     registration.axhline(50, color="red", linestyle="--", linewidth=1, label="target p95 50 ms")
     _size_axis(registration, "Registration (source_uri, in-process)", "ms")
+    if big:
+        _big_tenant_panel(panels[3], big, get(d, "big_tenant.adapters"))
     return fig
+
+
+def _big_tenant_panel(ax, cases: dict, adapters: Any) -> None:
+    """The tenant with 10^5 adapters: each request's wall p95 and CPU p95, against the 100 ms target."""
+    names = list(cases)
+    y = list(range(len(names)))
+    ax.barh(y, [number(cases[n].get("p95_ms")) or 0 for n in names], color="#9ecae1", label="wall p95")
+    ax.barh(y, [number(cases[n].get("cpu_p95_ms")) or 0 for n in names], height=0.4, color="#08519c", label="CPU p95")
+    ax.axvline(100, color="red", linestyle="--", linewidth=1, label="target 100 ms")
+    ax.set_yticks(y, [n.replace("adapters_", "api ").replace("dashboard_", "page ") for n in names], fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.set_title(f"One tenant, {fmt(adapters, digits=0)} adapters: list and search", fontsize=10)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, axis="x")
 
 
 def plot_live_events(d: dict, plt) -> Any:

@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from adapters import selectors as adapter_selectors
 from adapters.models import Adapter, AdapterRevision
 from serving.models import Alias
 from tenants.models import Tenant
@@ -123,9 +124,27 @@ def test_a_search_as_long_as_a_name_is_taken(tenant_a, dense_base):
     assert names(tenant_a.client_as("key:pipeline").get(ADAPTERS, {"q": long_name})) == [long_name]
 
 
-def _adapters_with_aliases(tenant, base, count: int, start: int = 0) -> None:
-    for i in range(start, start + count):
-        adapter = Adapter.objects.create(tenant=tenant, name=f"bot-{i:03d}", base_model=base)
+@pytest.mark.parametrize(
+    ("probe", "dense", "rare_max"),
+    [(1000, 10, 5000), (4, 1, 5000), (4, 10, 5000), (4, 10, 3)],
+    ids=["defaults", "common", "rare", "rare-but-many"],
+)
+def test_every_plan_of_a_search_pages_the_same_matches(tenant_a, dense_base, monkeypatch, probe, dense, rare_max):
+    """A term common among the newest adapters is read newest first; a rare one through its matches' ids, unless
+    they are many after all: the pages are the same."""
+    monkeypatch.setattr(adapter_selectors, "SEARCH_PROBE", probe)
+    monkeypatch.setattr(adapter_selectors, "SEARCH_DENSE", dense)
+    monkeypatch.setattr(adapter_selectors, "SEARCH_RARE_MAX", rare_max)
+    make(tenant_a.tenant, dense_base, *[f"old-match-{i}" for i in range(7)], *[f"new-{i}" for i in range(6)])
+    make(tenant_a.tenant, dense_base, "newest-match")
+    pages = walk(tenant_a.client_as("key:pipeline"), ADAPTERS, q="MATCH", limit=3)
+    expected = ["newest-match", *[f"old-match-{i}" for i in range(6, -1, -1)]]
+    assert pages == [expected[:3], expected[3:6], expected[6:]]
+
+
+def _adapters_with_aliases(tenant, base, names: list[str]) -> None:
+    for name in names:
+        adapter = Adapter.objects.create(tenant=tenant, name=name, base_model=base)
         live, wanted = (
             AdapterRevision.objects.create(adapter=adapter, number=n, state="approved", source_uri="x") for n in (1, 2)
         )
@@ -141,28 +160,39 @@ def _count(client, params: dict) -> int:
 
 # The key with its tenant; then the page of adapters, their aliases, the desired revisions' placements with nodes.
 LIST_QUERIES = 1 + 3
+# A search of three characters or more reads the newest names first (is the term common?); a rare term's matches'
+# ids come next. A short term is a prefix: no probe.
+SEARCH_QUERIES = {
+    "list": ({}, LIST_QUERIES),
+    "prefix": ({"q": "bo"}, LIST_QUERIES),
+    "common": ({"q": "bot"}, LIST_QUERIES + 1),
+    "rare": ({"q": "lonely"}, LIST_QUERIES + 2),
+    "none": ({"q": "nothing"}, 1 + 2),  # no ids: no page to read
+}
 
 
-@pytest.mark.parametrize("params", [{}, {"q": "bot"}, {"q": "bot-0", "limit": 5}], ids=["list", "search", "page"])
-def test_list_and_search_query_counts_are_pinned(tenant_a, dense_base, django_assert_num_queries, params):
-    _adapters_with_aliases(tenant_a.tenant, dense_base, 12)
+@pytest.mark.parametrize("case", list(SEARCH_QUERIES))
+def test_list_and_search_query_counts_are_pinned(tenant_a, dense_base, django_assert_num_queries, case):
+    _adapters_with_aliases(tenant_a.tenant, dense_base, ["lonely-bot-x", *[f"bot-{i:03d}" for i in range(12)]])
+    params, expected = SEARCH_QUERIES[case]
     client = tenant_a.client_as("key:pipeline")
-    client.get(ADAPTERS)
-    with django_assert_num_queries(LIST_QUERIES):
+    client.get(ADAPTERS)  # the key's first use is written down once
+    with django_assert_num_queries(expected):
         assert client.get(ADAPTERS, params).status_code == 200
-    cursor = client.get(ADAPTERS, params | {"limit": 5}).json()["next"]
-    assert _count(client, {}) == _count(client, params)
-    with django_assert_num_queries(LIST_QUERIES):
-        assert client.get(cursor).status_code == 200
+    following = client.get(ADAPTERS, params | {"limit": 5}).json()["next"]
+    if following:  # a page further on costs the same
+        with django_assert_num_queries(expected):
+            assert client.get(following).status_code == 200
 
 
 def test_query_count_does_not_grow_with_adapters(tenant_a, dense_base):
     client = tenant_a.client_as("key:pipeline")
-    _adapters_with_aliases(tenant_a.tenant, dense_base, 3)
-    client.get(ADAPTERS)  # the key's first use is written down once
-    few = [_count(client, p) for p in ({}, {"q": "bot"})]
-    _adapters_with_aliases(tenant_a.tenant, dense_base, 60, start=3)
-    assert [_count(client, p) for p in ({}, {"q": "bot"})] == few
+    _adapters_with_aliases(tenant_a.tenant, dense_base, ["lonely-bot-x", *[f"bot-{i:03d}" for i in range(12)]])
+    client.get(ADAPTERS)
+    cases = [params for params, _ in SEARCH_QUERIES.values()]
+    few = [_count(client, p) for p in cases]
+    _adapters_with_aliases(tenant_a.tenant, dense_base, [f"bot-{i:03d}" for i in range(12, 72)])
+    assert [_count(client, p) for p in cases] == few
 
 
 # ---------------------------------------------------------------- tenants walled off
