@@ -12,6 +12,7 @@ one in fifty, the newest revision awaiting a decision on about one in twelve.
 from __future__ import annotations
 
 import html
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ class BigTenant:
     page_next: dict | None = None
     raw: dict[str, list[float]] = field(default_factory=dict)
     raw_cpu: dict[str, list[float]] = field(default_factory=dict)
+    loadavg: list[float] = field(default_factory=list)  # the machine's 1-minute load average around each round
 
     @property
     def searches(self) -> dict[str, str]:
@@ -185,6 +187,7 @@ def cases(state: BigTenant) -> list[tuple[str, object]]:
 
 def measure_big_tenant(state: BigTenant, n: int, *, warm: bool) -> None:
     """One round: every case `n` times (after one call that warms it, in the first round), wall and CPU times kept."""
+    state.loadavg.append(round(os.getloadavg()[0], 2))
     for name, call in cases(state):
         if warm:
             call()
@@ -192,6 +195,7 @@ def measure_big_tenant(state: BigTenant, n: int, *, warm: bool) -> None:
             cpu = time.process_time()
             state.raw.setdefault(name, []).append(call())
             state.raw_cpu.setdefault(name, []).append(time.process_time() - cpu)
+    state.loadavg.append(round(os.getloadavg()[0], 2))
 
 
 def summarize(state: BigTenant) -> dict:
@@ -206,6 +210,7 @@ def summarize(state: BigTenant) -> dict:
     return {
         "adapters": state.adapters,
         "load": state.load,
+        "loadavg_1m": {"min": min(state.loadavg), "max": max(state.loadavg)} if state.loadavg else None,
         "searches": state.searches,
         "cases": cases_ms,
         "adapter_list_p95_ms": worst("adapters_list_"),
