@@ -137,11 +137,17 @@ class RevisionEvaluationApi(AdapterApiMixin, TenantApi):
     tenant_field = "adapter__tenant"
     capabilities = {"GET": Capability.READ, "POST": Capability.REGISTER}
 
+    def serialized(self, request, evaluation) -> dict:
+        answers = selectors.evaluation_answers_visible(
+            revision=evaluation.revision, may_sample=request.access.can(Capability.SAMPLE)
+        )
+        return EvaluationSerializer(evaluation, context={"answers": answers}).data
+
     def get(self, request, name: str, number: int):
         evaluation = selectors.revision_evaluation(revision=self.get_revision(name, number))
         if evaluation is None:
             raise NotFound("No evaluation: the adapter has no suite, or this revision was not evaluated on it.")
-        return Response(EvaluationSerializer(evaluation).data)
+        return Response(self.serialized(request, evaluation))
 
     @extend_schema(request=None, responses={202: EvaluationSerializer})
     def post(self, request, name: str, number: int):
@@ -156,4 +162,4 @@ class RevisionEvaluationApi(AdapterApiMixin, TenantApi):
             )
         services.evaluation_request(revision=revision, suite=suite, again=True)
         evaluation = selectors.revision_evaluation(revision=revision)
-        return Response(EvaluationSerializer(evaluation).data, status=status.HTTP_202_ACCEPTED)
+        return Response(self.serialized(request, evaluation), status=status.HTTP_202_ACCEPTED)

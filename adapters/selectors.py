@@ -204,6 +204,25 @@ def revision_evaluation(*, revision: AdapterRevision) -> Evaluation | None:
     )
 
 
+def evaluation_answers_visible(*, revision: AdapterRevision, may_sample: bool) -> bool:
+    """Whether a caller may read what the revision answered to its evaluation's cases (`case_results[].answer`).
+
+    An approved revision's answers are any member's to read: anyone who may read the catalog may call it. A
+    revision not approved answers only to those who may sample it (Capability.SAMPLE: developers and up, pipeline
+    and sampling keys): its answers are a sample of it, and a viewer or a deploy key that may not call it through
+    the gateway does not read them here either. They still see each case's pass, score and name.
+    """
+    return revision.state == RevisionState.APPROVED or may_sample
+
+
+def evaluation_case_results(evaluation: Evaluation, *, answers: bool) -> list[dict]:
+    """The evaluation's per-case results, without the answers when the caller may not read them."""
+    results = list(evaluation.case_results or ())
+    if answers:
+        return results
+    return [{name: value for name, value in case.items() if name != "answer"} for case in results]
+
+
 def revision_evaluations(*, revision: AdapterRevision) -> QuerySet[Evaluation]:
     """Every evaluation of the revision, newest suite first."""
     return (

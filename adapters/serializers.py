@@ -5,7 +5,7 @@ import re
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from adapters import dispatch, runs
+from adapters import dispatch, runs, selectors
 from adapters.models import (
     ADAPTER_NAME_CHARS,
     ADAPTER_NAME_MAX,
@@ -288,11 +288,15 @@ class EvaluationPolicySerializer(serializers.Serializer):
 
 
 class EvaluationSerializer(serializers.ModelSerializer):
+    """An evaluation. `case_results` carry each case's `answer` only when the view says the caller may read them
+    (context `answers`: adapters.selectors.evaluation_answers_visible); without it, never."""
+
     revision = serializers.SerializerMethodField()
     suite = serializers.IntegerField(source="suite.version", read_only=True)
     baseline_revision = serializers.SerializerMethodField()
     delta = serializers.SerializerMethodField()
     cases = serializers.IntegerField(source="case_count", read_only=True)
+    case_results = serializers.SerializerMethodField()
 
     class Meta:
         model = Evaluation
@@ -319,6 +323,10 @@ class EvaluationSerializer(serializers.ModelSerializer):
 
     def get_baseline_revision(self, evaluation: Evaluation) -> str | None:
         return _label(evaluation.baseline_revision)
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_case_results(self, evaluation: Evaluation) -> list[dict]:
+        return selectors.evaluation_case_results(evaluation, answers=bool(self.context.get("answers")))
 
     @extend_schema_field(serializers.FloatField(allow_null=True))
     def get_delta(self, evaluation: Evaluation) -> float | None:

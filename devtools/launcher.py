@@ -21,6 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 from devtools.local_node import engine_installed, start_engine
 from devtools.supervisor import BASE_DIR, Supervisor, free_port, http_ok, redis_ok, wait_for
 from mint_site.env import env_int
+from serving.engine_flags import PRIORITY_SCHEDULING_FLAG
 
 # `make run`'s web processes unless MINT_WEB_PROCESSES says otherwise: two, so that what holds across a fleet's
 # processes (rate limits, in-flight caps, key revocation, routes, /metrics) is what a developer runs every day.
@@ -190,10 +191,12 @@ def start_local_node(supervisor: Supervisor, env: dict[str, str], var_dir: Path)
         max_loras=4,
         max_cpu_loras=16,
         max_lora_rank=16,
+        extra=[PRIORITY_SCHEDULING_FLAG],  # evaluations go below the tenants' inference
     )
     manage(
         "mint_node",
         "add",
+        f"--engine-flag={PRIORITY_SCHEDULING_FLAG}",
         "--name",
         LOCAL_NODE,
         "--url",

@@ -205,7 +205,11 @@ class AuditFilterForm(forms.Form):
 
 
 USAGE_RANGE_CHOICES = [("hour", "Last hour"), ("day", "Last day"), ("month", "Last 30 days")]
-USAGE_KIND_CHOICES = [("inference", "Applications (inference)"), ("sampling", "Training pipelines (sampling)")]
+USAGE_KIND_CHOICES = [
+    ("inference", "Applications (inference)"),
+    ("sampling", "Training pipelines (sampling)"),
+    ("evaluation", "Evaluations (your suites on the nodes)"),
+]
 
 
 class UsageFilterForm(forms.Form):

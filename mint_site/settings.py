@@ -417,6 +417,9 @@ MINT_EVALUATION_DEFAULT_MAX_TOKENS = env_int("MINT_EVALUATION_DEFAULT_MAX_TOKENS
 MINT_EVALUATION_EXCERPT_CHARS = env_int("MINT_EVALUATION_EXCERPT_CHARS", 300, minimum=16)
 # The node agent runs an evaluation's cases this long at a time, then queues the rest behind its other work.
 MINT_EVALUATION_SLICE_S = env_float("MINT_EVALUATION_SLICE_S", 5.0, minimum=0.1)
+# Before each batch of cases the runner waits, at most this long, for the node to have no one's requests running
+# or queued: evaluations fill the gaps of the tenants' inference (0: never waits). serving/services/evaluation.py.
+MINT_EVALUATION_YIELD_S = env_float("MINT_EVALUATION_YIELD_S", 1.0, minimum=0)
 # An adapter keeps its newest this many suite versions (older ones go, with their evaluations).
 MINT_EVALUATION_SUITE_VERSIONS_KEPT = env_int("MINT_EVALUATION_SUITE_VERSIONS_KEPT", 10, minimum=1)
 # The gateway (serving/gateway/): how long routes and keys are cached (live events refresh routes

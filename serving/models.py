@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
 from adapters.models import Adapter, AdapterRevision, BaseModel
+from serving.engine_flags import PRIORITY_SCHEDULING_FLAG
 
 
 class AgentPing(models.Model):
@@ -87,9 +90,6 @@ class Alias(models.Model):
 
 # The vLLM flag a node's `engine_flags` carries when its engine returns routed experts (R3) with every choice.
 ROUTED_EXPERTS_FLAG = "--enable-return-routed-experts"
-# The vLLM flag of a node whose engine schedules by each request's `priority` (lower first): evaluations are then
-# sent below every tenant's inference (serving/services/evaluation.py), which the gateway never lets set one.
-PRIORITY_SCHEDULING_FLAG = "--scheduling-policy=priority"
 
 
 class NodeState(models.TextChoices):
@@ -141,8 +141,7 @@ class ServingNode(models.Model):
     def schedules_by_priority(self) -> bool:
         """Its engine takes a request's `priority` (vLLM --scheduling-policy priority, in either spelling)."""
         flags = list(self.engine_flags or ())
-        pairs = zip(flags, [*flags[1:], ""], strict=True)
-        return PRIORITY_SCHEDULING_FLAG in flags or ("--scheduling-policy", "priority") in pairs
+        return PRIORITY_SCHEDULING_FLAG in flags or ("--scheduling-policy", "priority") in itertools.pairwise(flags)
 
 
 class PlacementState(models.TextChoices):

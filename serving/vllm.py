@@ -86,6 +86,13 @@ class VllmClient:
             raise VllmError(f"GET /metrics: {response.status_code}", status=response.status_code, transient=True)
         return busy_loras_of(response.text)
 
+    def requests_in_flight(self) -> int:
+        """Requests the engine runs or queues now, of every model (vllm:num_requests_running and _waiting)."""
+        response = self._call("GET", "/metrics", timeout=2.0)
+        if response.status_code != 200:
+            raise VllmError(f"GET /metrics: {response.status_code}", status=response.status_code, transient=True)
+        return requests_in_flight_of(response.text)
+
     def unload_lora(self, name: str) -> None:
         """Unload `name`. An unknown name is fine (already gone)."""
         response = self._call("POST", "/v1/unload_lora_adapter", json={"lora_name": name})
@@ -122,10 +129,14 @@ class VllmClient:
         messages: list[dict] | None = None,
         max_tokens: int,
         timeout: float,
+        priority: int | None = None,
     ) -> tuple[str, dict]:
         """A greedy (temperature 0) completion of `prompt`, or chat completion of `messages`, for an evaluation
-        case: (the answer's text, vLLM's `usage`). Errors as VllmError (5xx and the network: transient)."""
+        case: (the answer's text, vLLM's `usage`). `priority` only for an engine that schedules by it (higher:
+        later). Errors as VllmError (5xx and the network: transient)."""
         body: dict = {"model": model, "max_tokens": max_tokens, "temperature": 0}
+        if priority is not None:
+            body["priority"] = priority
         path = "/v1/completions" if messages is None else "/v1/chat/completions"
         body |= {"prompt": prompt} if messages is None else {"messages": messages}
         response = self._call("POST", path, json=body, timeout=timeout)
@@ -150,6 +161,19 @@ def context_window(entries: list[dict]) -> int | None:
     lengths = [e.get("max_model_len") for e in entries]
     found = [n for n in lengths if isinstance(n, int) and not isinstance(n, bool) and n > 0]
     return min(found) if found else None
+
+
+def requests_in_flight_of(text: str) -> int:
+    """`VllmClient.requests_in_flight` from the text of vLLM's /metrics: a scan of two gauges' lines (the whole
+    exposition, histograms and all, is not parsed for them: the evaluation runner asks before every case)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
+            try:
+                total += float(line.rsplit(" ", 1)[-1])
+            except ValueError:
+                continue
+    return int(total)
 
 
 def busy_loras_of(text: str) -> set[str]:

@@ -17,7 +17,7 @@ from django.db.models import Count, Sum
 from django.utils import timezone
 
 from adapters.models import Adapter, BaseModel
-from serving.models import Alias, UsageKind, UsagePeriod, UsageRecord
+from serving.models import BILLED_KINDS, Alias, UsagePeriod, UsageRecord
 from serving.services import capacity as serving_capacity
 from serving.services.budgets import usage_month_tokens
 from tenants.models import ApiKey, Tenant
@@ -100,10 +100,11 @@ def _next_month(start: datetime) -> datetime:
 
 
 def _tokens_last_minute(tenant: Tenant, now: datetime) -> int:
-    """Tokens of the tenant's gateway traffic in the last whole minute, as metered (what the nodes reported)."""
+    """Tokens of the tenant's billed traffic (what counts against max_tokens_per_minute: inference, sampling,
+    evaluations) in the last whole minute, as metered (what the nodes reported)."""
     minute = now.replace(second=0, microsecond=0) - timedelta(minutes=1)
     rows = UsageRecord.objects.filter(
-        tenant=tenant, period=UsagePeriod.MINUTE, kind=UsageKind.INFERENCE, start=minute
+        tenant=tenant, period=UsagePeriod.MINUTE, kind__in=BILLED_KINDS, start=minute
     ).aggregate(prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))
     return int((rows["prompt"] or 0) + (rows["completion"] or 0))
 

@@ -17,6 +17,7 @@ from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpRespons
 from django.shortcuts import redirect, render
 from django.utils import timezone
 
+from adapters import selectors as adapter_selectors
 from adapters import services as adapter_services
 from frontend import selectors
 from frontend.forms import (
@@ -102,9 +103,13 @@ def overview(request: HttpRequest) -> HttpResponse:
     return response
 
 
-def _mark_revisions(revisions, aliases: list[Alias], *, adapter, suite=None, single: bool = False) -> None:
+def _mark_revisions(
+    revisions, aliases: list[Alias], *, adapter, suite=None, single: bool = False, may_sample: bool = False
+) -> None:
     """Note on each revision shown which aliases serve it, want it, and may be pointed at it; its evaluation on
-    the newest suite, the gate's verdict when it awaits approval, and (its own page) the failing cases."""
+    the newest suite, the gate's verdict when it awaits approval, and (its own page) the failing cases, with the
+    revision's answers when the viewer may read them (`may_sample`: adapters.selectors.evaluation_answers_visible).
+    """
     has_production = any(a.name == Alias.PRODUCTION for a in aliases)
     for rev in revisions:
         rev.adapter = adapter  # the page's own: the verdict reads its policy without a query per revision
@@ -122,7 +127,9 @@ def _mark_revisions(revisions, aliases: list[Alias], *, adapter, suite=None, sin
             else None
         )
         if single and rev.evaluation is not None:
-            failing = [c for c in rev.evaluation.case_results if not c.get("passed")]
+            answers = adapter_selectors.evaluation_answers_visible(revision=rev, may_sample=may_sample)
+            results = adapter_selectors.evaluation_case_results(rev.evaluation, answers=answers)
+            failing = [c for c in results if not c.get("passed")]
             rev.failing_cases, rev.failing_more = (
                 _with_case_texts(failing[:FAILING_CASES_SHOWN], suite),
                 max(0, len(failing) - FAILING_CASES_SHOWN),
@@ -199,7 +206,14 @@ def adapter_detail(request: HttpRequest, name: str, number: int | None = None) -
     )
     if number is not None and not revisions.object_list:
         raise Http404("No such revision.")
-    _mark_revisions(revisions, aliases, adapter=adapter, suite=suite, single=number is not None)
+    _mark_revisions(
+        revisions,
+        aliases,
+        adapter=adapter,
+        suite=suite,
+        single=number is not None,
+        may_sample=viewer.can(Capability.SAMPLE),
+    )
     room = None
     if number is not None and viewer.can(Capability.DECIDE):
         # One revision: what to know before activating it (several queries, so never for a whole list; the

@@ -38,7 +38,13 @@ from tenants.models import ApiKey, Tenant
 # alone names nothing.
 USAGE_DIMENSIONS = ("adapter", "revision", "key", "day", "hour", "minute", "node", "status")
 _TIME_DIMENSIONS = ("day", "hour", "minute")
-USAGE_KINDS = (UsageKind.INFERENCE.value, UsageKind.SAMPLING.value, UsageKind.WARMUP.value, "all")
+USAGE_KINDS = (
+    UsageKind.INFERENCE.value,
+    UsageKind.SAMPLING.value,
+    UsageKind.EVALUATION.value,
+    UsageKind.WARMUP.value,
+    "all",
+)
 USAGE_MAX_RANGE_DAYS = 400
 USAGE_MAX_GROUPS = 10_000
 USAGE_MINUTE_RANGE = timedelta(days=2)

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -41,6 +43,12 @@ from adapters.suites import grade
 from mint_site.errors import InvalidTransition
 from serving import selectors, tasks
 from serving.models import Alias, NodeState, Placement, PlacementState, Priority, ServingNode, lora_name
+from serving.services.evaluation_tokens import (
+    TokenLimitHit,
+    evaluation_token_limit,
+    evaluation_tokens_spend,
+    seconds_until,
+)
 from serving.services.placement import node_can_load, placement_release_speculative, placement_request
 from serving.services.usage import usage_of_evaluation
 from serving.vllm import VllmClient, VllmError
@@ -50,6 +58,11 @@ log = logging.getLogger(__name__)
 E = EvaluationState
 POLL_S = 1.0
 REQUEST_TIMEOUT_S = 60.0
+# vLLM's `priority` of an evaluation's requests on an engine that schedules by it: lower goes first, and the
+# gateway's requests carry the default, 0 (it never forwards a tenant's own).
+EVALUATION_PRIORITY = 100
+YIELD_POLL_S = 0.05  # how often the runner looks at the node's requests while it yields to them
+BUDGET_EXHAUSTED = "budget_exhausted"
 
 
 def _deadline(evaluation: Evaluation) -> datetime:
@@ -148,11 +161,40 @@ def evaluation_run(*, evaluation_id: int) -> str:
     return "waits for a placement" if placement is not None else "waits for a free slot"
 
 
-def _send_cases(evaluation_id: int, placement: Placement, *, step: int) -> None:
+def _send_cases(evaluation_id: int, placement: Placement, *, step: int, countdown: float = 0) -> None:
     tasks.evaluation_cases.apply_async(
         kwargs={"evaluation_id": evaluation_id, "placement_id": placement.id, "step": step},
         queue=placement.node.queue,
+        countdown=countdown or None,
     )
+
+
+@dataclass
+class Answers:
+    """What `_answers` got: per-case results and metering totals; `stopped` when the tenant's token limits ended
+    it early (the cases after it are left for later, or for never)."""
+
+    results: list[dict[str, Any]] = field(default_factory=list)
+    meter: dict[str, Any] = field(
+        default_factory=lambda: {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "latencies_ms": []}
+    )
+    stopped: TokenLimitHit | None = None
+
+
+def _yield_to_inference(engine: VllmClient) -> None:
+    """Wait, at most MINT_EVALUATION_YIELD_S, while the node runs or queues anyone's requests: an evaluation's
+    case goes in the gaps of the tenants' inference, not beside it. On an engine that schedules by priority
+    it is also sent below them (EVALUATION_PRIORITY), for the requests that arrive while it runs."""
+    until = time.monotonic() + settings.MINT_EVALUATION_YIELD_S
+    while True:
+        try:
+            if engine.requests_in_flight() <= 0:
+                return
+        except VllmError:
+            return  # the metrics cannot be read: go on (the priority, where there is one, still holds)
+        if time.monotonic() >= until:
+            return
+        time.sleep(YIELD_POLL_S)
 
 
 def _answers(
@@ -163,42 +205,64 @@ def _answers(
     deadline: datetime,
     start: int = 0,
     budget_s: float | None = None,
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The answers of cases `start`… from the node, graded: (per-case results, metering totals); with
-    `budget_s`, it stops after the case that took it past that many seconds (one case at least). VllmError
-    on failure."""
-    plan_tokens = revision.adapter.tenant.max_evaluation_tokens
+) -> Answers:
+    """The answers of cases `start`… from the node, graded, with metering totals; with `budget_s`, it stops after
+    the cases that took it past that many seconds (one batch at least). VllmError on failure.
+
+    The tenant's cases go `max_evaluation_requests` at a time (its cap on the node), each batch once the node has
+    no one else's requests (`_yield_to_inference`), and only while the tenant's token limits leave room: its
+    tokens count against them like its inference's (serving/services/evaluation_tokens.py)."""
+    tenant = revision.adapter.tenant
+    plan_tokens = tenant.max_evaluation_tokens
     default_tokens = min(settings.MINT_EVALUATION_DEFAULT_MAX_TOKENS, plan_tokens)
     excerpt = settings.MINT_EVALUATION_EXCERPT_CHARS
-    results: list[dict[str, Any]] = []
-    meter: dict[str, Any] = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "latencies_ms": []}
+    at_once = max(1, tenant.max_evaluation_requests)
+    extra = {"priority": EVALUATION_PRIORITY} if node.schedules_by_priority else {}
+    got = Answers()
     name = lora_name(revision)
     began = time.monotonic()
-    with VllmClient(node.url, timeout=REQUEST_TIMEOUT_S) as engine:
-        for index, case in enumerate(cases[start:], start=start):
-            if budget_s is not None and results and time.monotonic() - began >= budget_s:
+
+    def one(engine: VllmClient, case: dict[str, Any], left: float) -> tuple[str, dict, float]:
+        started = time.perf_counter()
+        answer, usage = engine.generate(
+            name,
+            prompt=case.get("prompt"),
+            messages=case.get("messages"),
+            max_tokens=min(int(case.get("max_tokens") or default_tokens), plan_tokens),
+            timeout=min(left, REQUEST_TIMEOUT_S),
+            **extra,
+        )
+        return answer, usage, (time.perf_counter() - started) * 1000
+
+    with VllmClient(node.url, timeout=REQUEST_TIMEOUT_S) as engine, ThreadPoolExecutor(at_once) as pool:
+        index = start
+        while index < len(cases):
+            if budget_s is not None and got.results and time.monotonic() - began >= budget_s:
                 break
             left = (deadline - timezone.now()).total_seconds()
             if left <= 0:
                 raise TimeoutError(f"MINT_EVALUATION_TIMEOUT_S passed after {index} of {len(cases)} cases")
-            started = time.perf_counter()
-            answer, usage = engine.generate(
-                name,
-                prompt=case.get("prompt"),
-                messages=case.get("messages"),
-                max_tokens=min(int(case.get("max_tokens") or default_tokens), plan_tokens),
-                timeout=min(left, REQUEST_TIMEOUT_S),
-            )
-            meter["latencies_ms"].append((time.perf_counter() - started) * 1000)
-            meter["requests"] += 1
-            meter["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
-            meter["completion_tokens"] += int(usage.get("completion_tokens") or 0)
-            passed, score = grade(case, answer, regex_max_mem=settings.MINT_EVALUATION_REGEX_MAX_MEM)
-            result = {"case": index + 1, "passed": passed, "score": score, "answer": answer[:excerpt]}
-            if case.get("name"):
-                result["name"] = case["name"]
-            results.append(result)
-    return results, meter
+            got.stopped = evaluation_token_limit(tenant=tenant)
+            if got.stopped is not None:
+                break
+            _yield_to_inference(engine)
+            batch = list(enumerate(cases[index : index + at_once], start=index))
+            answered = list(pool.map(one, [engine] * len(batch), [case for _, case in batch], [left] * len(batch)))
+            tokens = 0
+            for (number, case), (answer, usage, ms) in zip(batch, answered, strict=True):
+                got.meter["latencies_ms"].append(ms)
+                got.meter["requests"] += 1
+                got.meter["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
+                got.meter["completion_tokens"] += int(usage.get("completion_tokens") or 0)
+                tokens += int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
+                passed, score = grade(case, answer, regex_max_mem=settings.MINT_EVALUATION_REGEX_MAX_MEM)
+                result = {"case": number + 1, "passed": passed, "score": score, "answer": answer[:excerpt]}
+                if case.get("name"):
+                    result["name"] = case["name"]
+                got.results.append(result)
+            evaluation_tokens_spend(tenant=tenant, tokens=tokens)
+            index += len(batch)
+    return got
 
 
 def _meter(revision: AdapterRevision, node: ServingNode, meter: dict[str, Any]) -> None:
@@ -241,25 +305,30 @@ def _baseline(
     cases = evaluation.suite.cases
     partial = list(progress.get("baseline_cases") or []) if mine else []
     try:
-        results, meter = _answers(ready.node, live, cases, deadline=deadline, start=len(partial), budget_s=budget_s)
+        got = _answers(ready.node, live, cases, deadline=deadline, start=len(partial), budget_s=budget_s)
     except (VllmError, TimeoutError) as exc:
         adapter_services.evaluation_unavailable(evaluation=own, reason=str(exc))
         return live, None, f"the live revision r{live.number} could not be scored: {exc}"
-    _meter(live, ready.node, meter)
-    partial += results
+    _meter(live, ready.node, got.meter)
+    partial += got.results
+    if got.stopped is not None and got.stopped.code == BUDGET_EXHAUSTED:
+        adapter_services.evaluation_unavailable(evaluation=own, reason=got.stopped.message)
+        return live, None, f"the live revision r{live.number} could not be scored: {got.stopped.message}"
     if len(partial) < len(cases):
-        _next_slice(evaluation, placement, progress | {"baseline_id": own.id, "baseline_cases": partial})
+        wait = seconds_until(got.stopped) if got.stopped is not None else 0
+        _next_slice(evaluation, placement, progress | {"baseline_id": own.id, "baseline_cases": partial}, wait)
         return None, None, SLICED
     own = adapter_services.evaluation_finish(evaluation=own, case_results=partial)
     return live, own.score, None
 
 
-def _next_slice(evaluation: Evaluation, placement: Placement, progress: dict[str, Any]) -> None:
-    """Keep what the cases so far gave and queue the next slice behind whatever the node's queue holds now: an
-    evaluation holds the node agent for MINT_EVALUATION_SLICE_S at a time, never for its whole suite."""
+def _next_slice(evaluation: Evaluation, placement: Placement, progress: dict[str, Any], wait_s: float = 0) -> None:
+    """Keep what the cases so far gave and queue the next slice behind whatever the node's queue holds now (after
+    `wait_s`: the tenant's tokens per minute are used up until then): an evaluation holds the node agent for
+    MINT_EVALUATION_SLICE_S at a time, never for its whole suite."""
     step = int(progress.get("step", 0)) + 1
     adapter_services.evaluation_note(evaluation=evaluation, progress=progress | {"step": step})
-    _send_cases(evaluation.id, placement, step=step)
+    _send_cases(evaluation.id, placement, step=step, countdown=wait_s)
 
 
 def evaluation_cases(*, evaluation_id: int, placement_id: int, step: int = 0) -> str:
@@ -283,7 +352,7 @@ def evaluation_cases(*, evaluation_id: int, placement_id: int, step: int = 0) ->
     began = time.monotonic()
     if len(results) < len(cases):
         try:
-            more, meter = _answers(
+            got = _answers(
                 placement.node,
                 revision,
                 cases,
@@ -294,10 +363,14 @@ def evaluation_cases(*, evaluation_id: int, placement_id: int, step: int = 0) ->
         except (VllmError, TimeoutError) as exc:
             _unavailable(evaluation, f"r{revision.number} on node {placement.node.name}: {exc}")
             return "failed to run"
-        _meter(revision, placement.node, meter)
-        results += more
+        _meter(revision, placement.node, got.meter)
+        results += got.results
+        if got.stopped is not None and got.stopped.code == BUDGET_EXHAUSTED:
+            _unavailable(evaluation, got.stopped.message)
+            return "budget exhausted"
         if len(results) < len(cases) or time.monotonic() - began >= settings.MINT_EVALUATION_SLICE_S:
-            _next_slice(evaluation, placement, progress | {"cases": results})
+            wait = seconds_until(got.stopped) if got.stopped is not None else 0
+            _next_slice(evaluation, placement, progress | {"cases": results}, wait)
             return SLICED
         progress["cases"] = results
     left = max(0.0, settings.MINT_EVALUATION_SLICE_S - (time.monotonic() - began))

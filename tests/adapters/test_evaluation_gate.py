@@ -281,11 +281,48 @@ def test_the_evaluation_api_shows_score_baseline_delta_and_cases(tenant_a, adapt
     revision = pending(adapter_a, tenant_a, number=2)
     results = [{"passed": True, "score": 1.0, "answer": "x"}, {"passed": False, "score": 0.0, "answer": "z"}]
     finished(revision, suite_of(adapter_a), results=results, baseline=live, baseline_score=1.0)
-    body = tenant_a.client_as("viewer").get(f"{BASE}/revisions/2/evaluation/").json()
+    body = tenant_a.client_as("developer").get(f"{BASE}/revisions/2/evaluation/").json()
     assert body["state"] == "passed" and body["score"] == 0.5
     assert body["baseline_revision"] == "r1" and body["delta"] == -0.5
     assert body["case_results"][1]["answer"] == "z"
     assert tenant_a.client_as("viewer").get(f"{BASE}/revisions/1/evaluation/").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("principal", "sees"),
+    [("viewer", False), ("key:deploy", False), ("developer", True), ("key:pipeline", True), ("owner", True)],
+)
+def test_answers_of_an_unapproved_revision_go_only_to_callers_who_may_sample_it(tenant_a, adapter_a, principal, sees):
+    """The decision (adapters.selectors.evaluation_answers_visible): an unapproved revision's answers are a sample
+    of it, for those who may sample it; everyone who may read the catalog sees each case's verdict and score."""
+    revision = pending(adapter_a, tenant_a)
+    results = [{"case": 1, "passed": True, "score": 1.0, "answer": "secret-ish"}]
+    finished(revision, suite_of(adapter_a), results=results)
+    body = tenant_a.client_as(principal).get(f"{BASE}/revisions/1/evaluation/").json()
+    assert body["case_results"][0]["passed"] is True and body["case_results"][0]["score"] == 1.0
+    assert ("answer" in body["case_results"][0]) is sees
+    assert (b"secret-ish" in tenant_a.client_as(principal).get(f"{BASE}/revisions/1/evaluation/").content) is sees
+
+
+def test_an_approved_revisions_answers_are_every_readers(tenant_a, adapter_a):
+    revision = AdapterRevision.objects.create(adapter=adapter_a, number=1, state="approved", source_uri="x")
+    finished(revision, suite_of(adapter_a), results=[{"case": 1, "passed": False, "score": 0.0, "answer": "z"}])
+    for principal in ("viewer", "key:deploy"):
+        body = tenant_a.client_as(principal).get(f"{BASE}/revisions/1/evaluation/").json()
+        assert body["case_results"][0]["answer"] == "z"
+
+
+def test_the_dashboard_shows_an_unapproved_revisions_answers_only_to_who_may_sample_it(tenant_a, adapter_a):
+    from django.test import Client
+
+    revision = pending(adapter_a, tenant_a)
+    finished(revision, suite_of(adapter_a), results=[{"case": 1, "passed": False, "score": 0.0, "answer": "zq-xj"}])
+    pages = {}
+    for role in ("viewer", "developer"):
+        client = Client()
+        client.force_login(tenant_a.users[role])
+        pages[role] = client.get(f"/adapters/{adapter_a.name}/revisions/1/").content
+    assert b"zq-xj" in pages["developer"] and b"zq-xj" not in pages["viewer"]
 
 
 def test_asking_again_resets_an_unavailable_evaluation(tenant_a, adapter_a):

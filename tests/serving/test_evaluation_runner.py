@@ -42,11 +42,12 @@ def engine():
         client = factory.return_value.__enter__.return_value
         answers = {}
 
-        def generate(model, *, prompt=None, messages=None, max_tokens, timeout):
+        def generate(model, *, prompt=None, messages=None, max_tokens, timeout, priority=None):
             text = prompt or messages[0]["content"]
             return answers[model][text], {"prompt_tokens": 3, "completion_tokens": 1}
 
         client.generate.side_effect = generate
+        client.requests_in_flight.return_value = 0  # the node runs no one else's requests
         client.answers = answers
         yield client
 
