@@ -95,13 +95,30 @@ class BackingServers:
 
 
 class Stack:
-    def __init__(self, name: str, *, cpu_slots: int = 48, max_loras: int = 4):
+    def __init__(
+        self,
+        name: str,
+        *,
+        cpu_slots: int = 48,
+        max_loras: int = 4,
+        redis_db: int = 13,
+        env: dict[str, str] | None = None,
+        engine_flags: list[str] | None = None,
+    ):
+        """`redis_db`: the stack's Redis database; `env`: more MINT_* settings for every process of the stack;
+        `engine_flags`: more vLLM flags, which the node's record names too."""
         self.work = Path(tempfile.mkdtemp(prefix=f"mint-bench-{name}-"))
         self.db_url = bench_database_url(f"mint_bench_{name}")
         self.env = bench_env(
-            self.work, db_url=self.db_url, redis_db=13, MINT_HEARTBEAT_S="1", MINT_GATEWAY_CACHE_S="1.0"
+            self.work,
+            db_url=self.db_url,
+            redis_db=redis_db,
+            MINT_HEARTBEAT_S="1",
+            MINT_GATEWAY_CACHE_S="1.0",
+            **(env or {}),
         )
         self.cpu_slots, self.max_loras = cpu_slots, max_loras
+        self.engine_flags = list(engine_flags or ())
         self.supervisor = Supervisor(self.work / "log")
         self.vllm_url = self.web_url = ""
         self.cpus = split_cpus()
@@ -153,6 +170,7 @@ class Stack:
             max_cpu_loras=self.cpu_slots,
             max_lora_rank=16,
             cpus=node,
+            extra=self.engine_flags,
         )
         self.vllm_url, self.web_url = f"http://127.0.0.1:{vllm_port}", f"http://127.0.0.1:{web_port}"
         services.node_register(
@@ -164,11 +182,21 @@ class Stack:
             cpu_slots=self.cpu_slots,
             max_lora_rank=16,
             cache_dir=str(self.work / "node-cache"),
+            engine_flags=self.engine_flags,
             by=Actor.system(),
         )
         self.supervisor.start("web", web_argv("127.0.0.1", web_port), env=self.env, cpus=front)
-        # The control plane's worker (with beat) and the node agent off the engine's CPUs, both at the
-        # CPU priority `make run` gives workers.
+        self._start_workers()
+        wait_http(f"{self.vllm_url}/health", timeout=400)
+        wait_http(f"{self.web_url}/healthz", timeout=60)
+        from serving.models import ServingNode
+
+        self.wait(lambda: ServingNode.objects.get(name=NODE).state == "up", what="node up", timeout=60)
+
+    def _start_workers(self) -> None:
+        """The control plane's worker (with beat) and the node agent off the engine's CPUs, both at the CPU
+        priority `make run` gives workers."""
+        front = self.cpus[0] if self.cpus else None
         nice = worker_nice(self.env)
         self.supervisor.start(
             "worker",
@@ -184,11 +212,14 @@ class Stack:
             cpus=front,
             nice=nice,
         )
-        wait_http(f"{self.vllm_url}/health", timeout=400)
-        wait_http(f"{self.web_url}/healthz", timeout=60)
-        from serving.models import ServingNode
 
-        self.wait(lambda: ServingNode.objects.get(name=NODE).state == "up", what="node up", timeout=60)
+    def restart_workers(self, **env: str) -> None:
+        """Start the worker and the node agent again with more settings (a setting known only once the stack
+        runs, such as a size measured on its first exports)."""
+        self.env.update(env)
+        for name in ("agent", "worker"):
+            self.supervisor.stop(name)
+        self._start_workers()
 
     def __exit__(self, exc_type, *exc) -> None:
         if exc_type is not None:

@@ -24,6 +24,7 @@ BENCHMARKS = [
     "metering",
     "canary",
     "upload",
+    "long_tail",
 ]
 DOCS = BASE_DIR / "docs" / "benchmarks.md"
 
@@ -63,6 +64,7 @@ TITLES = {
     "metering": "Metering under load",
     "canary": "Canary rollout",
     "upload": "Resumable uploads",
+    "long_tail": "Long tail: residency tiers",
 }
 
 

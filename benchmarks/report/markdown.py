@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.report import long_tail
 from benchmarks.report.data import BENCHMARKS, LIVE_EVENT_PATHS, TITLES, fmt, get, leaves, load
 from benchmarks.report.verdicts import live_events_target, verdict_rows
 
@@ -52,6 +53,20 @@ INTRO = {
     "error). From the client's answer to the request that takes the candidate past the rule (at least "
     "MINT_CANARY_MIN_REQUESTS requests, error rate above live's by more than MINT_CANARY_ERROR_MARGIN) to the first "
     "10 ms poll that finds the alias without its canary.",
+    "long_tail": "Residency tiers (issue 28). *Simulator*: the control plane's own placement and eviction objects "
+    "(serving/residency/: `NodeCache`, `choose_node`, `LocalCounts`) over a synthetic trace: 10^7 requests for 10^6 "
+    "adapters in 10^4 tenants of Zipf sizes, Zipf (s = 1) popularity drifting over 20 epochs, four scans where one "
+    "big tenant asks for 50,000 of its coldest adapters once each; 100 nodes of 100 on-demand slots and 1,600 disk "
+    "copies, homes by rendezvous (a vectorised 64-bit hash, each adapter's best 4 nodes kept); the same trace "
+    "through plain LRU (same routing rule), Belady's optimum per node over the policy's routing, and the policy "
+    "with every adapter in one tenant (no tenant shares). *Live*: the serving stack (vLLM CPU on the tiny Llama, "
+    "the gateway, the control worker, the node agent) with GPU 4 / CPU 16 / disk 256 adapters and 10,000 live, "
+    "unreserved aliases over 100 tenants of Zipf sizes (bulk rows sharing 8 real exports); an open-loop Zipf "
+    "(s = 1) stream and a hot tenant's steady stream through the official `openai` client with its default "
+    "retries; quiet and scan windows in pairs (in a scan window the largest tenant walks its 2,000 coldest aliases "
+    "once each with 4 closed-loop clients); a thrashing phase (a stream spread over 32 aliases, twice the CPU "
+    "tier); the engine's stall measured first, straight against vLLM. Definitions of every figure are in "
+    "benchmarks/long_tail/figures.py.",
     "upload": "uvicorn (one process) on PostgreSQL, filesystem store, the tenant's throttles raised. A 200 MB "
     "`.tar` (a PEFT config and random weights) registered with one multipart POST and over the resumable path "
     "(open a session, PUT 8 MiB parts one after another with their SHA-256, complete), alternating, five times each: "
@@ -344,6 +359,8 @@ def section(name: str, d: dict | None, results: Path) -> list[str]:
         out += catalog_sections(d)
     if name == "live_events":
         out += live_events_sections(d)
+    if name == "long_tail":
+        out += long_tail.sections(d, table)
     for note in NOTES.get(name, []):
         out += ["", note]
     if (results / f"{name}.png").exists():

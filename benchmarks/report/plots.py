@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report.data import LIVE_EVENT_PATHS, TITLES, fmt, get, leaves, number, summaries
+from benchmarks.report.long_tail import plot_long_tail
 from benchmarks.report.verdicts import live_events_target
 
 
@@ -363,6 +364,7 @@ PLOTS: dict[str, Callable[[dict, Any], Any]] = {
     "failover": plot_failover,
     "metering": plot_metering,
     "canary": plot_canary,
+    "long_tail": plot_long_tail,
 }
 
 

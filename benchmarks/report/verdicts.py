@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from benchmarks.report.data import (
     LIVE_EVENT_PATHS,
@@ -15,27 +13,8 @@ from benchmarks.report.data import (
     number,
     summaries,
 )
-
-
-@dataclass
-class Row:
-    figure: str
-    measured: Any
-    target: str
-    ok: bool | None  # None: cannot tell (missing figure)
-    paper: str = ""
-    unit: str = ""
-
-    def cells(self) -> list[str]:
-        verdict = MISSING if self.ok is None else ("met" if self.ok else "**missed**")
-        return [self.figure, fmt(self.measured, self.unit), self.target, verdict, self.paper]
-
-
-def check(value: Any, op: str, limit: float) -> bool | None:
-    v = number(value)
-    if v is None:
-        return None
-    return {"<": v < limit, "<=": v <= limit, ">=": v >= limit}[op]
+from benchmarks.report.long_tail import rows_long_tail
+from benchmarks.report.row import Row, check
 
 
 def rows_registration(d: dict) -> list[Row]:
@@ -446,6 +425,7 @@ ROWS: dict[str, Callable[[dict], list[Row]]] = {
     "metering": rows_metering,
     "canary": rows_canary,
     "upload": rows_upload,
+    "long_tail": rows_long_tail,
 }
 
 

@@ -1,0 +1,100 @@
+"""benchmarks/long_tail: the offline baselines are right, the trace has what it promises, and the simulator's quick
+run writes every `sim_*` key the issue names (its live part needs a vLLM engine: `make bench` runs it)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+
+import numpy as np
+import pytest
+
+from benchmarks.long_tail.offline import belady_hits, lru_hits, next_use, per_node
+from benchmarks.long_tail.trace import TraceShape, generate, zipf_sizes
+from tests.benchmarks.test_quick import COMMON_KEYS, run_module
+
+SIM_KEYS = {
+    "sim_adapters",
+    "sim_nodes",
+    "sim_requests",
+    "sim_hit_ratio",
+    "sim_hit_ratio_lru",
+    "sim_hit_ratio_belady",
+    "sim_decisions_per_s",
+}
+
+
+def optimum(keys: list[int], capacity: int) -> int:
+    """The most hits any policy can get (a miss loads the key, which may be dropped at once), by exhaustive search."""
+
+    @functools.cache
+    def best(i: int, cached: frozenset) -> int:
+        if i == len(keys):
+            return 0
+        key = keys[i]
+        if key in cached:
+            return 1 + best(i + 1, cached)
+        if len(cached) < capacity:
+            return best(i + 1, cached | {key})
+        keep_out = best(i + 1, cached)  # serve it and drop it
+        swaps = max(best(i + 1, (cached - {victim}) | {key}) for victim in cached)
+        return max(keep_out, swaps)
+
+    return best(0, frozenset())
+
+
+def test_lru_hits_follow_recency():
+    assert lru_hits(np.array([1, 2, 1, 3, 2, 1]), 2).tolist() == [False, False, True, False, False, False]
+
+
+def test_next_use_points_at_the_same_keys_next_request():
+    assert next_use(np.array([5, 6, 5, 5, 7])).tolist() == [2, 6, 3, 6, 6]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_belady_is_the_optimum_and_lru_never_beats_it(seed):
+    rng = random.Random(seed)
+    keys = [rng.randrange(6) for _ in range(14)]
+    capacity = rng.choice([1, 2, 3])
+    hits = belady_hits(np.array(keys), capacity)
+    assert int(hits.sum()) == optimum(keys, capacity)
+    assert hits.sum() >= lru_hits(np.array(keys), capacity).sum()
+
+
+def test_per_node_replays_each_nodes_requests_apart():
+    keys, nodes = np.array([1, 1, 2, 1, 2, 2]), np.array([0, 1, 0, 0, 1, 1])
+    # Node 0 sees 1, 2, 1 (capacity 1: no hit); node 1 sees 1, 2, 2 (one hit).
+    assert per_node(keys, nodes, 1, lru_hits).tolist() == [False, False, False, False, False, True]
+
+
+def test_trace_has_zipf_tenants_scans_of_cold_adapters_and_drift():
+    shape = TraceShape(adapters=5_000, tenants=50, requests=60_000, epochs=6, scans=2, scan_size=500, drift_pool=500)
+    trace = generate(shape)
+    sizes = zipf_sizes(5_000, 50, 1.0)
+    assert sizes.sum() == 5_000 and list(sizes) == sorted(sizes, reverse=True)
+    assert trace.adapters.size == 60_000 and np.bincount(trace.tenant_of).tolist() == sizes.tolist()
+    scanned = trace.adapters[trace.scan]
+    assert scanned.size == 1_000 and np.unique(scanned).size == 1_000  # each once
+    assert set(trace.tenant_of[scanned].tolist()) == set(trace.scan_tenants) == {0, 1}
+    assert trace.scan_phase.sum() > 0 and not (trace.scan & trace.scan_phase).any()
+    # The popular set drifts: the most asked-for adapters of the first and the last epoch differ.
+    first, last = trace.adapters[:10_000], trace.adapters[-10_000:]
+    top = [set(np.argsort(-np.bincount(part, minlength=5_000))[:50].tolist()) for part in (first, last)]
+    assert len(top[0] & top[1]) < 50
+
+
+def test_quick_simulation_writes_the_sim_keys_and_a_report_section(tmp_path):
+    done = run_module("benchmarks.long_tail", "--quick", "--only", "sim", "--out", str(tmp_path), timeout=180)
+    assert done.returncode == 0, done.stderr[-4000:]
+    body = json.loads((tmp_path / "long_tail.json").read_text())
+    assert not (COMMON_KEYS | SIM_KEYS) - body.keys()
+    assert body["sim_requests"] == 200_000 and body["sim_nodes"] == 10
+    assert 0 < body["sim_hit_ratio_lru"] <= body["sim_hit_ratio_belady"] <= 1
+    assert 0 < body["sim_hit_ratio"] <= body["sim_hit_ratio_belady"]
+    assert body["sim_decisions_per_s"] > 0
+    report = run_module("benchmarks.report", "--out", str(tmp_path), timeout=120)
+    assert report.returncode == 0, report.stderr[-4000:]
+    section = (tmp_path / "benchmarks.md").read_text().split("## Long tail: residency tiers", 1)[1].split("\n## ")[0]
+    assert "simulator: policy decisions per second, one core (CPU time)" in section
+    assert (tmp_path / "long_tail.png").stat().st_size > 0
