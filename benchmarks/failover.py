@@ -123,8 +123,10 @@ class Bench:
         self.wait(lambda: ServingNode.objects.filter(state=NodeState.UP).count() == 2, "both nodes up", 60)
         from serving import services as serving_services
 
-        for revision in self.revisions.values():
-            serving_services.revision_activate(adapter=revision.adapter, revision=revision, by=Actor.system())
+        for revision in self.revisions.values():  # reserved: failover places them again by itself
+            serving_services.revision_activate(
+                adapter=revision.adapter, revision=revision, by=Actor.system(), reserve=True
+            )
         for name, revision in self.revisions.items():
             self.wait(lambda r=revision: self.live(r), f"{name} live", 180)
         self.wait(lambda: len(self.ready_nodes(self.revisions[REPLICATED])) == 2, "two replicas", 120)

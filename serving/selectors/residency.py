@@ -76,19 +76,30 @@ def node_load_s(node_id: int) -> float:
     return statistics.median(times) if times else DEFAULT_LOAD_S
 
 
+def node_cold_s(node_id: int, node_name: str) -> float:
+    """The median seconds of the node's recent loads on demand, from the request that asked to ready: the load
+    itself and everything around it (the victim's unload, the task hand-offs, admission). Without any yet, the
+    node's load time."""
+    rows = list(
+        ColdStart.objects.filter(node=node_name).order_by("-asked_at").values_list("seconds", flat=True)[:_SAMPLE]
+    )
+    return statistics.median(rows) if rows else node_load_s(node_id)
+
+
 def expected_ready_s(revision_id: int, *, now: datetime | None = None) -> float:
     """Seconds until the revision should be ready somewhere: 0 when it is; its fastest placement's estimate."""
     now = now or timezone.now()
     rows = list(
         Placement.objects.filter(revision_id=revision_id)
         .exclude(state__in=(P.EVICTING, P.FAILED))
-        .select_related("revision__adapter")
-        .values_list("id", "node_id", "state", "started_at", "priority", "queued_at", "revision__adapter__tenant_id")
+        .values_list(
+            "node__name", "node_id", "state", "started_at", "priority", "queued_at", "revision__adapter__tenant_id"
+        )
     )
     if any(state == P.READY for _, _, state, *_ in rows):
         return 0.0
     estimates = []
-    for _, node_id, state, started_at, priority, queued_at, tenant_id in rows:
+    for node_name, node_id, state, started_at, priority, queued_at, tenant_id in rows:
         load_s = node_load_s(node_id)
         if state in (P.LOADING, P.WARMING):
             elapsed = (now - started_at).total_seconds() if started_at else 0.0
@@ -101,7 +112,9 @@ def expected_ready_s(revision_id: int, *, now: datetime | None = None) -> float:
             )
             loading = Placement.objects.filter(node_id=node_id, state__in=(P.LOADING, P.WARMING)).count()
             turns = (ahead + loading) / max(1, settings.MINT_NODE_COLD_LOADS)
-            estimates.append((turns + 1) * load_s + _pause_s(node_id, tenant_id, now))
+            waited = (now - queued_at).total_seconds()
+            own = max(load_s, node_cold_s(node_id, node_name) - waited)  # its own load, as loads here have gone
+            estimates.append(turns * load_s + own + _pause_s(node_id, tenant_id, now))
         elif state == P.WAITING:
             estimates.append(settings.MINT_RESIDENCY_MIN_RESIDENT_S + load_s)
     if not estimates:  # no room was found for it: an entry frees within the minimum residency

@@ -609,10 +609,11 @@ def placement_failed(*, placement: Placement, reason: str) -> str:
 
 
 def placement_forget(*, placement: Placement) -> None:
-    """Drop the bookkeeping of an unloaded placement, freeing its slot for what waits for one."""
+    """Drop the bookkeeping of an unloaded placement, freeing its slot for what waits for one: a load queued for
+    it (an eviction is decided for the load that needs its slot) is admitted first, then what waits is placed."""
     Placement.objects.filter(id=placement.id).delete()
-    placements_retry(base_model_id=placement.node.base_model_id)
     admit(node_id=placement.node_id)
+    placements_retry(base_model_id=placement.node.base_model_id)
 
 
 def placements_release(*, revision: AdapterRevision) -> dict[str, list[str]]:

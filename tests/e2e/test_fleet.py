@@ -49,9 +49,12 @@ def test_two_hosts_replicas_failover_and_drain(fleet, tenant_a, tiny_llama_dir, 
         fleet.wait_engine(name)
     fleet_wait(lambda: ServingNode.objects.filter(state=NodeState.UP).count() == 2, timeout=60, what="both nodes up")
 
-    # Replicas: the replicated adapter flips only once ready on both hosts; the solo one on one.
+    # Replicas: the replicated adapter flips only once ready on both hosts; the solo one on one. Both reserved:
+    # failover places reserved revisions again by itself (on-demand ones load again when asked for).
     for adapter in (replicated, solo):
-        answer = approver.post(f"/api/v1/adapters/{adapter.name}/activate/", {"revision": "r1"}, format="json")
+        answer = approver.post(
+            f"/api/v1/adapters/{adapter.name}/activate/", {"revision": "r1", "reserve": True}, format="json"
+        )
         assert answer.status_code == 200, answer.content
     for adapter, revision in ((replicated, r_replicated), (solo, r_solo)):
         fleet_wait(

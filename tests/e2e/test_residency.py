@@ -65,7 +65,13 @@ def settled(node: ServingNode) -> bool:
 def test_twenty_live_aliases_on_four_slots(
     tenant_a, small_engine, tiny_llama_dir, artifact_root, tmp_path, start_worker, start_web, supervisor
 ):
-    Tenant.objects.filter(id=tenant_a.tenant.id).update(rate_limit_rpm=100_000, max_adapters=100)
+    Tenant.objects.filter(id=tenant_a.tenant.id).update(
+        rate_limit_rpm=100_000,
+        max_adapters=100,
+        max_concurrent_tasks=ALIASES,
+        api_write_rpm=10_000,
+        api_tenant_write_rpm=10_000,
+    )
     env = {
         "MINT_ARTIFACT_ROOT": str(artifact_root),
         "MINT_HEARTBEAT_S": "1",
@@ -86,12 +92,16 @@ def test_twenty_live_aliases_on_four_slots(
         cache_dir=str(tmp_path / "node-cache"),
         by=Actor.system(),
     )
-    start_worker("control", "node.small", extra_env=env, beat=True)
+    # The control worker (with beat) and the node's agent apart, as in production: a load on demand is a few
+    # hand-offs between them, and one process doing both would put the heartbeat in their way.
+    start_worker("control", extra_env=env, beat=True, name="control")
+    start_worker("node.small", extra_env=env, name="agent")
     web = start_web(env)
 
     def logs() -> str:
         rows = list(Placement.objects.values_list("revision__adapter__name", "state", "failure_reason"))
-        return f"placements: {rows}\n--- worker\n{log_of(supervisor, 'worker')[-6000:]}"
+        workers = "\n".join(f"--- {n}\n{log_of(supervisor, n)[-5000:]}" for n in ("control", "agent"))
+        return f"placements: {rows}\n{workers}"
 
     wait(lambda: ServingNode.objects.get(id=node.id).state == NodeState.UP, timeout=30, what="heartbeat", logs=logs)
 
@@ -113,8 +123,10 @@ def test_twenty_live_aliases_on_four_slots(
         logs=logs,
     )
     for name in names:
-        assert pipeline.post(f"/api/v1/adapters/{name}/revisions/1/request-approval/").status_code == 200
-        assert approver.post(f"/api/v1/adapters/{name}/revisions/1/approve/", {}, format="json").status_code == 200
+        asked = pipeline.post(f"/api/v1/adapters/{name}/revisions/1/request-approval/")
+        assert asked.status_code == 200, asked.content
+        approved = approver.post(f"/api/v1/adapters/{name}/revisions/1/approve/", {}, format="json")
+        assert approved.status_code == 200, approved.content
     reserved = approver.post(f"/api/v1/adapters/{names[0]}/activate/", {"revision": 1, "reserve": True}, format="json")
     assert reserved.status_code == 200 and reserved.json()["reserved"] is True
     for name in names[1:]:
@@ -156,26 +168,36 @@ def test_twenty_live_aliases_on_four_slots(
     target = Placement.objects.get(revision__adapter__name=streamed, node=node, state="ready")
     usage: list = []
     chunks_seen: list[str] = []
+    errors: list[BaseException] = []
 
     def stream() -> None:
-        chunks = client.completions.create(
-            model=streamed,
-            prompt="count",
-            max_tokens=STREAM_TOKENS,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"min_tokens": STREAM_TOKENS},
-        )
-        for chunk in chunks:
-            if chunk.choices:
-                chunks_seen.append(chunk.choices[0].finish_reason or "")
-            if chunk.usage is not None:
-                usage.append(chunk.usage.completion_tokens)
+        try:
+            chunks = client.completions.create(
+                model=streamed,
+                prompt="count",
+                max_tokens=STREAM_TOKENS,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"min_tokens": STREAM_TOKENS},
+            )
+            for chunk in chunks:
+                if chunk.choices:
+                    chunks_seen.append(chunk.choices[0].finish_reason or "")
+                if chunk.usage is not None:
+                    usage.append(chunk.usage.completion_tokens)
+        except BaseException as exc:  # reported by the waits below
+            errors.append(exc)
 
     reader = threading.Thread(target=stream)
     reader.start()
-    wait(lambda: len(chunks_seen) > 5, timeout=30, what="the stream under way", logs=logs)
+    wait(
+        lambda: len(chunks_seen) > 5 or errors,
+        timeout=60,
+        what="the stream under way",
+        logs=lambda: f"{errors} {len(chunks_seen)} chunks\n{logs()}",
+    )
+    assert not errors, errors
     deactivated = approver.post(f"/api/v1/adapters/{streamed}/deactivate/", {"alias": "production"}, format="json")
     assert deactivated.status_code == 200, deactivated.content
     wait(

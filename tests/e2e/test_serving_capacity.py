@@ -48,7 +48,9 @@ def test_a_tenant_past_its_share_cannot_keep_another_from_going_live(
     a_approver = tenant_a.client_as("approver")
     for number in (1, 2, 3):
         activated = a_approver.post(
-            "/api/v1/adapters/support-bot/activate/", {"revision": number, "alias": f"a{number}"}, format="json"
+            "/api/v1/adapters/support-bot/activate/",
+            {"revision": number, "alias": f"a{number}", "reserve": True},
+            format="json",
         )
         assert activated.status_code == 200, activated.content
     for number in (1, 2, 3):
@@ -60,7 +62,9 @@ def test_a_tenant_past_its_share_cannot_keep_another_from_going_live(
         )
 
     # A's fourth is within its quota but the node is full of A's own: it waits, and A can read why.
-    fourth = a_approver.post("/api/v1/adapters/support-bot/activate/", {"revision": 4, "alias": "a4"}, format="json")
+    fourth = a_approver.post(
+        "/api/v1/adapters/support-bot/activate/", {"revision": 4, "alias": "a4", "reserve": True}, format="json"
+    )
     assert fourth.status_code == 200
     why = wait(
         lambda: next(
@@ -80,14 +84,19 @@ def test_a_tenant_past_its_share_cannot_keep_another_from_going_live(
     assert "3 of 3 slots" in why and "acme holds 3" in why
 
     # A's fifth is past its quota of 4: refused, naming the quota.
-    fifth = a_approver.post("/api/v1/adapters/support-bot/activate/", {"revision": 5, "alias": "a5"}, format="json")
+    fifth = a_approver.post(
+        "/api/v1/adapters/support-bot/activate/", {"revision": 5, "alias": "a5", "reserve": True}, format="json"
+    )
     assert fifth.status_code == 429
     assert fifth.json()["error"]["code"] == "serving_quota_exceeded"
     assert fifth.json()["error"]["detail"]["quota"] == "max_ready_revisions"
 
     # B activates its one revision: A (over its fair share) gives up its least recently used slot.
     b_approver = tenant_b.client_as("approver")
-    assert b_approver.post("/api/v1/adapters/victim-bot/activate/", {"revision": 1}, format="json").status_code == 200
+    activated = b_approver.post(
+        "/api/v1/adapters/victim-bot/activate/", {"revision": 1, "reserve": True}, format="json"
+    )
+    assert activated.status_code == 200, activated.content
     b_revision = AdapterRevision.objects.get(adapter=b_adapter, number=1)
     wait(
         lambda: Alias.objects.get(adapter=b_adapter, name="production").revision_id == b_revision.id,
