@@ -25,6 +25,7 @@ BENCHMARKS = [
     "canary",
     "upload",
     "long_tail",
+    "hostile_edges",
 ]
 DOCS = BASE_DIR / "docs" / "benchmarks.md"
 
@@ -65,6 +66,7 @@ TITLES = {
     "canary": "Canary rollout",
     "upload": "Resumable uploads",
     "long_tail": "Long tail: residency tiers",
+    "hostile_edges": "Hostile edges: floods and evaluations",
 }
 
 

@@ -73,6 +73,14 @@ INTRO = {
     "MB per second from the first byte to the revision's 201. *Resume*: the connection is cut in the middle of the "
     "part after half of them (a raw socket sends half that part and closes); a new client reads the session, sends "
     "the parts not `received` and completes; the revision's digest is compared with the one-shot upload's.",
+    "hostile_edges": "uvicorn (one process, half the CPUs) on PostgreSQL; 32 flooding clients and the probes on the "
+    "other CPUs, the probes ahead of the flooders. In quiet/disturbed window pairs: 32 anonymous clients send 8 MiB "
+    "resumable-upload parts, 4 MiB bodies to the REST API and the gateway, and tiny requests (/healthz's p95 and "
+    "another tenant's API reads, disturbed ÷ quiet); then 32 clients on the same address send random keys to the "
+    "gateway and the REST API while a valid key from that address keeps calling both (its non-200 answers). "
+    "*Evaluation*: the serving stack (vLLM CPU on the tiny Llama with `--scheduling-policy=priority`, the gateway, "
+    "the control worker, the node agent); a neighbour tenant's completions (16 tokens, one every 0.25 s) before and "
+    "during a 60-case evaluation (up to 128 tokens a case) of another tenant's revision awaiting approval.",
     "metering": "On the serving stack (vLLM CPU on the tiny Llama, the gateway, the control worker, the node agent), "
     "16 concurrent `openai` clients send an even mix of completions, chats, and streamed completions and chats with "
     "and without `stream_options.include_usage` to two live adapters (`ignore_eos`, 1-8 tokens). *Counted ÷ seen*: "

@@ -13,6 +13,7 @@ from benchmarks.report.data import (
     number,
     summaries,
 )
+from benchmarks.report.hostile import rows_hostile_edges
 from benchmarks.report.long_tail import rows_long_tail
 from benchmarks.report.row import Row, check
 
@@ -426,6 +427,7 @@ ROWS: dict[str, Callable[[dict], list[Row]]] = {
     "canary": rows_canary,
     "upload": rows_upload,
     "long_tail": rows_long_tail,
+    "hostile_edges": rows_hostile_edges,
 }
 
 

@@ -1,0 +1,507 @@
+"""Hostile edges: what anonymous floods, floods of guessed keys and a tenant's evaluation cost everyone else.
+
+Three figures, each a median over quiet/disturbed window pairs with a 95 % bootstrap interval:
+
+- `anon_flood_healthz_p95_ratio` (target ≤ 2): `/healthz`'s p95 while 32 anonymous clients send resumable-upload
+  parts of 8 MiB, 4 MiB bodies to other routes and tiny requests, ÷ its p95 in the quiet window before. The same
+  ratio for another tenant's API reads (`anon_flood_tenant_p95_ratio`) is reported beside it.
+- `bad_key_flood_valid_key_errors` (target 0): valid-key calls (the gateway's `/v1/models`, the REST API) from
+  the flooding address that did not get 200 while 32 clients on it send random keys.
+- `eval_neighbour_p95_ratio` (target ≤ 1.2): another tenant's completion p95 while a 60-case evaluation of an
+  unapproved revision runs on the same vLLM CPU node, ÷ its p95 in the quiet window before (benchmarks/stack.py:
+  engine, node agent, control worker, web; the node schedules by priority). Needs the engine: `--no-engine`
+  leaves it out.
+
+A private MinT: its own PostgreSQL and Redis databases, the web server as `make run` starts it (one process).
+The flooding clients run in processes of their own at the lowest CPU priority: they stand for other machines.
+
+    python -m benchmarks.hostile_edges [--quick] [--pairs 5] [--window 10] [--no-engine]
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import secrets
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from benchmarks.common import (
+    bench_database_url,
+    bench_env,
+    parser,
+    percentile,
+    plot_result,
+    print_logs,
+    recreate_database,
+    setup_django,
+    summary_ms,
+    wait_http,
+    write_result,
+)
+from devtools.launcher import web_argv
+from devtools.supervisor import Supervisor, free_port
+
+TARGETS = {"anon_flood_healthz_p95_ratio": 2.0, "bad_key_flood_valid_key_errors": 0, "eval_neighbour_p95_ratio": 1.2}
+FLOOD_CLIENTS = 32
+FLOOD_PROCESSES = 8  # the clients' threads in few processes: the flooding machine's work, not the server's
+# CPU priorities on the clients' CPUs: the probes ahead of the flooders (which must still get CPU on a busy machine).
+PROBE_NICE, FLOODER_NICE = -5, 5
+REDIS_DB = 6
+PART_BYTES = 8 * 1024 * 1024
+OTHER_BYTES = 4 * 1024 * 1024
+
+
+def bootstrap_median(values: list[float], *, reps: int = 10_000, seed: int = 7) -> tuple[float, float]:
+    """A 95 % percentile-bootstrap interval of the median of `values`."""
+    if not values:
+        return float("nan"), float("nan")
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(reps))
+    return medians[int(0.025 * reps)], medians[int(0.975 * reps) - 1]
+
+
+@dataclass
+class Probe:
+    """Calls one URL every `period` seconds from a thread; each answer's (moment, seconds, status)."""
+
+    url: str
+    period: float
+    headers: dict[str, str] = field(default_factory=dict)
+    samples: list[tuple[float, float, int]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        # Ahead of the flooders on the clients' CPUs (where the process may: root), so that what it measures is
+        # the server's answer, not its own wait for a CPU among the flooding threads.
+        with suppress(PermissionError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PROBE_NICE)
+        with httpx.Client(timeout=30) as http:
+            next_at = time.monotonic()
+            while not self.stop.is_set():
+                started = time.perf_counter()
+                try:
+                    status = http.get(self.url, headers=self.headers).status_code
+                except httpx.HTTPError:
+                    status = 0
+                self.samples.append((time.time(), time.perf_counter() - started, status))
+                next_at += self.period
+                self.stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.run, daemon=True)
+        thread.start()
+        return thread
+
+    def between(self, start: float, end: float) -> list[tuple[float, float, int]]:
+        return [s for s in self.samples if start <= s[0] < end]
+
+
+# ---------------------------------------------------------------------------------------------- the flooders
+
+
+def _raw(host: str, port: int, head: str, body_bytes: int, chunk: bytes) -> int:
+    """One request over its own connection: the headers, then as much of a `body_bytes` body as the server takes
+    before it answers; the answer's status (0 when the server hung up first)."""
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.sendall(head.encode())
+        sent = 0
+        try:
+            while sent < body_bytes:
+                sock.sendall(chunk[: min(len(chunk), body_bytes - sent)])
+                sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        try:
+            line = sock.makefile("rb").readline()
+        except (ConnectionResetError, TimeoutError):
+            return 0
+    parts = line.split()
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+
+
+def anonymous_requests(base: str, stop: threading.Event, answers: Counter) -> None:
+    """One client: anonymous requests in turn, as fast as the server answers: 8 MiB parts, 4 MiB bodies to the
+    REST API and the gateway, tiny calls."""
+    host, port = base.removeprefix("http://").split(":")
+    chunk = b"x" * 65536
+    part = "/api/v1/adapters/victim/uploads/6d1f0e5c-7a3b-4c1e-9f00-0123456789ab/parts/1/"
+    json_type = "Content-Type: application/json\r\n"
+    kinds = [
+        ("part_8MiB", f"PUT {part} HTTP/1.1\r\nHost: {host}\r\nX-Mint-Part-Sha256: {'0' * 64}\r\n", PART_BYTES),
+        ("api_4MiB", f"POST /api/v1/adapters/ HTTP/1.1\r\nHost: {host}\r\n{json_type}", OTHER_BYTES),
+        ("gateway_4MiB", f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n{json_type}", OTHER_BYTES),
+        ("tiny", f"GET /api/v1/ HTTP/1.1\r\nHost: {host}\r\n", 0),
+    ]
+    i = random.randrange(len(kinds))
+    while not stop.is_set():
+        name, head, size = kinds[i % len(kinds)]
+        i += 1
+        head += f"Content-Length: {size}\r\nConnection: close\r\n\r\n" if size else "Connection: close\r\n\r\n"
+        try:
+            status = _raw(host, int(port), head, size, chunk)
+        except OSError:
+            status = 0
+        answers[f"{name}:{status}"] += 1
+
+
+def bad_key_requests(base: str, stop: threading.Event, answers: Counter) -> None:
+    """One client: random keys, as fast as the server answers, at the gateway and at the REST API in turn."""
+    with httpx.Client(base_url=base, timeout=30) as http:
+        i = random.randrange(2)
+        while not stop.is_set():
+            token = f"mint_{secrets.token_hex(6)}_{secrets.token_urlsafe(24)}"
+            path = "/v1/models" if i % 2 == 0 else "/api/v1/"
+            i += 1
+            try:
+                status = http.get(path, headers={"Authorization": f"Bearer {token}"}).status_code
+            except httpx.HTTPError:
+                status = 0
+            answers[f"{path}:{status}"] += 1
+
+
+FLOODERS = {"anonymous": anonymous_requests, "bad_key": bad_key_requests}
+
+
+def flooder(kind: str, base: str, clients: int, ready, go, stop, results) -> None:
+    """A process of `clients` flooding threads: ready once set up, flooding from `go` until `stop`."""
+    os.setpriority(os.PRIO_PROCESS, 0, FLOODER_NICE)
+    answers: Counter = Counter()
+    halt = threading.Event()
+    threads = [threading.Thread(target=FLOODERS[kind], args=(base, halt, answers)) for _ in range(clients)]
+    ready.put(os.getpid())
+    go.wait()
+    for thread in threads:
+        thread.start()
+    stop.wait()
+    halt.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    results.put(dict(answers))
+
+
+def flood(kind: str, base: str, seconds: float) -> tuple[float, float, dict]:
+    """FLOOD_CLIENTS clients of `kind` (in FLOOD_PROCESSES processes, started and set up beforehand) for `seconds`:
+    (when they started, when they stopped, their answers by kind and status)."""
+    context = multiprocessing.get_context("spawn")  # no thread of this process (the probes) is forked
+    ready, results, go, stop = context.Queue(), context.Queue(), context.Event(), context.Event()
+    each = FLOOD_CLIENTS // FLOOD_PROCESSES
+    workers = [
+        context.Process(target=flooder, args=(kind, base, each, ready, go, stop, results), daemon=True)
+        for _ in range(FLOOD_PROCESSES)
+    ]
+    for worker in workers:
+        worker.start()
+    for _ in workers:
+        ready.get(timeout=120)
+    started = time.time()
+    go.set()
+    time.sleep(seconds)
+    stop.set()
+    ended = time.time()
+    total: Counter = Counter()
+    for _ in workers:
+        total.update(results.get(timeout=120))
+    for worker in workers:
+        worker.join(timeout=30)
+    return started, ended, dict(sorted(total.items()))
+
+
+# ---------------------------------------------------------------------------------------------- windows
+
+
+def ratio_pairs(probe: Probe, windows: list[tuple[float, float, float, float]]) -> list[dict]:
+    """Per (quiet start, quiet end, disturbed start, disturbed end): the probe's p95 in each and their ratio."""
+    pairs = []
+    for q0, q1, d0, d1 in windows:
+        quiet = [s[1] for s in probe.between(q0, q1)]
+        loud = [s[1] for s in probe.between(d0, d1)]
+        ratio = percentile(loud, 95) / percentile(quiet, 95) if quiet and loud else float("nan")
+        pairs.append({"quiet": summary_ms(quiet), "disturbed": summary_ms(loud), "p95_ratio": round(ratio, 3)})
+    return pairs
+
+
+def headline(pairs: list[dict], key: str = "p95_ratio") -> dict:
+    values = [p[key] for p in pairs if p[key] == p[key]]
+    low, high = bootstrap_median(values)
+    median = statistics.median(values) if values else float("nan")
+    return {"median": round(median, 3), "ci95": [round(low, 3), round(high, 3)], "pairs": pairs}
+
+
+def floods(base: str, token: str, args) -> dict:
+    """The anonymous flood and the bad-key flood, each in `args.pairs` quiet/disturbed window pairs."""
+    healthz = Probe(f"{base}/healthz", 0.02)
+    tenant = Probe(f"{base}/api/v1/adapters/", 0.1, {"Authorization": f"Bearer {token}"})
+    valid_gateway = Probe(f"{base}/v1/models", 0.05, {"Authorization": f"Bearer {token}"})
+    valid_api = Probe(f"{base}/api/v1/", 0.05, {"Authorization": f"Bearer {token}"})
+    probes = [healthz, tenant, valid_gateway, valid_api]
+    threads = [p.start() for p in probes]
+    time.sleep(3)  # warm: connections, caches
+    anon_windows, key_windows, anon_answers, key_answers = [], [], Counter(), Counter()
+    try:
+        for kind, windows, answers in (
+            ("anonymous", anon_windows, anon_answers),
+            ("bad_key", key_windows, key_answers),
+        ):
+            for _pair in range(args.pairs):
+                q0 = time.time()
+                time.sleep(args.window)
+                q1 = time.time()
+                d0, d1, counted = flood(kind, base, args.window)
+                answers.update(counted)
+                windows.append((q0, q1, d0, d1))
+                time.sleep(2)  # the flood's connections close
+    finally:
+        for probe in probes:
+            probe.stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    errors = []
+    for _q0, _q1, d0, d1 in key_windows:
+        during = valid_gateway.between(d0, d1) + valid_api.between(d0, d1)
+        errors.append({"calls": len(during), "errors": sum(1 for s in during if s[2] != 200)})
+    error_counts = [e["errors"] for e in errors]
+    low, high = bootstrap_median([float(v) for v in error_counts])
+    return {
+        "anon_flood_healthz": headline(ratio_pairs(healthz, anon_windows)),
+        "anon_flood_tenant": headline(ratio_pairs(tenant, anon_windows)),
+        "anon_flood_answers": dict(sorted(anon_answers.items())),
+        "bad_key_flood_valid_key": {
+            "median_errors": statistics.median(error_counts),
+            "ci95": [low, high],
+            "total_errors": sum(error_counts),
+            "pairs": errors,
+            "gateway_p95_ratio": headline(ratio_pairs(valid_gateway, key_windows)),
+            "api_p95_ratio": headline(ratio_pairs(valid_api, key_windows)),
+        },
+        "bad_key_flood_answers": dict(sorted(key_answers.items())),
+        "bad_key_flood_healthz": headline(ratio_pairs(healthz, key_windows)),
+    }
+
+
+def flood_world(work: Path, args) -> dict:
+    """The private MinT of the floods (web server only: no request of theirs reaches a worker)."""
+    db_url = bench_database_url("mint_bench_hostile_edges")
+    recreate_database(db_url)
+    env = bench_env(work, db_url=db_url, redis_db=REDIS_DB)
+    setup_django(env)
+    from adapters.models import Adapter, BaseModel
+    from benchmarks.stack import bench_tenant, split_cpus
+    from tenants.models import Tenant
+    from tests.adapters.fixtures import spec_config
+    from tests.adapters.hostile import SPEC
+
+    tenant, token = bench_tenant("victim")
+    Tenant.objects.filter(id=tenant.id).update(api_read_rpm=1_000_000, api_write_rpm=1_000_000)
+    base_model = BaseModel.objects.create(name="tiny-dense", architecture="dense", config=spec_config(SPEC))
+    Adapter.objects.create(tenant=tenant, name="victim", base_model=base_model)
+    supervisor = Supervisor(work / "log")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    # The web server on half the CPUs, every client (the probes, the flooders) on the other: the flooding
+    # machines are not the server's (with one CPU, all share it).
+    own = os.sched_getaffinity(0)
+    server_cpus, client_cpus = split_cpus() or (None, None)
+    try:
+        supervisor.start("web", web_argv("127.0.0.1", port), env=env, cpus=server_cpus)
+        if client_cpus:
+            os.sched_setaffinity(0, client_cpus)
+        wait_http(f"{base}/healthz")
+        return floods(base, token, args) | {
+            "cpus": {"server": sorted(server_cpus or own), "clients": sorted(client_cpus or own)}
+        }
+    except BaseException:
+        print_logs(supervisor, "web", limit=6000)
+        raise
+    finally:
+        os.sched_setaffinity(0, own)
+        supervisor.stop_all()
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+
+
+def suite_cases(count: int, max_tokens: int) -> list[dict]:
+    """The tenant's own prompts, as an evaluation suite: long answers asked for (its plan caps them)."""
+    topics = ["the sea", "a city at night", "mountains", "a library", "the first snow", "an old clock"]
+    return [
+        {
+            "name": f"case-{i}",
+            "prompt": f"Write a long story about {topics[i % len(topics)]}, part {i}:",
+            "reference": "story",
+            "grader": "contains",
+            "max_tokens": max_tokens,
+        }
+        for i in range(count)
+    ]
+
+
+def pending_revision(stack, tenant, name: str, *, seed: int):
+    """An adapter whose r1 the worker validated and exported, awaiting approval (as in the report: a revision
+    under four-eyes that nobody may call yet)."""
+    from adapters import services
+    from adapters.models import Adapter, AdapterRevision
+    from devtools.tiny import make_tiny_lora
+    from tenants.access import Actor
+
+    adapter = Adapter.objects.filter(tenant=tenant, name=name).first() or services.adapter_create(
+        tenant=tenant, name=name, base_model=stack.base, description="", by=Actor.system()
+    )
+    incoming = stack.work / "artifacts" / f"t/{tenant.id}/incoming/{name}-{seed}"
+    make_tiny_lora(stack.base.spec, incoming, rank=8, seed=seed)
+    revision = services.revision_register(
+        adapter=adapter, by=Actor.system(), source_uri=f"t/{tenant.id}/incoming/{name}-{seed}/"
+    )
+    stack.wait(
+        lambda: AdapterRevision.objects.get(id=revision.id).state in ("exported", "failed"),
+        what=f"{name} exported",
+        timeout=120,
+    )
+    revision.refresh_from_db()
+    services.revision_request_approval(revision=revision, by=Actor.system())
+    revision.refresh_from_db()
+    return adapter, revision
+
+
+def evaluation_windows(args) -> dict:
+    """Another tenant's completions before and during a 60-case evaluation, on one vLLM CPU node."""
+    from benchmarks.stack import Stack
+    from serving.engine_flags import PRIORITY_SCHEDULING_FLAG
+
+    env = {"MINT_EVALUATION_SLICE_S": "5", "MINT_EVALUATION_YIELD_S": str(args.yield_s)}
+    flags = [] if args.no_priority else [PRIORITY_SCHEDULING_FLAG]
+    with Stack("hostile_edges_eval", redis_db=REDIS_DB, env=env, engine_flags=flags) as stack:
+        from adapters import services as adapter_services
+        from adapters.models import Evaluation, EvaluationSuite
+        from tenants.models import Tenant
+
+        with stack.as_control_plane():
+            neighbour, neighbour_token = stack.tenant("neighbour")
+            adapter, revision = stack.approved_revision(neighbour, "n-bot", seed=1)
+            stack.activate(adapter, revision)
+            stack.wait_live(adapter, revision)
+            evaluator, _ = stack.tenant("evaluator")
+            Tenant.objects.filter(id=evaluator.id).update(max_evaluation_tokens=128)
+            e_adapter, candidate = pending_revision(stack, evaluator, "e-bot", seed=2)
+        probe = Probe(
+            f"{stack.web_url}/v1/completions",
+            0.25,
+            {"Authorization": f"Bearer {neighbour_token}"},
+        )
+        body = {"model": "n-bot", "prompt": "Hello, my name is", "max_tokens": 16, "temperature": 0}
+        probe_samples: list[tuple[float, float, int]] = []
+
+        def neighbour_calls(stop: threading.Event) -> None:
+            with httpx.Client(timeout=60) as http:
+                next_at = time.monotonic()
+                while not stop.is_set():
+                    started = time.perf_counter()
+                    try:
+                        status = http.post(probe.url, json=body, headers=probe.headers).status_code
+                    except httpx.HTTPError:
+                        status = 0
+                    probe_samples.append((time.time(), time.perf_counter() - started, status))
+                    next_at += probe.period
+                    stop.wait(max(0.0, next_at - time.monotonic()))
+
+        stop = threading.Event()
+        thread = threading.Thread(target=neighbour_calls, args=(stop,), daemon=True)
+        thread.start()
+        time.sleep(5)
+        windows, evaluations = [], []
+        try:
+            for pair in range(args.pairs):
+                q0 = time.time()
+                time.sleep(args.window)
+                d0 = time.time()
+                with stack.as_control_plane():
+                    suite = EvaluationSuite.objects.create(
+                        adapter=e_adapter,
+                        version=pair + 1,
+                        cases=suite_cases(args.cases, 128),
+                        case_count=args.cases,
+                    )
+                    evaluation = adapter_services.evaluation_request(revision=candidate, suite=suite)
+                stack.wait(
+                    lambda ev=evaluation: Evaluation.objects.get(id=ev.id).state in ("passed", "failed", "unavailable"),
+                    what="the evaluation",
+                    timeout=900,
+                )
+                d1 = time.time()
+                done = Evaluation.objects.get(id=evaluation.id)
+                evaluations.append({"state": done.state, "seconds": round(d1 - d0, 1), "reason": done.reason[:200]})
+                windows.append((q0, d0, d0, d1))
+        finally:
+            stop.set()
+            thread.join(timeout=60)
+        probe.samples = probe_samples
+        from serving.models import UsageKind, UsageRecord
+
+        tokens = sum(
+            r.prompt_tokens + r.completion_tokens
+            for r in UsageRecord.objects.filter(tenant=evaluator, period="day", kind=UsageKind.EVALUATION)
+        )
+        errors = sum(1 for s in probe_samples if s[2] != 200)
+        return {
+            "eval_neighbour": headline(ratio_pairs(probe, windows)),
+            "evaluations": evaluations,
+            "evaluation_tokens_metered": tokens,
+            "neighbour_errors": errors,
+            "engine_flags": flags,
+            "yield_s": args.yield_s,
+            "placement": stack.placement,
+        }
+
+
+def main() -> int:
+    p = parser(__doc__)
+    p.add_argument("--pairs", type=int, default=5, help="quiet/disturbed window pairs of each experiment")
+    p.add_argument("--window", type=float, default=10.0, help="seconds per quiet window (and per flood)")
+    p.add_argument("--cases", type=int, default=60, help="cases of the evaluation suite")
+    p.add_argument("--no-engine", action="store_true", help="leave the evaluation (vLLM) experiment out")
+    p.add_argument("--no-priority", action="store_true", help="the node without priority scheduling (reference)")
+    p.add_argument("--yield-s", type=float, default=1.0, help="MINT_EVALUATION_YIELD_S of the node agent")
+    args = p.parse_args()
+    if args.quick:
+        args.pairs, args.window, args.cases = 2, 4.0, 12
+    work = Path(tempfile.mkdtemp(prefix="mint-bench-hostile-"))
+    try:
+        figures = flood_world(work, args)
+        if not args.no_engine:
+            figures |= evaluation_windows(args)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    headline_figures = {
+        "anon_flood_healthz_p95_ratio": figures["anon_flood_healthz"]["median"],
+        "anon_flood_healthz_p95_ratio_ci95": figures["anon_flood_healthz"]["ci95"],
+        "bad_key_flood_valid_key_errors": figures["bad_key_flood_valid_key"]["median_errors"],
+        "bad_key_flood_valid_key_errors_ci95": figures["bad_key_flood_valid_key"]["ci95"],
+    }
+    if "eval_neighbour" in figures:
+        headline_figures |= {
+            "eval_neighbour_p95_ratio": figures["eval_neighbour"]["median"],
+            "eval_neighbour_p95_ratio_ci95": figures["eval_neighbour"]["ci95"],
+        }
+    met = {key: (value <= TARGETS[key]) for key, value in headline_figures.items() if key in TARGETS and value == value}
+    result = {"target": TARGETS, **headline_figures, "met": met, "pairs": args.pairs, "window_s": args.window}
+    result |= {"flood_clients": FLOOD_CLIENTS, **figures}
+    path = write_result("hostile_edges", result, quick=args.quick, out_dir=args.out)
+    plot_result(path)
+    print(path.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
