@@ -26,6 +26,7 @@ BENCHMARKS = [
     "upload",
     "long_tail",
     "hostile_edges",
+    "handoff",
 ]
 DOCS = BASE_DIR / "docs" / "benchmarks.md"
 
@@ -66,6 +67,7 @@ TITLES = {
     "canary": "Canary rollout",
     "upload": "Resumable uploads",
     "long_tail": "Long tail: residency tiers",
+    "handoff": "Handoff: RL steps sampled before approval",
     "hostile_edges": "Hostile edges: floods and evaluations",
 }
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.report import long_tail
+from benchmarks.report import long_tail, rollouts
 from benchmarks.report.data import BENCHMARKS, LIVE_EVENT_PATHS, TITLES, fmt, get, leaves, load
 from benchmarks.report.verdicts import live_events_target, verdict_rows
 
 INTRO = {
+    "handoff": rollouts.INTRO,
     "registration": "Registering a revision over HTTP (uvicorn, PostgreSQL): from a `source_uri` already in the "
     "store, and as a 10 MB multipart upload, with 1 and 16 concurrent clients.",
     "gateway_overhead": "The same completion requests through the gateway and straight to vLLM, alternating, "

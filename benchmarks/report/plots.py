@@ -369,7 +369,7 @@ PLOTS: dict[str, Callable[[dict, Any], Any]] = {
 
 
 # Benchmarks that draw their own figure: `plot(figures, png_path) -> bool` in their module.
-OWN_PLOTS = {"packing"}
+OWN_PLOTS = {"packing", "handoff"}
 
 
 def plot(path: Path) -> Path:

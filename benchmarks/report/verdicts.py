@@ -15,6 +15,7 @@ from benchmarks.report.data import (
 )
 from benchmarks.report.hostile import rows_hostile_edges
 from benchmarks.report.long_tail import rows_long_tail
+from benchmarks.report.rollouts import rows_handoff
 from benchmarks.report.row import Row, check
 
 
@@ -427,6 +428,7 @@ ROWS: dict[str, Callable[[dict], list[Row]]] = {
     "canary": rows_canary,
     "upload": rows_upload,
     "long_tail": rows_long_tail,
+    "handoff": rows_handoff,
     "hostile_edges": rows_hostile_edges,
 }
 
