@@ -113,6 +113,7 @@ class NodeView:
     ready: dict[int, Placement]  # revision id → its ready on-demand placement here
     busy: set[int]
     speculative: list[Placement] = field(default_factory=list)  # ready, borrowed by an evaluation: first to go
+    pending: int = 0  # loads not ready yet (queued, loading, warming), each holding the slot it was given
 
 
 def node_view(node: ServingNode, *, pins: set[int] | dict[int, int], now: datetime | None = None) -> NodeView:
@@ -141,7 +142,12 @@ def node_view(node: ServingNode, *, pins: set[int] | dict[int, int], now: dateti
         if (p.last_used_at is not None and p.last_used_at >= since) or (p.ready_at is not None and p.ready_at >= since)
     }
     return NodeView(
-        node=node, cache=cache_, ready={p.revision_id: p for p in ready}, busy=busy, speculative=speculative
+        node=node,
+        cache=cache_,
+        ready={p.revision_id: p for p in ready},
+        busy=busy,
+        speculative=speculative,
+        pending=sum(1 for p in rows if p.state in (P.QUEUED, P.LOADING, P.WARMING)),
     )
 
 
@@ -181,6 +187,13 @@ def on_demand(
     tried = [node, *(n for n in order if n.id != node.id)][: settings.MINT_RESIDENCY_NODE_CHOICES]
     for candidate in tried:
         view = node_view(candidate, pins=pins)
+        if view.pending > settings.MINT_NODE_COLD_LOADS:
+            # Loads wait here already beyond those the node runs at once. An eviction now would empty a slot that
+            # no load fills for a while (the victim leaves at once, its replacement waits its turn): with requests
+            # missing faster than the node loads, each queued load takes a ready entry with it and the node drains
+            # to a few ready revisions (benchmarks/long_tail: 16 ready fell to 1-3 behind a dozen queued loads,
+            # every request then a miss). No room here now: the request gets its 503 and asks again.
+            continue
         if view.speculative:  # an evaluation's borrowed slot is given back first
             return Decision(candidate, [view.speculative[0]], view)
         counts = estimates([revision_id, *view.ready])
