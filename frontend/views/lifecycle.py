@@ -192,10 +192,12 @@ def adapter_delete(request: HttpRequest, name: str) -> HttpResponse:
         messages.error(request, exc.message, extra_tags=anchor_tag("delete"))
         return redirect(f"{_adapter_url(adapter)}#result-delete")
     archived = len(deleted.archived)
+    with_it = f"{archived} revision{'s' if archived != 1 else ''} archived with it"
+    if not archived:
+        with_it = "its revisions were archived"
     messages.success(
         request,
-        f"Adapter {deleted.adapter} deleted; {archived} revision{'s' if archived != 1 else ''} archived. "
-        "Its name is not given to a new adapter.",
+        f"Adapter {deleted.adapter} deleted; {with_it}. Its name is not given to a new adapter.",
         extra_tags=anchor_tag("create"),
     )
     return redirect(f"{reverse('frontend:overview')}#result-create")

@@ -276,5 +276,5 @@ def test_deleting_from_the_page_needs_the_name_typed(as_role, catalog_a):
     approver.post(f"{PAGE}deactivate/", {"alias": "production"})
     done = approver.post(f"{PAGE}delete/", {"confirm_name": "support-bot"})
     assert done["Location"] == "/#result-create"
-    assert "Adapter support-bot deleted; 3 revisions archived" in message_of(approver, "/")
+    assert "Adapter support-bot deleted; 3 revisions archived with it" in message_of(approver, "/")
     assert approver.get(PAGE).status_code == 404
