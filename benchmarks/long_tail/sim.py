@@ -124,6 +124,11 @@ def run(trace: Trace, prefs: np.ndarray, fleet: Fleet, make_cache, *, chunk: int
     # lookup answers without a Python call (NodeCache.free() would be one per node asked).
     room = [fleet.slots] * fleet.nodes
     free = room.__getitem__
+    orders = prefs.tolist()  # each revision's nodes as a Python list, made once (a numpy row per miss costs more)
+    asked = [0]  # the revision of the miss being decided, for on_disk
+
+    def on_disk(node: int) -> bool:
+        return asked[0] in disks[node]
 
     cpu0, wall0 = time.thread_time(), time.perf_counter()
     i, due = 0, period
@@ -140,8 +145,8 @@ def run(trace: Trace, prefs: np.ndarray, fleet: Fleet, make_cache, *, chunk: int
                 nodes[i] = node
                 i += 1
                 continue
-            order = prefs[key].tolist()
-            node = choose_node(order, free=free, on_disk=lambda n, k=key, d=disks: k in d[n], disk_choices=disk_choices)
+            asked[0] = key
+            node = choose_node(orders[key], free=free, on_disk=on_disk, disk_choices=disk_choices)
             cache = caches[node]
             admission = cache.miss(key, tenant_of[key], frequency=estimate)
             room[node] = cache.capacity - len(cache)

@@ -129,7 +129,7 @@ class NodeCache(Generic[K]):
         if key in self._segment:
             self.remove(key)
         self._tenant[key] = tenant
-        self.owned[tenant] += 1
+        self.owned[tenant] = self.owned.get(tenant, 0) + 1  # .get: Counter's own default is a Python call
         self._put(key, segment)
 
     def remove(self, key: K) -> None:
@@ -140,8 +140,10 @@ class NodeCache(Generic[K]):
         del self._by[segment][key]
         tenant = self._tenant.pop(key)
         self._unown(tenant, segment, key)
-        self.owned[tenant] -= 1
-        if not self.owned[tenant]:
+        left = self.owned[tenant] - 1
+        if left:
+            self.owned[tenant] = left
+        else:
             del self.owned[tenant]
 
     def hit(self, key: K) -> list[tuple[K, Segment]]:
@@ -206,9 +208,10 @@ class NodeCache(Generic[K]):
         """The entry to evict. `newcomer`: the tenant of an entry coming in (`incoming`: not in the cache yet) or
         just come in: over its share (more than the slots ÷ the tenants with entries), only its own may leave."""
         if newcomer is not None:
-            owned = self.owned[newcomer] + incoming
-            tenants = len(self.owned) + (incoming and newcomer not in self.owned)
-            if tenants > 1 and owned * tenants > self.capacity and self.owned[newcomer]:
+            holds = self.owned.get(newcomer, 0)
+            owned = holds + incoming
+            tenants = len(self.owned) + (incoming and not holds)
+            if tenants > 1 and owned * tenants > self._capacity and holds:
                 # Its own entries, or none: it waits until one of them is no longer busy.
                 return self._choose(frequency, busy, tenant=newcomer, incoming=incoming)
         return self._choose(frequency, busy, incoming=incoming)
