@@ -20,6 +20,8 @@ The flooding clients run in processes of their own at the lowest CPU priority: t
 
 from __future__ import annotations
 
+import argparse
+import json
 import multiprocessing
 import os
 import random
@@ -27,6 +29,7 @@ import secrets
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -39,6 +42,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.common import (
+    BASE_DIR,
     bench_database_url,
     bench_env,
     parser,
@@ -465,6 +469,16 @@ def evaluation_windows(args) -> dict:
         }
 
 
+def evaluation_in_child(args, out: Path) -> dict:
+    """The evaluation part in a process of its own: its stack has a database of its own, and Django is set up
+    once per process (on the floods' database here)."""
+    argv = [sys.executable, "-m", "benchmarks.hostile_edges", "--eval-only", str(out)]
+    argv += ["--pairs", str(args.pairs), "--window", str(args.window), "--cases", str(args.cases)]
+    argv += ["--yield-s", str(args.yield_s)] + (["--no-priority"] if args.no_priority else [])
+    subprocess.run(argv, check=True, cwd=BASE_DIR)
+    return json.loads(out.read_text())
+
+
 def main() -> int:
     p = parser(__doc__)
     p.add_argument("--pairs", type=int, default=5, help="quiet/disturbed window pairs of each experiment")
@@ -473,14 +487,18 @@ def main() -> int:
     p.add_argument("--no-engine", action="store_true", help="leave the evaluation (vLLM) experiment out")
     p.add_argument("--no-priority", action="store_true", help="the node without priority scheduling (reference)")
     p.add_argument("--yield-s", type=float, default=1.0, help="MINT_EVALUATION_YIELD_S of the node agent")
+    p.add_argument("--eval-only", type=Path, help=argparse.SUPPRESS)  # the child that runs the evaluation part
     args = p.parse_args()
     if args.quick:
         args.pairs, args.window, args.cases = 2, 4.0, 12
+    if args.eval_only:
+        args.eval_only.write_text(json.dumps(evaluation_windows(args)))
+        return 0
     work = Path(tempfile.mkdtemp(prefix="mint-bench-hostile-"))
     try:
         figures = flood_world(work, args)
         if not args.no_engine:
-            figures |= evaluation_windows(args)
+            figures |= evaluation_in_child(args, work / "evaluation.json")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     headline_figures = {

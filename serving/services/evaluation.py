@@ -256,7 +256,9 @@ def _answers(
                 got.meter["completion_tokens"] += int(usage.get("completion_tokens") or 0)
                 tokens += int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
                 passed, score = grade(case, answer, regex_max_mem=settings.MINT_EVALUATION_REGEX_MAX_MEM)
-                result = {"case": number + 1, "passed": passed, "score": score, "answer": answer[:excerpt]}
+                # PostgreSQL's jsonb refuses NUL, which an adapter may well generate: it would fail the slice.
+                shown = answer[:excerpt].replace("\x00", "\ufffd")
+                result = {"case": number + 1, "passed": passed, "score": score, "answer": shown}
                 if case.get("name"):
                     result["name"] = case["name"]
                 got.results.append(result)

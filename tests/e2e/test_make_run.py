@@ -69,6 +69,7 @@ def test_launcher_serves_the_demo_and_stops_everything_on_ctrl_c(tmp_path):
         children = launcher.children(recursive=True)
         names = " ".join(" ".join(c.cmdline()) for c in children)
         assert "redis-server" in names and "uvicorn" in names and "celery" in names
+        assert "-Q webhooks" in names  # deliveries on a worker of their own, apart from the control worker
 
         assert get(f"{base}/healthz")[0] == 200
         assert get(f"{base}/readyz") == (200, {"status": "ok", "checks": {"database": "ok", "redis": "ok"}})
@@ -77,6 +78,9 @@ def test_launcher_serves_the_demo_and_stops_everything_on_ctrl_c(tmp_path):
         status, me = get(f"{base}/api/v1/", token)
         assert status == 200 and me["tenant"] == "demo"
         assert get(f"{base}/api/v1/")[0] == 401
+        # DEBUG=1, yet an anonymous caller gets the plain 404, not the page of every URL pattern.
+        status, missing = get(f"{base}/no-such-page/")
+        assert status == 404 and missing["error"]["code"] == "not_found"
         assert (tmp_path / "var" / "mint.sqlite3").exists()
     finally:
         for launcher in psutil.Process(shell.pid).children():

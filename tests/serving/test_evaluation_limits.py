@@ -174,3 +174,12 @@ def test_a_tenant_has_at_most_its_plans_cases_on_the_node_at_once(world, node, e
     assert [c["case"] for c in ev.case_results] == list(range(1, 10))  # in order, whatever the concurrency
     assert engine.generate.call_count == 18
     assert {c.args[0] for c in engine.generate.call_args_list} == {lora_name(candidate), lora_name(live)}
+
+
+def test_an_answer_with_nul_characters_is_stored(world, node, engine):
+    """The tiny model (and any adapter) may generate NUL, which PostgreSQL's jsonb refuses: the slice must not fail."""
+    suite, _live, candidate = world
+    engine.answers[lora_name(candidate)] = {"one": "A\x00B", "two": "nope", "three": "C"}
+    assert run_to_the_end(requested(candidate, suite).id, node) == "finished"
+    ev = Evaluation.objects.get(revision=candidate)
+    assert ev.case_results[0]["answer"] == "A\ufffdB"
