@@ -375,7 +375,9 @@ def _model_object(model_id: str, created: int, caller: Caller) -> dict[str, Any]
 
 
 async def _callable_models(state: GatewayState, caller: Caller) -> list[resolve.ModelEntry]:
-    """The tenant's servable models that the key's allow-list lets it call."""
+    """The tenant's servable models that the key's allow-list lets it call. A key that may only sample calls
+    revisions by number, none of these aliases: 403, as for any other key without the inference scope."""
+    sampling.check_models(caller)
     entries = await resolve.model_list(state, caller.tenant_id)
     return [e for e in entries if caller.may_call(e.id.partition(":")[0])]
 

@@ -56,6 +56,17 @@ def check_ref(caller: Caller, ref: ModelRef) -> None:
         )
 
 
+def check_models(caller: Caller) -> None:
+    """The model list names aliases, which a key that may only sample does not call: 403 for it."""
+    if not caller.can_infer:
+        raise GatewayError(
+            403,
+            "insufficient_scope",
+            f"This key's scopes ({', '.join(caller.scopes) or 'none'}) sample revisions by number "
+            "(`<adapter>@r<n>`); the model list is for keys with scope inference.",
+        )
+
+
 def admit(caller: Caller, ref: ModelRef, found: Resolution, *, rollout: bool = False) -> str:
     """The usage kind a request for `found` counts as, or a 403 naming why this key may not call it.
 

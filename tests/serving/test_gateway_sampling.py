@@ -144,6 +144,14 @@ def test_a_sampling_only_key_calls_revisions_by_number_not_aliases(world):
     assert complete(world, sampler, "support-bot@r1").status == 200  # approved, by number: sampling too
 
 
+def test_a_sampling_only_key_lists_no_models(world):
+    for scopes in (("sampling",), ("pipeline",)):
+        refused = call(world, "GET", "/v1/models", key(world, *scopes))
+        assert refused.status == 403 and refused.error()["code"] == "insufficient_scope"
+        assert call(world, "GET", "/v1/models/support-bot", key(world, *scopes)).status == 403
+    assert call(world, "GET", "/v1/models", key(world, "inference", "pipeline")).status == 200
+
+
 def test_a_viewers_pipeline_key_may_not_sample(world):
     # Sampling comes with the right to register: a viewer's pipeline key reads the catalog only.
     exported(world)
