@@ -3,7 +3,9 @@
 Definitions (also written into the results file under `definitions`):
 
 - A *request* is one `completions.create` of the `openai` client (up to three attempts); it *succeeded* when it
-  returned a completion. Warm-up requests count for success, not for the hit ratios.
+  returned a completion. `openai_success_ratio` counts every request but those of the thrashing phase (a
+  deliberate overload, whose excess is to be refused with an honest Retry-After: `thrash_phase` has its figures;
+  `openai_success_ratio_with_thrashing` counts all). Warm-up requests count for success, not for hit ratios.
 - A request *hit* the CPU tier when its first attempt was answered (not 503): its revision was loaded. Tiers are
   inclusive (what is in vLLM's GPU batch is loaded; what is loaded has its files on disk): `hit_ratio_gpu` is the
   CPU hit ratio times the share of routed requests the gateway found in its model of the GPU batch;
@@ -171,12 +173,16 @@ def live_figures(run: dict) -> dict:
         return _r(sum(w["tiers"].get(field, 0) for w in spans) * 60 / seconds, 2) if seconds else None
 
     thrash = [r for r in records if (r["window"] or {}).get("kind") == "thrash"]
+    quiet = [r for r in records if (r["window"] or {}).get("kind") == "quiet"]
     retry = _retry_after(records, revision_of, ready, intervals)
     others_hit, others_lru = ratio_of(hits, others_in_scan), ratio_of(lru, others_in_scan)
     return {
         "live_aliases": run["live_aliases"],
         "requests": len(records),
-        "openai_success_ratio": _r(_mean(r["ok"] for r in records), 5),
+        # The stream the node is meant to carry: everything but the thrashing phase (a deliberate overload whose
+        # excess is meant to be refused with an honest Retry-After: its own figures are under thrash_phase).
+        "openai_success_ratio": _r(_mean(r["ok"] for r in records if (r["window"] or {}).get("kind") != "thrash"), 5),
+        "openai_success_ratio_with_thrashing": _r(_mean(r["ok"] for r in records), 5),
         "success_ratio_by_kind": {k: _r(ok_by_kind[k] / n, 5) for k, n in sorted(by_kind.items())},
         "success_ratio_by_phase": {k: _r(ok_phases[k] / n, 5) for k, n in sorted(phases.items())},
         "requests_by_kind": dict(sorted(by_kind.items())),
@@ -224,6 +230,13 @@ def live_figures(run: dict) -> dict:
             else None,
             "served_p95_ms": _r(percentile([r["latency"] for r in thrash if r["ok"] and r["hit"]], 95) * 1000, 3)
             if any(r["ok"] and r["hit"] for r in thrash)
+            else None,
+            # What is served (first attempt answered) during the overload against the same in quiet windows.
+            "served_p95_ratio_vs_quiet": _r(
+                percentile([r["latency"] for r in thrash if r["ok"] and r["hit"]], 95)
+                / percentile([r["latency"] for r in quiet if r["ok"] and r["hit"]], 95)
+            )
+            if any(r["ok"] and r["hit"] for r in thrash) and any(r["ok"] and r["hit"] for r in quiet)
             else None,
             "loads_per_min": per_minute("thrash", "loads"),
             "evictions_per_min": per_minute("thrash", "evictions"),

@@ -98,3 +98,58 @@ def test_quick_simulation_writes_the_sim_keys_and_a_report_section(tmp_path):
     section = (tmp_path / "benchmarks.md").read_text().split("## Long tail: residency tiers", 1)[1].split("\n## ")[0]
     assert "simulator: policy decisions per second, one core (CPU time)" in section
     assert (tmp_path / "long_tail.png").stat().st_size > 0
+
+
+def test_live_figures_follow_their_definitions():
+    """A hand-made run: the thrashing phase is left out of the success ratio, a 503 whose revision was never ready
+    again counts as Retry-After ratio 0, a cold start is a success whose first attempt got 503."""
+    from benchmarks.long_tail.figures import live_figures
+
+    def rec(kind, start, alias, latency, attempts, error=""):
+        return {
+            "kind": kind,
+            "tenant": 0,
+            "alias": alias,
+            "start": start,
+            "latency": latency,
+            "error": error,
+            "attempts": attempts,
+        }
+
+    ok = [(0.0, 0.0, 200, None, "")]
+    windows = [
+        {"kind": "quiet", "pair": 0, "start": 0.0, "end": 10.0, "tiers": {"loads": 1}},
+        {"kind": "scan", "pair": 0, "start": 10.0, "end": 20.0, "tiers": {"loads": 2}},
+        {"kind": "thrash", "pair": None, "start": 20.0, "end": 30.0, "tiers": {"loads": 0}},
+    ]
+    records = [
+        rec("hot", 1.0, 0, 0.1, ok),
+        rec("hot", 2.0, 0, 0.2, ok),
+        rec("hot", 11.0, 0, 0.3, ok),
+        # Cold: 503 saying 2 s at t=12, ready at t=13 (ratio 2), served on the retry.
+        rec("zipf", 12.0, 1, 2.5, [(12.0, 12.0, 503, 2.0, "adapter_not_ready"), (14.0, 14.5, 200, None, "")]),
+        # Failed in the thrashing phase: never ready again (ratio 0 each time).
+        rec("thrash", 21.0, 2, 9.0, [(21.0, 21.0, 503, 3.0, "adapter_not_ready")] * 3, error="503 adapter_not_ready"),
+    ]
+    run = {
+        "params": {"cpu_slots": 2},
+        "windows": windows,
+        "records": records,
+        "revision_of": [100, 101, 102],
+        "ready": {101: [13.0]},
+        "ready_intervals": {101: [(13.0, 40.0)]},
+        "tiers_before": {"bench": {}, "-": {}},
+        "tiers_after": {"bench": {"gpu": 3, "cpu": 1, "loads": 4, "from_disk": 1}, "-": {"miss": 4}},
+        "per_minute": [],
+        "started": 0.0,
+        "ended": 30.0,
+        "live_aliases": 3,
+    }
+    figures = live_figures(run)
+    assert figures["openai_success_ratio"] == 1.0  # the thrashing phase's failure is not in it
+    assert figures["openai_success_ratio_with_thrashing"] == 0.8
+    assert figures["cold_starts"] == 1 and figures["cold_start_p50_s"] == 2.5
+    assert figures["retry_after"]["answers"] == 4 and figures["retry_after"]["never_ready"] == 3
+    assert figures["retry_after_ratio_median"] == 0.0 and figures["retry_after"]["median_by_kind"]["zipf"] == 2.0
+    assert figures["hot_pairs"][0]["ratio"] == pytest.approx(0.3 / 0.195, rel=1e-3)
+    assert figures["thrash_phase"]["success_ratio"] == 0.0
