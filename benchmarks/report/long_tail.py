@@ -238,14 +238,16 @@ def plot_long_tail(d: dict, plt) -> Any:
             timeline.axvspan(w["start"], w["end"], color=PHASE_COLOURS[w["kind"]], alpha=0.08)
     timeline.set_xlabel("seconds from the streams' start (green quiet, orange scan, red thrashing)")
     timeline.set_ylabel("requests started per second")
-    timeline.legend(fontsize=7, loc="upper left")
+    if ts:
+        timeline.legend(fontsize=7, loc="upper left")
     loads = timeline.twinx()
     loads.plot([t + 30 for t in line.get("minute_t_s") or []], line.get("loads") or [], "m.-", label="loads / min")
     loads.plot(
         [t + 30 for t in line.get("minute_t_s") or []], line.get("evictions") or [], "c.--", label="evictions / min"
     )
     loads.set_ylabel("per minute")
-    loads.legend(fontsize=7, loc="upper right")
+    if line.get("minute_t_s"):
+        loads.legend(fontsize=7, loc="upper right")
     timeline.set_title(
         f"Live run: success {fmt(get(d, 'openai_success_ratio'), digits=4)}, cold start p95 "
         f"{fmt(get(d, 'cold_start_p95_s'), ' s')}, Retry-After ratio {fmt(get(d, 'retry_after.median'))}",
