@@ -81,7 +81,6 @@ def forwarded(world) -> dict:
         ("kv_transfer_params", {"do_remote_prefill": True}),
         ("vllm_xargs", {"k": "v"}),
         ("cache_salt", "salt"),
-        ("return_tokens_as_token_ids", True),
         ("return_token_ids", True),
         ("prompt_embeds", "AAAA"),
         ("prompt_logprobs", 1),
@@ -234,6 +233,7 @@ def test_allowed_completion_fields_reach_the_node_unchanged(world):
         "echo": False,
         "suffix": None,
         "logprobs": 3,
+        "return_tokens_as_token_ids": True,  # the sampled tokens' ids, in the log-probabilities (RL rollouts)
         "logit_bias": {"50256": -100},
         "user": "customer-17",
         "stream": False,
