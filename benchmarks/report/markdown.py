@@ -98,6 +98,7 @@ INTRO = {
 
 # Findings that explain a benchmark's figures, kept next to them in the report.
 NOTES = {
+    "handoff": rollouts.NOTES,
     "gateway_overhead": [
         "**With metering on (2026-12-02): within the noise of this machine, which straddles the targets.** The "
         "figures above are one of 8 runs of `nice -n -10 python -m benchmarks.gateway_overhead` on main between "
