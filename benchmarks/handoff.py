@@ -336,14 +336,15 @@ def plot(figures: dict, path: Path) -> bool:
     ):
         xs = [x + (offset - 1) * 0.27 for x in range(len(names))]
         right.bar(xs, [projected[n].get(key) or 0 for n in names], width=0.27, label=label, color=colour)
-    labels = [
-        f"{n}\nLoRA {projected[n]['lora_bytes'] / 1e6:.1f} MB\nfull {projected[n]['full_bytes'] / 1e9:.2f} GB"
-        for n in names
-    ]
+
+    def size(b: int) -> str:
+        return f"{b / 1e9:.2f} GB" if b >= 1e9 else f"{b / 1e6:.2f} MB"
+
+    labels = [f"{n}\nLoRA {size(projected[n]['lora_bytes'])}\nfull {size(projected[n]['full_bytes'])}" for n in names]
     right.set_xticks(list(range(len(names))), labels, fontsize=8)
     right.set_yscale("log")
     right.set_ylabel("projected seconds (measured byte costs)")
-    right.legend(fontsize=8)
+    right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3)
     right.set_title(
         f"Multi-policy tokens/s ratio {figures.get('multi_policy_throughput_ratio')} (paper {PAPER_MULTI_POLICY})",
         fontsize=10,
