@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('serving', '0013_residency'),
+        ("serving", "0013_residency"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='servingnode',
-            name='max_model_len',
-            field=models.PositiveIntegerField(blank=True, help_text='vLLM --max-model-len, as served.', null=True),
+            model_name="servingnode",
+            name="max_model_len",
+            field=models.PositiveIntegerField(blank=True, help_text="vLLM --max-model-len, as served.", null=True),
         ),
     ]

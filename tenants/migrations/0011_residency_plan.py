@@ -4,30 +4,42 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tenants', '0010_audit_actor_index'),
+        ("tenants", "0010_audit_actor_index"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='tenant',
-            name='max_cold_wait_s',
-            field=models.PositiveIntegerField(db_default=10, default=10, help_text='Longest a request for a revision loading on demand may be held until it is ready, when it asks with X-Mint-Wait (otherwise it gets 503 adapter_not_ready with Retry-After at once); 0: never held.'),
+            model_name="tenant",
+            name="max_cold_wait_s",
+            field=models.PositiveIntegerField(
+                db_default=10,
+                default=10,
+                help_text="Longest a request for a revision loading on demand may be held until it is ready, when it asks with X-Mint-Wait (otherwise it gets 503 adapter_not_ready with Retry-After at once); 0: never held.",
+            ),
         ),
         migrations.AddField(
-            model_name='tenant',
-            name='max_held_requests',
-            field=models.PositiveIntegerField(db_default=16, default=16, help_text='Requests of this tenant held for a load at once, per gateway process (429 past it).'),
+            model_name="tenant",
+            name="max_held_requests",
+            field=models.PositiveIntegerField(
+                db_default=16,
+                default=16,
+                help_text="Requests of this tenant held for a load at once, per gateway process (429 past it).",
+            ),
         ),
         migrations.AddField(
-            model_name='tenant',
-            name='max_live_aliases',
-            field=models.PositiveIntegerField(db_default=1000, default=1000, help_text='Live aliases per base model (reserved or on demand).'),
+            model_name="tenant",
+            name="max_live_aliases",
+            field=models.PositiveIntegerField(
+                db_default=1000, default=1000, help_text="Live aliases per base model (reserved or on demand)."
+            ),
         ),
         migrations.AlterField(
-            model_name='tenant',
-            name='max_ready_revisions',
-            field=models.PositiveIntegerField(default=4, help_text="Reserved revisions per base model: distinct revisions the reserved aliases of this tenant hold loaded (live, desired, previous within the rollback grace) and running canaries' candidates; never evicted for another tenant. A swap in flight may exceed it by one desired revision per alias."),
+            model_name="tenant",
+            name="max_ready_revisions",
+            field=models.PositiveIntegerField(
+                default=4,
+                help_text="Reserved revisions per base model: distinct revisions the reserved aliases of this tenant hold loaded (live, desired, previous within the rollback grace) and running canaries' candidates; never evicted for another tenant. A swap in flight may exceed it by one desired revision per alias.",
+            ),
         ),
     ]
