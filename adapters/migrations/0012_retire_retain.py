@@ -7,76 +7,124 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('adapters', '0011_revision_run_metrics_prewarm'),
-        ('tenants', '0013_retire_retain'),
+        ("adapters", "0011_revision_run_metrics_prewarm"),
+        ("tenants", "0013_retire_retain"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='adapter',
-            options={'base_manager_name': 'all_objects'},
+            name="adapter",
+            options={"base_manager_name": "all_objects"},
         ),
         migrations.AlterModelManagers(
-            name='adapter',
+            name="adapter",
             managers=[
-                ('objects', django.db.models.manager.Manager()),
-                ('all_objects', django.db.models.manager.Manager()),
+                ("objects", django.db.models.manager.Manager()),
+                ("all_objects", django.db.models.manager.Manager()),
             ],
         ),
         migrations.RemoveConstraint(
-            model_name='adapterrevision',
-            name='revision_state_valid',
+            model_name="adapterrevision",
+            name="revision_state_valid",
         ),
         migrations.AddField(
-            model_name='adapter',
-            name='deleted_at',
+            model_name="adapter",
+            name="deleted_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='adapter',
-            name='retention_grace_days',
-            field=models.PositiveIntegerField(blank=True, help_text="Keep a revision an alias named within this many days. Empty: the tenant plan's.", null=True),
+            model_name="adapter",
+            name="retention_grace_days",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="Keep a revision an alias named within this many days. Empty: the tenant plan's.",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='adapter',
-            name='retention_keep_last',
-            field=models.PositiveIntegerField(blank=True, help_text="Keep this many newest exported revisions (and every named or kept one); archive the rest. Empty: the tenant plan's retention_keep_last.", null=True, validators=[django.core.validators.MinValueValidator(1)]),
+            model_name="adapter",
+            name="retention_keep_last",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="Keep this many newest exported revisions (and every named or kept one); archive the rest. Empty: the tenant plan's retention_keep_last.",
+                null=True,
+                validators=[django.core.validators.MinValueValidator(1)],
+            ),
         ),
         migrations.AddField(
-            model_name='adapter',
-            name='tags',
-            field=models.JSONField(blank=True, default=list, help_text='Short labels people filter and group adapters by.'),
+            model_name="adapter",
+            name="tags",
+            field=models.JSONField(
+                blank=True, default=list, help_text="Short labels people filter and group adapters by."
+            ),
         ),
         migrations.AddField(
-            model_name='adapterrevision',
-            name='archived_at',
+            model_name="adapterrevision",
+            name="archived_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='adapterrevision',
-            name='archived_from',
-            field=models.CharField(blank=True, db_default='', default='', max_length=20),
+            model_name="adapterrevision",
+            name="archived_from",
+            field=models.CharField(blank=True, db_default="", default="", max_length=20),
         ),
         migrations.AddField(
-            model_name='adapterrevision',
-            name='keep',
-            field=models.BooleanField(db_default=False, default=False, help_text='Never archived by retention (set by a person or a pipeline).'),
+            model_name="adapterrevision",
+            name="keep",
+            field=models.BooleanField(
+                db_default=False,
+                default=False,
+                help_text="Never archived by retention (set by a person or a pipeline).",
+            ),
         ),
         migrations.AlterField(
-            model_name='adapterrevision',
-            name='purged_at',
-            field=models.DateTimeField(blank=True, help_text='When the source files of this revision were collected (failed, rejected, archived without keeping its source).', null=True),
+            model_name="adapterrevision",
+            name="purged_at",
+            field=models.DateTimeField(
+                blank=True,
+                help_text="When the source files of this revision were collected (failed, rejected, archived without keeping its source).",
+                null=True,
+            ),
         ),
         migrations.AlterField(
-            model_name='adapterrevision',
-            name='state',
-            field=models.CharField(choices=[('registered', 'Registered'), ('validated', 'Validated'), ('exported', 'Exported'), ('pending_approval', 'Pending approval'), ('approved', 'Approved'), ('rejected', 'Rejected'), ('failed', 'Failed'), ('archived', 'Archived')], default='registered', max_length=20),
+            model_name="adapterrevision",
+            name="state",
+            field=models.CharField(
+                choices=[
+                    ("registered", "Registered"),
+                    ("validated", "Validated"),
+                    ("exported", "Exported"),
+                    ("pending_approval", "Pending approval"),
+                    ("approved", "Approved"),
+                    ("rejected", "Rejected"),
+                    ("failed", "Failed"),
+                    ("archived", "Archived"),
+                ],
+                default="registered",
+                max_length=20,
+            ),
         ),
         migrations.AddConstraint(
-            model_name='adapterrevision',
-            constraint=models.CheckConstraint(condition=models.Q(('state__in', ['registered', 'validated', 'exported', 'pending_approval', 'approved', 'rejected', 'failed', 'archived'])), name='revision_state_valid'),
+            model_name="adapterrevision",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    (
+                        "state__in",
+                        [
+                            "registered",
+                            "validated",
+                            "exported",
+                            "pending_approval",
+                            "approved",
+                            "rejected",
+                            "failed",
+                            "archived",
+                        ],
+                    )
+                ),
+                name="revision_state_valid",
+            ),
         ),
     ]

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('serving', '0014_node_max_model_len'),
+        ("serving", "0014_node_max_model_len"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='usagerecord',
-            name='cold_starts',
+            model_name="usagerecord",
+            name="cold_starts",
             field=models.PositiveBigIntegerField(db_default=0, default=0),
         ),
     ]

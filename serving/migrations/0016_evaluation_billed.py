@@ -4,15 +4,23 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('serving', '0015_usage_cold_starts'),
+        ("serving", "0015_usage_cold_starts"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='usagerecord',
-            name='kind',
-            field=models.CharField(choices=[('inference', 'Inference (billed)'), ('sampling', "Sampling (billed): a pipeline's rollouts of `adapter@rN`, approved or not"), ('warmup', "Warm-up (MinT's own, not billed)"), ('evaluation', "Evaluation (billed): the tenant's suites run on the nodes")], default='inference', max_length=10),
+            model_name="usagerecord",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("inference", "Inference (billed)"),
+                    ("sampling", "Sampling (billed): a pipeline's rollouts of `adapter@rN`, approved or not"),
+                    ("warmup", "Warm-up (MinT's own, not billed)"),
+                    ("evaluation", "Evaluation (billed): the tenant's suites run on the nodes"),
+                ],
+                default="inference",
+                max_length=10,
+            ),
         ),
     ]

@@ -5,20 +5,28 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tenants', '0013_retire_retain'),
+        ("tenants", "0013_retire_retain"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='tenant',
-            name='api_tenant_write_rpm',
-            field=models.PositiveIntegerField(db_default=240, default=240, help_text='REST API writes per minute of the whole tenant, all its keys and people together.'),
+            model_name="tenant",
+            name="api_tenant_write_rpm",
+            field=models.PositiveIntegerField(
+                db_default=240,
+                default=240,
+                help_text="REST API writes per minute of the whole tenant, all its keys and people together.",
+            ),
         ),
         migrations.AddField(
-            model_name='tenant',
-            name='max_evaluation_requests',
-            field=models.PositiveIntegerField(db_default=1, default=1, help_text="Evaluation cases of this tenant sent to the nodes at once (below every tenant's inference).", validators=[django.core.validators.MinValueValidator(1)]),
+            model_name="tenant",
+            name="max_evaluation_requests",
+            field=models.PositiveIntegerField(
+                db_default=1,
+                default=1,
+                help_text="Evaluation cases of this tenant sent to the nodes at once (below every tenant's inference).",
+                validators=[django.core.validators.MinValueValidator(1)],
+            ),
         ),
     ]

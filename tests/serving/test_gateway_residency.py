@@ -12,7 +12,6 @@ from unittest import mock
 import pytest
 import redis
 from asgiref.sync import async_to_sync
-from django.conf import settings
 
 from serving.gateway.residency import retry_after
 from serving.models import Placement, PlacementState
