@@ -42,7 +42,7 @@ def meter(
     histogram[bisect.bisect_left(LATENCY_BOUNDS_MS, latency_ms)] = requests
     minute = at.astimezone(UTC).replace(second=0, microsecond=0)
     key = (minute, kind, tenant.id, 0, adapter_id, adapter_name, revision, "node-1", status)
-    values = [requests, prompt * requests, completion * requests, latency_ms * requests, *histogram]
+    values = [requests, prompt * requests, completion * requests, latency_ms * requests, *histogram, 0]  # cold starts
     serving_services.usage_add(counts={key: values})
 
 
@@ -88,6 +88,7 @@ def test_the_page_shows_the_tenants_totals_by_adapter_and_revision(usage, tenant
         "latency_p50_ms": data["totals"]["latency_p50_ms"],
         "latency_p95_ms": data["totals"]["latency_p95_ms"],
         "latency_mean_ms": 30.0,
+        "cold_starts": 0,
         "unavailable": 1,
         "limited": 1,
     }
