@@ -70,6 +70,7 @@ class RunDetailApi(AdapterApiMixin, TenantApi):
     pagination_class = None
 
     @extend_schema(
+        operation_id="v1_adapters_runs_retrieve",
         parameters=[OpenApiParameter("offset", int, description="The first revision to list (default 0)")],
         responses=RunStepSerializer(many=True),
     )

@@ -46,6 +46,8 @@ class AdapterUpdateSerializer(serializers.Serializer):
             raise serializers.ValidationError(
                 {name: ["Cannot be changed here; replicas, description and tags can."] for name in extra}
             )
+        if not attrs:
+            raise serializers.ValidationError("Nothing to change: name replicas, description or tags.")
         return attrs
 
 

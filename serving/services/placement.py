@@ -825,12 +825,12 @@ _TOUCH_CHUNK = 500
 
 def placements_touch(*, used: dict[int, datetime]) -> int:
     """Record when placements last answered a request (eviction is LRU on it): one UPDATE per chunk of ids,
-    `SET last_used_at = CASE id WHEN … END`. The gateway batches uses and calls this from a database thread."""
+    `SET last_used_at = CASE id WHEN … END`, which also moves an on-demand placement served again from probation
+    to protected (serving/residency/policy.py). The gateway batches uses and calls this from a database thread."""
     ids = sorted(used)
     written = 0
     for start in range(0, len(ids), _TOUCH_CHUNK):
         chunk = ids[start : start + _TOUCH_CHUNK]
         value = Case(*(When(id=i, then=Value(used[i])) for i in chunk), output_field=DateTimeField())
-        written += Placement.objects.filter(id__in=chunk).update(last_used_at=value)
-        residency.promote_hits(chunk)  # served again: from probation to protected (serving/residency/policy.py)
+        written += Placement.objects.filter(id__in=chunk).update(last_used_at=value, segment=residency.promoted())
     return written

@@ -238,10 +238,10 @@ def save_segments(view: NodeView) -> int:
     return Placement.objects.filter(id__in=list(changed)).update(segment=value)
 
 
-def promote_hits(placement_ids: list[int]) -> int:
-    """Ready on-demand placements that served a request again: from probation to protected (their node's cache
-    demotes protected overflow when it is next rebuilt)."""
-    return Placement.objects.filter(id__in=placement_ids, segment=Segment.PROBATION).update(segment=Segment.PROTECTED)
+def promoted() -> Case:
+    """The segment of a placement that served a request again, for an UPDATE: from probation to protected (its
+    node's cache demotes protected overflow when it is next rebuilt), any other as it was."""
+    return Case(When(segment=Segment.PROBATION, then=Value(Segment.PROTECTED)), default=F("segment"))
 
 
 def disk_nodes(revision_id: int) -> set[int]:

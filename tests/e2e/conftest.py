@@ -140,7 +140,9 @@ class Engine:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def extra_flags(self) -> list[str]:
-        return []
+        from serving.engine_flags import PRIORITY_SCHEDULING_FLAG
+
+        return [PRIORITY_SCHEDULING_FLAG]  # as `make run`'s node: evaluations go below inference
 
     def start(self) -> None:
         from devtools.local_node import start_engine

@@ -87,7 +87,10 @@ def test_evaluation_gate_end_to_end(tenant_a, engine, tiny_llama_dir, artifact_r
     # r1 scored 1.0 on its own answers: the runner's greedy decoding is the gateway's.
     assert Evaluation.objects.get(revision=r1).score == 1.0
 
-    # The borrowed slot was given back, and the calls were metered as evaluation usage (never billed).
+    # The node's engine schedules by priority: the runner's cases went to it below inference (an engine without
+    # the policy refuses a non-zero priority), and the tenant's inference still answers.
+    assert world.node.schedules_by_priority and answer(PROMPTS[0]) is not None
+    # The borrowed slot was given back, and the calls were metered as the tenant's (billed) evaluation usage.
     wait(
         lambda: (
             not Placement.objects.filter(

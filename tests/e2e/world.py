@@ -38,6 +38,7 @@ def session_node(engine, tiny_llama_dir: Path, tmp_path: Path) -> tuple[BaseMode
         cpu_slots=engine.max_cpu_loras,
         max_lora_rank=engine.max_lora_rank,
         cache_dir=str(tmp_path / "node-cache"),
+        engine_flags=engine.extra_flags(),
         by=Actor.system(),
     )
     return base, node

@@ -148,14 +148,14 @@ def test_replicas_must_be_a_whole_number_of_at_least_one(tenant_a, adapter_a, ba
     assert Adapter.objects.get(id=adapter_a.id).replicas is None
 
 
-def test_replicas_is_required_and_nothing_else_is_changed_here(tenant_a, adapter_a):
+def test_an_empty_patch_or_an_unknown_field_is_refused_and_nothing_is_changed(tenant_a, adapter_a):
     client = tenant_a.client_as("approver")
     missing = client.patch(URL, {}, format="json")
-    assert missing.status_code == 400 and error_of(missing)["message"].startswith("replicas:")
-    other = client.patch(URL, {"replicas": 2, "description": "changed"}, format="json")
-    assert other.status_code == 400 and "description" in error_of(other)["message"]
+    assert missing.status_code == 400 and "replicas, description or tags" in error_of(missing)["message"]
+    other = client.patch(URL, {"replicas": 2, "description": "changed", "name": "renamed"}, format="json")
+    assert other.status_code == 400 and error_of(other)["message"].startswith("name:")
     adapter = Adapter.objects.get(id=adapter_a.id)
-    assert adapter.replicas is None and adapter.description == ""
+    assert adapter.replicas is None and adapter.description == "" and adapter.name == "support-bot"
 
 
 def test_replicas_above_the_plan_are_refused_naming_the_limit(tenant_a, adapter_a):

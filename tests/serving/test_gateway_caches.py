@@ -236,21 +236,23 @@ def test_tenant_as_unknown_models_and_pins_never_evict_tenant_bs_route(world, se
     assert world.state.routes.get((b, ModelRef("globex-bot")))[0]
 
 
-def test_tenant_as_cold_pins_never_evict_tenant_bs_prewarm(world, settings):
+def test_tenant_as_cold_loads_never_evict_tenant_bs_ask(world, settings, monkeypatch):
     settings.MINT_GATEWAY_CACHE_S = 3600
+    monkeypatch.setattr("serving.selectors.residency.expected_ready_s", lambda revision_id: 5.0)
     a, b = world.tenant_a.tenant.id, world.tenant_b.tenant.id
     revision_b = world.other_adapter.revisions.get()
 
-    async def ask() -> bool:
-        asked = resolve.schedule_prewarm(world.state, revision_b.id, tenant_id=b)
+    async def ask() -> float:
+        seconds = await world.state.cold.ask(revision_b.id, b)
         await settle(world.state)
-        return asked
+        return seconds
 
-    assert async_to_sync(ask)() is True
+    assert async_to_sync(ask)() > 0
+    assert world.prewarm.call_count == 1
     for revision_id in range(MAX_ENTRIES + 100):
-        world.state.prewarmed.put((a, revision_id), True)
+        world.state.prewarmed.put((a, revision_id), 1e12)
 
-    assert async_to_sync(ask)() is False  # still remembered: not asked twice
+    assert async_to_sync(ask)() > 0  # still remembered: not asked twice
     assert world.prewarm.call_count == 1
     assert world.state.prewarmed.held(a) == (TENANT_SHARE, 0)
 

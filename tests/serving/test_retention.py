@@ -159,7 +159,7 @@ def test_a_pipeline_pushing_far_past_its_quota_with_retention_on_never_sees_429(
     # the same property at 48 times the cost (each push is a real upload, validation and export: about 0.6 s).
     tenant = tenant_a.tenant
     tenant.max_revisions = 25
-    tenant.api_write_rpm = 100_000  # as fast as the test goes, not one per training step
+    tenant.api_write_rpm = tenant.api_tenant_write_rpm = 100_000  # as fast as the test goes, not one per step
     tenant.save()
     policy = tenant_a.client_as("approver").patch(f"{API}/retention/", {"keep_last": 10}, format="json")
     assert policy.status_code == 200

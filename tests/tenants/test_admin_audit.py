@@ -17,6 +17,9 @@ pytestmark = pytest.mark.django_db
 PLAN_AND_SWITCHES = {
     "max_adapters": 7,
     "max_ready_revisions": 3,
+    "max_live_aliases": 250,
+    "max_cold_wait_s": 4,
+    "max_held_requests": 5,
     "rate_limit_rpm": 42,
     "max_upload_bytes": 1234567,
     "max_storage_bytes": 9876543210,
@@ -39,6 +42,8 @@ PLAN_AND_SWITCHES = {
     "max_evaluation_tokens": 64,
     "max_evaluation_requests": 2,
     "max_webhook_endpoints": 3,
+    "retention_keep_last": 12,
+    "retention_grace_days": 2,
     "four_eyes": False,
     "is_active": False,
     "name": "Acme Renamed",
