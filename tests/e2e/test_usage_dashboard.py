@@ -86,7 +86,7 @@ def test_the_chart_shows_the_requests_made_and_follows_new_ones(world, start_web
     page.wait_for_url(f"{web}/usage/")
     page.get_by_label("Range", exact=True).select_option("hour")
     page.get_by_role("button", name="Show").click()
-    page.wait_for_url(f"{web}/usage/?range=hour&adapter=")
+    page.wait_for_url(f"{web}/usage/?range=hour&adapter=&kind=inference")
     requests_chart = "[data-chart='requests'][data-source='usage-data']"
     page.wait_for_selector(f"{requests_chart}[data-drawn]", timeout=10_000)
 
@@ -142,7 +142,7 @@ def test_the_chart_shows_the_requests_made_and_follows_new_ones(world, start_web
     expect(page.locator("[data-load-times]").first).to_have_text("120 ms / 40 ms")
     world(requests=4)
     page.go_back()
-    page.wait_for_url(f"{web}/usage/?range=hour&adapter=")
+    page.wait_for_url(f"{web}/usage/?range=hour&adapter=&kind=inference")
     wait_drawn(page, requests_chart, "requests", 20)
     expect(total.locator("[data-col='requests']")).to_have_text("20")
 
