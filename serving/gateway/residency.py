@@ -222,8 +222,10 @@ class GpuTiers:
         self._nodes: dict[str, OrderedDict[str, None]] = {}
 
     def holds(self, target: Target) -> bool:
+        """Whether a request for `target` finds its adapter active there, or a free slot for it: swapping it into a
+        batch with room evicts no other adapter, so idle replicas share requests rather than one taking them all."""
         lru = self._nodes.get(target.node_name)
-        return lru is not None and target.lora_name in lru
+        return lru is None or target.lora_name in lru or len(lru) < max(1, target.gpu_slots)
 
     def use(self, target: Target) -> str:
         """Record a request sent to `target`; the tier it found its adapter in (`gpu` or `cpu`). Counted in

@@ -56,8 +56,8 @@ def test_serving_end_to_end(tenant_a, tenant_b, engine, tiny_llama_dir, artifact
     _, token = tenant_a.key("inference")
     client = openai.OpenAI(base_url=f"{web}/v1", api_key=token, max_retries=0, timeout=60)
 
-    # Nothing is live yet: not ready, at once.
-    assert status_of(client, "support-bot") == (503, "adapter_not_ready")
+    # No alias exists yet: the model is not found (a 404, at once; an alias waiting for its first revision is 503).
+    assert status_of(client, "support-bot") == (404, "model_not_found")
 
     # Activate r1: the alias flips only once r1 is ready on the node.
     assert approver.post("/api/v1/adapters/support-bot/activate/", {"revision": "r1"}, format="json").status_code == 200

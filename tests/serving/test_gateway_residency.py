@@ -7,13 +7,16 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import Counter
 from unittest import mock
 
 import pytest
 import redis
 from asgiref.sync import async_to_sync
 
-from serving.gateway.residency import retry_after
+from serving.gateway.proxy import pick
+from serving.gateway.resolve import Target
+from serving.gateway.residency import GpuTiers, retry_after
 from serving.models import Placement, PlacementState
 from serving.services import residency as residency_services
 from tenants.models import Tenant
@@ -173,3 +176,32 @@ def test_requests_feed_the_shared_frequencies(world, settings):
         assert complete(world, world.token).status == 200
     world.state.cold._flush()  # what the background flush does, now
     assert residency_services.estimates([world.r1.id])[world.r1.id] >= 5
+
+
+# ---------------------------------------------------------------- GPU tier affinity
+
+
+def _targets(lora: str) -> tuple[Target, Target]:
+    return tuple(
+        Target(placement_id=i, node_name=f"node-{i}", node_url="", lora_name=lora, gpu_slots=2) for i in (1, 2)
+    )
+
+
+def test_idle_replicas_share_requests_sent_one_after_another():
+    gpu, chosen = GpuTiers(), set()
+    targets = _targets("hot")
+    for _ in range(40):
+        target = pick(Counter(), targets, active=gpu.holds)
+        gpu.use(target)
+        chosen.add(target.node_name)
+    assert chosen == {"node-1", "node-2"}
+
+
+def test_a_request_goes_where_its_adapter_is_active_when_the_other_batch_is_full():
+    gpu = GpuTiers()
+    hot, other = _targets("hot")
+    gpu.use(hot)  # active on node-1
+    for name in ("x", "y"):  # node-2's batch is full of other adapters
+        gpu.use(Target(placement_id=9, node_name="node-2", node_url="", lora_name=name, gpu_slots=2))
+    assert {pick(Counter(), (hot, other), active=gpu.holds).node_name for _ in range(40)} == {"node-1"}
+    assert gpu.use(hot) == "gpu" and gpu.use(other) == "cpu"
