@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -30,6 +31,15 @@ def percentile(values: list[float], q: float) -> float:
     low = int(rank)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def bootstrap_median(values: list[float], *, reps: int = 10_000, seed: int = 7) -> tuple[float, float]:
+    """A 95 % percentile-bootstrap interval of the median of `values`."""
+    if not values:
+        return float("nan"), float("nan")
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(reps))
+    return medians[int(0.025 * reps)], medians[int(0.975 * reps) - 1]
 
 
 def summary_ms(seconds: list[float]) -> dict[str, float]:

@@ -45,6 +45,7 @@ from benchmarks.common import (
     BASE_DIR,
     bench_database_url,
     bench_env,
+    bootstrap_median,
     parser,
     percentile,
     plot_result,
@@ -66,15 +67,6 @@ PROBE_NICE, FLOODER_NICE = -5, 5
 REDIS_DB = 6
 PART_BYTES = 8 * 1024 * 1024
 OTHER_BYTES = 4 * 1024 * 1024
-
-
-def bootstrap_median(values: list[float], *, reps: int = 10_000, seed: int = 7) -> tuple[float, float]:
-    """A 95 % percentile-bootstrap interval of the median of `values`."""
-    if not values:
-        return float("nan"), float("nan")
-    rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(reps))
-    return medians[int(0.025 * reps)], medians[int(0.975 * reps) - 1]
 
 
 @dataclass

@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
-import random
 import shutil
 import socket
 import statistics
@@ -34,6 +33,7 @@ import httpx
 from benchmarks.common import (
     bench_database_url,
     bench_env,
+    bootstrap_median,
     parser,
     percentile,
     plot_result,
@@ -244,13 +244,6 @@ def latencies(world: World, samples: list[Sample]) -> tuple[dict[int, list[float
         for name, start, end in STAGES:
             stages.setdefault(sample.window, {}).setdefault(name, []).append(moments[end] - moments[start])
     return by_window, stages
-
-
-def bootstrap_median(values: list[float], *, reps: int = 10_000, seed: int = 7) -> tuple[float, float]:
-    """A 95 % percentile-bootstrap interval of the median of `values`."""
-    rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(reps))
-    return medians[int(0.025 * reps)], medians[int(0.975 * reps) - 1]
 
 
 def pool_pids(worker) -> list[int]:

@@ -1,10 +1,13 @@
 """Readiness isolation: steady traffic on warm adapters while 32 new revisions are activated.
 
-Reports the steady traffic's p95 during the activations ÷ before (target ≤ 1.05: existing
-tenants unaffected) and each new adapter's first-request latency ÷ its warm latency
-(target ≤ 1.1: no cold load on the request path, because requests only reach ready placements).
+The activations come in `--pairs` batches (5 by default), each after a quiet window of `--window` seconds: each
+pair's ratio is the steady traffic's p95 while its batch is activated ÷ its p95 in the quiet window just before.
+Reports their median with a 95 % bootstrap interval (`steady_p95_ratio_median`, `steady_p95_ratio_ci95`; target
+≤ 1.05: existing tenants unaffected), the same ratio over all windows together (`steady_p95_ratio`), and each new
+adapter's first-request latency ÷ its warm latency (target ≤ 1.1: no cold load on the request path, because
+requests only reach ready placements).
 
-    python -m benchmarks.readiness_isolation [--quick]
+    python -m benchmarks.readiness_isolation [--quick] [--pairs 5] [--window 20]
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from benchmarks.common import parser, percentile, server_timing, summary_ms, write_result
+from benchmarks.common import bootstrap_median, parser, percentile, server_timing, summary_ms, write_result
 from benchmarks.stack import Stack
 
 BODY = {"max_tokens": 4, "temperature": 0}
@@ -133,59 +136,78 @@ def first_and_warm(http: httpx.Client, url: str, token: str, model: str, timeout
 
 
 def main() -> int:
-    args = parser(__doc__).parse_args()
+    p = parser(__doc__)
+    p.add_argument("--pairs", type=int, default=None, help="quiet/activation window pairs (5; quick: 2)")
+    p.add_argument("--window", type=float, default=None, help="seconds of each quiet window (20; quick: 3)")
+    args = p.parse_args()
     new_count = 4 if args.quick else 32
-    window = 3.0 if args.quick else 40.0  # the baseline: long enough to average over this host's own swings
+    pairs = args.pairs or (2 if args.quick else 5)
+    window = args.window or (3.0 if args.quick else 20.0)
     with Stack("readiness", cpu_slots=new_count + 8) as stack:
         placement = stack.placement
         tenant, token = stack.tenant()
         warm_models = []
         for i in range(3):
             adapter, revision = stack.approved_revision(tenant, f"steady-{i}", seed=100 + i)
-            stack.activate(adapter, revision)
+            stack.activate(adapter, revision, reserve=True)
             stack.wait_live(adapter, revision)
             warm_models.append(adapter.name)
         fresh = [stack.approved_revision(tenant, f"new-{i}", seed=i) for i in range(new_count)]
+        batches = [fresh[k::pairs] for k in range(pairs)]
 
         url = f"{stack.web_url}/v1/completions"
         steady = Steady(url, token, warm_models)
         steady.start()
         time.sleep(2.0)  # let the steady client settle
-        before_start = time.monotonic()
-        time.sleep(window)
-        during_start = time.monotonic()
-        with stack.as_control_plane():
-            for adapter, revision in fresh:
-                stack.activate(adapter, revision)
-            for adapter, revision in fresh:
-                stack.wait_live(adapter, revision, timeout=600)
-        during_end = max(time.monotonic(), during_start + 1.0)
+        first_start = time.monotonic()
+        windows = []  # (quiet start, activations start, activations end) per pair
+        for batch in batches:
+            quiet_start = time.monotonic()
+            time.sleep(window)
+            during_start = time.monotonic()
+            with stack.as_control_plane():
+                for adapter, revision in batch:
+                    stack.activate(adapter, revision, reserve=True)
+                for adapter, revision in batch:
+                    stack.wait_live(adapter, revision, timeout=600)
+            windows.append((quiet_start, during_start, max(time.monotonic(), during_start + 1.0)))
+        last_end = windows[-1][2]
         time.sleep(window / 2)  # the same traffic after: what stays changed (more adapters loaded, drift)
         after_end = time.monotonic()
         steady.stop()
-        before = steady.between(before_start, during_start)
-        midway = (before_start + during_start) / 2
-        first_half, second_half = steady.between(before_start, midway), steady.between(midway, during_start)
-        during = steady.between(during_start, during_end)
-        after = steady.between(during_end, after_end)
-        series = steady.series(before_start, after_end, origin=during_start)
+        before = [x for q, d, _ in windows for x in steady.between(q, d)]
+        during = [x for _, d, e in windows for x in steady.between(d, e)]
+        ratios = [percentile(steady.between(d, e), 95) / percentile(steady.between(q, d), 95) for q, d, e in windows]
+        # With nothing changing: each quiet window's second half over its first half.
+        nulls = [
+            percentile(steady.between((q + d) / 2, d), 95) / percentile(steady.between(q, (q + d) / 2), 95)
+            for q, d, _ in windows
+        ]
+        after = steady.between(last_end, after_end)
+        series = steady.series(first_start, after_end, origin=windows[0][1])
 
         with httpx.Client(timeout=60) as http:
             for model in warm_models:  # connect, as the steady client had
                 http.post(url, json=body(model), headers={"Authorization": f"Bearer {token}"}).raise_for_status()
             measured = [first_and_warm(http, url, token, adapter.name) for adapter, _ in fresh]
-        ratios = [m.first_s / m.warm_s for m in measured]
+        first_ratios = [m.first_s / m.warm_s for m in measured]
 
     figures = {
         "warm_adapters": len(warm_models),
         "activated": new_count,
-        "activation_window_s": round(during_end - during_start, 2),
+        "pairs": pairs,
+        "quiet_window_s": window,
+        "activation_windows_s": [round(e - d, 2) for _, d, e in windows],
         "steady_before": summary_ms(before),
         "steady_during": summary_ms(during),
+        "steady_p95_ratio_median": round(statistics.median(ratios), 4),
+        "steady_p95_ratio_ci95": [round(x, 4) for x in bootstrap_median(ratios)],
+        "steady_p95_ratios": [round(r, 4) for r in ratios],
         "steady_p95_ratio": round(percentile(during, 95) / percentile(before, 95), 4),
-        # The same ratio with nothing changing (the second half of `before` over its first half): how far
+        # The same ratio with nothing changing (each quiet window's second half over its first half): how far
         # this machine moves the steady p95 on its own. A ratio inside this spread is not a measured effect.
-        "steady_p95_null_ratio": round(percentile(second_half, 95) / percentile(first_half, 95), 4),
+        "steady_p95_null_ratio_median": round(statistics.median(nulls), 4),
+        "steady_p95_null_ratio_ci95": [round(x, 4) for x in bootstrap_median(nulls)],
         # Once the activations are over: a change that stays (the engine holding 35 adapters instead of 3,
         # or the machine drifting) rather than one the prewarms cause while they run.
         "steady_after": summary_ms(after),
@@ -193,13 +215,13 @@ def main() -> int:
         # p50 and p95 per SERIES_BUCKET_S of steady traffic, from the start of `before`; t_s = 0 when activations start.
         "steady_series": series,
         # The same requests' time inside the node, as the gateway saw it: the engine's share of a change.
-        "steady_upstream_before": summary_ms(steady.between(before_start, during_start, "upstream")),
-        "steady_upstream_during": summary_ms(steady.between(during_start, during_end, "upstream")),
+        "steady_upstream_before": summary_ms([x for q, d, _ in windows for x in steady.between(q, d, "upstream")]),
+        "steady_upstream_during": summary_ms([x for _, d, e in windows for x in steady.between(d, e, "upstream")]),
         "steady_errors": steady.errors,
         "first_over_warm": {
-            "median": round(statistics.median(ratios), 4),
-            "max": round(max(ratios), 4),
-            "p95": round(percentile(ratios, 95), 4),
+            "median": round(statistics.median(first_ratios), 4),
+            "max": round(max(first_ratios), 4),
+            "p95": round(percentile(first_ratios, 95), 4),
         },
         # Where a first request's time goes, from the gateway's Server-Timing (medians, ms).
         "first_request_ms": {
@@ -212,7 +234,7 @@ def main() -> int:
             "gateway": round(statistics.median(m.warm_timing.get("gateway", 0) for m in measured), 3),
             "upstream": round(statistics.median(m.warm_timing.get("upstream", 0) for m in measured), 3),
         },
-        "target": {"steady_p95_ratio": 1.05, "first_over_warm": 1.1},
+        "target": {"steady_p95_ratio_median": 1.05, "first_over_warm": 1.1},
         "placement": placement,
     }
     path = write_result("readiness_isolation", figures, quick=args.quick, out_dir=args.out)

@@ -281,11 +281,11 @@ class Stack:
         services.revision_approve(revision=revision, by=Actor.system())
         return adapter, revision
 
-    def activate(self, adapter, revision) -> None:
+    def activate(self, adapter, revision, *, reserve: bool = False) -> None:
         from serving import services
         from tenants.access import Actor
 
-        services.revision_activate(adapter=adapter, revision=revision, by=Actor.system())
+        services.revision_activate(adapter=adapter, revision=revision, by=Actor.system(), reserve=reserve)
 
     def wait_live(self, adapter, revision, timeout: float = 120) -> None:
         from serving.models import Alias

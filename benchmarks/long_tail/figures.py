@@ -26,9 +26,8 @@ from collections import Counter
 
 import numpy as np
 
-from benchmarks.common import percentile
+from benchmarks.common import bootstrap_median, percentile
 from benchmarks.long_tail.offline import belady_hits, lru_hits
-from benchmarks.noisy_neighbour_control import bootstrap_median
 
 TARGET = {
     "openai_success_ratio": 0.999,

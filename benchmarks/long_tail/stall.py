@@ -22,8 +22,7 @@ import statistics
 import threading
 import time
 
-from benchmarks.common import percentile
-from benchmarks.noisy_neighbour_control import bootstrap_median
+from benchmarks.common import bootstrap_median, percentile
 from benchmarks.readiness_isolation import Steady
 
 STEADY = "stall-steady"

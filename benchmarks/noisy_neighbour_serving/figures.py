@@ -8,10 +8,10 @@ from collections import Counter
 from dataclasses import asdict
 
 from benchmarks.common import (
+    bootstrap_median,
     percentile,
     summary_ms,
 )
-from benchmarks.noisy_neighbour_control import bootstrap_median
 from benchmarks.noisy_neighbour_serving import TARGET, Params
 from benchmarks.noisy_neighbour_serving.clients import Clients
 

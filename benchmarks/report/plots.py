@@ -75,11 +75,17 @@ def plot_readiness_isolation(d: dict, plt) -> Any:
     if after:
         windows.append(("after", after))
     _percentile_bars(left, windows)
-    left.set_title(f"Steady traffic: p95 ratio {fmt(get(d, 'steady_p95_ratio'))} (target ≤ 1.05)", fontsize=10)
+    ratio = get(d, "steady_p95_ratio_median", "steady_p95_ratio")
+    left.set_title(f"Steady traffic: p95 ratio {fmt(ratio)} (median of pairs; target ≤ 1.05)", fontsize=10)
     series = get(d, "steady_series", default=[]) or []
     for key, label in (("p50_ms", "p50"), ("p95_ms", "p95")):
         middle.plot([b["t_s"] for b in series], [b[key] for b in series], marker=".", label=label)
-    window = number(get(d, "activation_window_s"))
+    quiet = number(get(d, "quiet_window_s")) or 0
+    start = 0.0
+    for k, length in enumerate(get(d, "activation_windows_s", default=[]) or []):
+        middle.axvspan(start, start + length, color="tab:orange", alpha=0.15, label="activations" if k == 0 else None)
+        start += length + quiet
+    window = number(get(d, "activation_window_s"))  # results written before the window pairs
     if window:
         middle.axvspan(0, window, color="tab:orange", alpha=0.15, label="activations")
     middle.set_xlabel("s from the first activation")

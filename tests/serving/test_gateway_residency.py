@@ -15,8 +15,8 @@ import redis
 from asgiref.sync import async_to_sync
 
 from serving.gateway.proxy import pick
-from serving.gateway.resolve import Target
 from serving.gateway.residency import GpuTiers, retry_after
+from serving.gateway.resolve import Target
 from serving.models import Placement, PlacementState
 from serving.services import residency as residency_services
 from tenants.models import Tenant

@@ -89,7 +89,9 @@ def test_the_last_pin_cannot_be_taken_twice_by_racing_activations(transactional_
     def go(revision: AdapterRevision, alias: str) -> None:
         try:
             barrier.wait()
-            services.revision_activate(adapter=adapter_a, revision=revision, by=Actor.system(), alias=alias, reserve=True)
+            services.revision_activate(
+                adapter=adapter_a, revision=revision, by=Actor.system(), alias=alias, reserve=True
+            )
             outcomes.append("ok")
         except QuotaExceeded:
             outcomes.append("refused")

@@ -59,7 +59,9 @@ def _sweep_from_the_start():
 def fifty(tenant_a, adapter_a, good_adapter_dir, artifact_root, django_capture_on_commit_callbacks):
     """support-bot with 50 exported revisions; production serves r10 (r8 before it), a canary of r20, r30 marked
     keep, r12 awaiting approval, r40 named by an alias deactivated yesterday, r41 by one deactivated 10 days ago."""
-    Tenant.objects.filter(id=tenant_a.tenant.id).update(api_write_rpm=100_000)  # pushes as fast as tests go
+    Tenant.objects.filter(id=tenant_a.tenant.id).update(
+        api_write_rpm=100_000, api_tenant_write_rpm=100_000
+    )  # pushes as fast as tests go
     client = tenant_a.client_as("key:pipeline")
     for _ in range(50):
         push(client, good_adapter_dir, django_capture_on_commit_callbacks)
