@@ -22,6 +22,7 @@ from django.core.cache import cache
 from adapters import store
 from adapters.artifacts.safetensors_io import read_header, tensor_bytes
 from adapters.models import AdapterRevision, Evaluation
+from adapters.runs import parent_chain
 
 SUMMARY_CACHE_S = 24 * 3600
 MAX_MODULES = 4000
@@ -184,15 +185,9 @@ def revision_diff(a: AdapterRevision, b: AdapterRevision) -> dict[str, Any]:
 
 
 def revision_lineage(revision: AdapterRevision) -> dict[str, Any]:
-    """The parent chain (oldest last, at most LINEAGE_DEPTH) and the direct children (at most LINEAGE_DEPTH)."""
-    chain = []
-    seen = {revision.id}
-    current = revision.parent
-    while current is not None and current.id not in seen and len(chain) < LINEAGE_DEPTH:
-        seen.add(current.id)
-        chain.append({"revision": current.label, "number": current.number, "state": current.state})
-        parent_id = current.parent_id
-        current = AdapterRevision.objects.filter(id=parent_id).only("id", "number", "state", "parent_id").first()
+    """The parent chain (nearest first, at most LINEAGE_DEPTH: adapters.runs.parent_chain) and the direct children
+    (at most LINEAGE_DEPTH)."""
+    chain = parent_chain(revision=revision, limit=LINEAGE_DEPTH + 2)[1:]  # [0] is the revision itself
     children = [
         {"revision": f"r{n}", "number": n, "state": s}
         for n, s in AdapterRevision.objects.filter(parent=revision)
@@ -202,7 +197,7 @@ def revision_lineage(revision: AdapterRevision) -> dict[str, Any]:
     return {
         "revision": revision.label,
         "state": revision.state,
-        "ancestors": chain,
-        "more_ancestors": current is not None and current.id not in seen,
+        "ancestors": [{key: step[key] for key in ("revision", "number", "state")} for step in chain[:LINEAGE_DEPTH]],
+        "more_ancestors": len(chain) > LINEAGE_DEPTH,
         "children": children,
     }
