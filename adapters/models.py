@@ -12,6 +12,7 @@ from django.db.models.functions import Coalesce, Least
 from django.utils import timezone
 
 from adapters.artifacts.spec import BaseModelSpec
+from mint_site import names
 from tenants.models import ApiKey, Tenant
 
 
@@ -40,10 +41,9 @@ class BaseModel(models.Model):
         return BaseModelSpec.from_config(self.config, max_lora_rank=self.max_lora_rank)
 
 
-# What an adapter's name is made of: the API checks names against it (adapters.serializers.ADAPTER_NAME), and the
-# catalog's search refuses a term no name could contain (adapters.selectors.adapter_search_term).
-ADAPTER_NAME_CHARS = "a-z0-9._-"
-ADAPTER_NAME_MAX = 64
+# What an adapter's name is made of (mint_site/names.py): the API checks names against it, and the catalog's search
+# refuses a term no name could contain (adapters.selectors.adapter_search_term).
+ADAPTER_NAME_CHARS, ADAPTER_NAME_MAX = names.ADAPTER_NAME_CHARS, names.ADAPTER_NAME_MAX
 
 
 class LiveAdapterManager(models.Manager):

@@ -7,8 +7,6 @@ from rest_framework import serializers
 
 from adapters import dispatch, runs, selectors
 from adapters.models import (
-    ADAPTER_NAME_CHARS,
-    ADAPTER_NAME_MAX,
     Adapter,
     AdapterRevision,
     Approval,
@@ -17,10 +15,10 @@ from adapters.models import (
     EvaluationSuite,
 )
 from adapters.services.transitions import RETRYABLE_FAILURE_CODES
+from mint_site.names import ADAPTER_NAME_PATTERN, ALIAS_NAME_PATTERN
 
-ADAPTER_NAME = re.compile(rf"^[a-z0-9][{ADAPTER_NAME_CHARS}]{{0,{ADAPTER_NAME_MAX - 1}}}$")
-# An alias name: `production`, `candidate`, `canary-2`, ... (the gateway parses `<adapter>:<alias>` alike).
-ALIAS_NAME = r"^[a-z][a-z0-9_-]{0,31}$"
+ADAPTER_NAME = re.compile(rf"^{ADAPTER_NAME_PATTERN}$")
+ALIAS_NAME = rf"^{ALIAS_NAME_PATTERN}$"
 
 
 def _label(revision: AdapterRevision | None) -> str | None:

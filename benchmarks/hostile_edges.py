@@ -476,7 +476,11 @@ def main() -> int:
     p.add_argument("--pairs", type=int, default=5, help="quiet/disturbed window pairs of each experiment")
     p.add_argument("--window", type=float, default=10.0, help="seconds per quiet window (and per flood)")
     p.add_argument("--cases", type=int, default=60, help="cases of the evaluation suite")
-    p.add_argument("--no-engine", action="store_true", help="leave the evaluation (vLLM) experiment out")
+    p.add_argument(
+        "--no-engine",
+        action="store_true",
+        help="leave the evaluation (vLLM) experiment out; its figures are kept from the last run's results",
+    )
     p.add_argument("--no-priority", action="store_true", help="the node without priority scheduling (reference)")
     p.add_argument("--yield-s", type=float, default=1.0, help="MINT_EVALUATION_YIELD_S of the node agent")
     p.add_argument("--eval-only", type=Path, help=argparse.SUPPRESS)  # the child that runs the evaluation part
@@ -491,6 +495,11 @@ def main() -> int:
         figures = flood_world(work, args)
         if not args.no_engine:
             figures |= evaluation_in_child(args, work / "evaluation.json")
+        elif (previous := args.out / "hostile_edges.json").exists():
+            last = json.loads(previous.read_text())
+            kept = ("eval_neighbour", "evaluations", "evaluation_tokens_metered", "neighbour_errors", "engine_flags")
+            figures |= {key: last[key] for key in kept if key in last}
+            figures["evaluation_measured_at"] = last.get("evaluation_measured_at", last.get("date"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     headline_figures = {

@@ -4,11 +4,15 @@ Django's ASGI handler reads the whole body (spooling it to disk past FILE_UPLOAD
 middleware, authentication or view runs, so a Content-Length check in a view comes after the disk was filled,
 and a 401 comes after the body was received. This wrapper sits in front of it:
 
-- Requests that present no credentials at all (no `Authorization`, no session cookie) share one small
-  throttle per process, MINT_ANON_REQUESTS_PER_S (health probes and static files aside): past it they are
-  answered 429 `anonymous_rate_limited` at once, so a flood of anonymous requests cannot take the web
-  processes from everyone else. They may send at most MINT_ANON_MAX_REQUEST_BYTES of body (a sign-in form):
-  a longer declared body is refused unread, a chunked one cut off there.
+- Requests that present no credentials at all (no `Authorization`, no session cookie), to the gateway or to
+  Django, share one small throttle per process, MINT_ANON_REQUESTS_PER_S (health probes and static files
+  aside; `AnonymousGate`, in front of the whole site): past it they are answered 429 `anonymous_rate_limited`
+  unread, so a flood of anonymous requests cannot take the web processes from everyone else. Up to
+  MINT_ANON_HELD of those refusals are held until the throttle's window ends (at most a second) before they are
+  sent, as nginx's `limit_req` delays what is over its rate: a client that waits for its answer before the next
+  request (most do) then sends at the throttle's pace, and a held request costs an idle connection, not CPU;
+  past MINT_ANON_HELD they are answered at once. They may send at most MINT_ANON_MAX_REQUEST_BYTES of body
+  (a sign-in form): a longer declared body is refused unread, a chunked one cut off there.
 - A route with a gate (the upload routes, a resumable upload's parts) asks it who is calling and how much they
   may send, still before reading: anonymous callers, bad keys, exhausted quotas and throttled callers are
   answered at once, and a body past the caller's allowance is refused from its Content-Length, or, for a
@@ -22,6 +26,7 @@ The credentials are only looked at here, never trusted: the view authenticates a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -151,6 +156,29 @@ def anonymous_refusal(wait: float) -> Refusal:
     )
 
 
+class AnonymousGate:
+    """ASGI middleware in front of the whole site: the anonymous throttle (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.throttle = AnonymousThrottle()
+        self.held = 0
+
+    async def __call__(self, scope: Scope, receive, send) -> None:
+        if scope["type"] == "http" and not UNTHROTTLED.match(scope["path"]) and not presents_credentials(scope):
+            wait = self.throttle.wait()
+            if wait is not None:
+                if self.held < settings.MINT_ANON_HELD:
+                    self.held += 1
+                    try:
+                        await asyncio.sleep(min(wait, 1.0))
+                    finally:
+                        self.held -= 1
+                await anonymous_refusal(wait).send(send)
+                return
+        await self.app(scope, receive, send)
+
+
 def anonymous_allowance() -> Allowance:
     limit = settings.MINT_ANON_MAX_REQUEST_BYTES
     return Allowance(
@@ -190,7 +218,6 @@ class BodyLimit:
         self.upload_gate = upload_gate
         self.caller_gate = caller_gate
         self.route_limits = tuple(route_limits)
-        self.anonymous = AnonymousThrottle()
 
     async def __call__(self, scope: Scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -198,9 +225,6 @@ class BodyLimit:
             return
         declared = _declared_length(scope)
         credentials = presents_credentials(scope)
-        if not credentials and not UNTHROTTLED.match(scope["path"]) and (wait := self.anonymous.wait()) is not None:
-            await anonymous_refusal(wait).send(send)
-            return
         if scope["method"] == "POST" and self.upload_routes.match(scope["path"]):
             allowance = Allowance(
                 settings.MINT_MAX_UPLOAD_BYTES, too_large(settings.MINT_MAX_UPLOAD_BYTES, "the platform's upload limit")

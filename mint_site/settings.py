@@ -325,6 +325,8 @@ MINT_MAX_UPLOAD_BYTES = env_int("MINT_MAX_UPLOAD_BYTES", 8 * 1024**3, minimum=10
 # Requests without an API key or a session cookie (mint_site/limits.py): together at most this many per second
 # per web process (health probes and static files aside; past it 429 at once), each with at most this much body.
 MINT_ANON_REQUESTS_PER_S = env_int("MINT_ANON_REQUESTS_PER_S", 20, minimum=1)
+# Anonymous requests past the throttle held until its window ends before their 429, at most this many at once.
+MINT_ANON_HELD = env_int("MINT_ANON_HELD", 512, minimum=0)
 MINT_ANON_MAX_REQUEST_BYTES = env_int("MINT_ANON_MAX_REQUEST_BYTES", 64 * 1024, minimum=1024)
 # Many-file adapters (one safetensors per tensor) are uploaded as tens of thousands of files: the upload routes
 # take up to MINT_UPLOAD_MAX_FILES, every other form MINT_FORM_MAX_FILES (mint_site/uploads.py).

@@ -10,6 +10,7 @@ from adapters.models import AdapterRevision
 from adapters.serializers import ALIAS_NAME, RevisionNumberField
 from adapters.serializers import AdapterDetailSerializer as CatalogAdapterDetailSerializer
 from adapters.serializers import AdapterSerializer as CatalogAdapterSerializer
+from mint_site.names import ADAPTER_NAME_PATTERN
 from serving import selectors
 from serving.models import Alias, Placement, ServingNode
 from serving.selectors import residency as residency_selectors
@@ -347,7 +348,7 @@ class UsageQuerySerializer(serializers.Serializer):
         required=False, help_text="Platform staff: one tenant's usage only (others: their own tenant, or 404)."
     )
     adapter = serializers.RegexField(
-        r"^[a-z0-9][a-z0-9._-]{0,63}$",
+        rf"^{ADAPTER_NAME_PATTERN}$",
         required=False,
         help_text="One adapter's usage only, by name (a name of no adapter: nothing to count).",
     )

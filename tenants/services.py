@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from mint_site.errors import Conflict, MintError, QuotaExceeded
 from mint_site.events import live_event
+from mint_site.names import ADAPTER_NAME_PATTERN
 from tenants.access import Actor
 from tenants.keys import new_token, touch_due
 from tenants.models import ApiKey, AuditEvent, Membership, Role, Scope, Tenant
@@ -166,8 +167,7 @@ def _clean_scopes(scopes: Iterable[str]) -> list[str]:
     return cleaned
 
 
-# The rule of adapter names (adapters/serializers.py, serving/gateway/resolve.py): tenants cannot import adapters.
-_ADAPTER_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_ADAPTER_NAME = re.compile(ADAPTER_NAME_PATTERN)
 
 
 def _clean_adapters(names: Iterable[str]) -> list[str]:

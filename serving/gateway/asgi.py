@@ -26,11 +26,13 @@ from typing import Any
 from django.conf import settings
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route, Router
 from starlette.types import ASGIApp
 
+from mint_site.limits import AnonymousGate
 from serving.gateway import GatewayError, auth, feed, policy, proxy, resolve, sampling
 from serving.gateway import canary as canaries
 from serving.gateway import residency as cold
@@ -463,7 +465,13 @@ def with_gateway(app: ASGIApp | None = None, *, state: GatewayState | None = Non
     routes: list[Any] = [Mount("/v1", app=gateway_routes())]
     if app is not None:
         routes.append(Mount("", app=app))
-    site = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _refused_route})
+    site = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        # Requests without credentials, to the gateway or to Django, share the anonymous throttle.
+        middleware=[Middleware(AnonymousGate)],
+        exception_handlers={HTTPException: _refused_route},
+    )
     if state is not None:
         site.state.gateway = state
     return site

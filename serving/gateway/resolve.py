@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapters import selectors as adapter_selectors
 from mint_site.events import epoch_us
+from mint_site.names import ADAPTER_NAME_PATTERN, ALIAS_NAME_PATTERN
 from serving import selectors
 from serving.gateway import GatewayError
 from serving.gateway.metrics import RESIDENCY_REQUESTS, UNKNOWN
@@ -35,10 +36,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The same rules as adapter and alias names in the REST API (adapters/serializers.py).
-_ADAPTER = r"[a-z0-9][a-z0-9._-]{0,63}"
+# The same rules as adapter and alias names in the REST API (mint_site/names.py).
 _MODEL_RE = re.compile(
-    rf"^(?P<adapter>{_ADAPTER})(?::(?P<alias>[a-z][a-z0-9_-]{{0,31}})|@r(?P<number>[1-9][0-9]{{0,9}}))?$"
+    rf"^(?P<adapter>{ADAPTER_NAME_PATTERN})(?::(?P<alias>{ALIAS_NAME_PATTERN})|@r(?P<number>[1-9][0-9]{{0,9}}))?$"
 )
 
 

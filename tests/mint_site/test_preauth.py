@@ -13,7 +13,7 @@ import time
 import pytest
 from asgiref.sync import async_to_sync
 
-from mint_site.limits import BodyLimit
+from mint_site.limits import AnonymousGate, BodyLimit
 from tests.mint_site.test_body_limits import call
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -95,18 +95,13 @@ def test_an_anonymous_body_past_its_small_bound_is_refused_unread(tenant_a, sett
 
 
 def _fresh_site():
-    """The site's HTTP stack with a throttle of its own (the module's application keeps its count between tests)."""
+    """The site's HTTP stack behind a throttle of its own (the module's application keeps its count between tests)."""
     from mint_site.asgi import application
 
     http = application.routes[-1].app.application_mapping["http"]
     assert isinstance(http, BodyLimit)
-    return BodyLimit(
-        http.app,
-        upload_routes=http.upload_routes,
-        upload_gate=http.upload_gate,
-        caller_gate=http.caller_gate,
-        route_limits=http.route_limits,
-    )
+    assert any(m.cls is AnonymousGate for m in application.user_middleware)  # in front of the gateway too
+    return AnonymousGate(http)
 
 
 def _get(app, path: str, headers: list[tuple[bytes, bytes]] = ()) -> int:
@@ -146,6 +141,7 @@ def _get(app, path: str, headers: list[tuple[bytes, bytes]] = ()) -> int:
 
 def test_anonymous_requests_share_a_small_throttle_and_probes_and_callers_pass(tenant_a, settings):
     settings.MINT_ANON_REQUESTS_PER_S = 3
+    settings.MINT_ANON_HELD = 0  # refusals answered at once here (holding them: the test below)
     app = _fresh_site()
     _, token = tenant_a.key("pipeline")
     time.sleep(1 - time.time() % 1)  # a fresh one-second window
@@ -153,3 +149,38 @@ def test_anonymous_requests_share_a_small_throttle_and_probes_and_callers_pass(t
     assert statuses[:3] == [401] * 3 and statuses[3:] == [429, 429]
     assert _get(app, "/healthz") == 200
     assert _get(app, "/api/v1/", [(b"authorization", f"Bearer {token}".encode())]) == 200
+
+
+def test_refusals_are_held_until_the_window_ends_but_only_so_many(settings):
+    """A flood's refusals wait for the throttle's next window before their 429 (a client that waits for its answer
+    then sends at the throttle's pace); past MINT_ANON_HELD at once, they are answered at once."""
+    settings.MINT_ANON_REQUESTS_PER_S, settings.MINT_ANON_HELD = 1, 2
+    reached = []
+
+    async def app(scope, receive, send):
+        reached.append(scope["path"])
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    gate = AnonymousGate(app)
+
+    async def one() -> tuple[int, float]:
+        started, sent = time.monotonic(), []
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "GET", "path": "/api/v1/", "headers": [(b"host", b"testserver")]}
+        await gate(scope, None, send)
+        return sent[0]["status"], time.monotonic() - started
+
+    async def flood():
+        return await asyncio.gather(*(one() for _ in range(4)))
+
+    time.sleep(1 - time.time() % 1 + 0.05)  # early in a fresh one-second window
+    answers = async_to_sync(flood)()
+    assert sorted(status for status, _ in answers) == [204, 429, 429, 429] and reached == ["/api/v1/"]
+    refused = sorted(seconds for status, seconds in answers if status == 429)
+    assert refused[0] < 0.2  # past MINT_ANON_HELD: at once
+    assert all(0.5 < seconds < 1.5 for seconds in refused[1:])  # held to the window's end, no longer
+    assert gate.held == 0
