@@ -69,7 +69,7 @@ class Caller:
             (self._local.sent, time.time(), response.status_code, float(retry_after) if retry_after else None, code)
         )
 
-    def call(self, kind: str, tenant: int, alias: int, model: str) -> None:
+    def call(self, kind: str, tenant: int, alias: int, model: str) -> dict:
         import openai
 
         with self._lock:
@@ -94,6 +94,7 @@ class Caller:
         }
         with self._lock:
             self.records.append(record)
+        return record
 
     def close(self) -> None:
         self._http.close()

@@ -11,8 +11,10 @@ sends a steady stream of its own to those four (`hot_rate`): its latency is what
 scanning tenant (the largest) holds only ranks in the colder half; its `scan` coldest aliases are what it scans.
 
 The Zipf stream's rate is sized on the node: after the engine stall is measured (benchmarks/long_tail/stall.py),
-six cold loads one at a time give the seconds a load holds the node's load slot (`calibrate`), and the stream's
-misses, as plain LRU would have them, are set to take half of that capacity (`stream_rate`).
+six cold loads one at a time give the seconds a load holds the node's load slot (`calibrate`), twice the CPU tier
+asked for at once gives the loads a second the node sustains (`sustained_loads`: evictions, pacing and hand-offs
+included; one load at a time flatters it several times), and the stream's misses, as plain LRU would have them,
+are set to take half of that (`stream_rate`).
 
 Phases, after a warm-up:
 1. `pairs` pairs of windows of `window_s`, quiet and scan, the order alternating: in a scan window the scanning
@@ -50,7 +52,7 @@ class LiveParams:
     cpu_slots: int = 16
     disk_slots: int = 256
     # The Zipf stream's rate: its misses (as plain LRU would have them) take `utilisation` of the node's measured
-    # load capacity (`calibrate`), within [min_rate, max_rate] requests a second; `rate` fixes it instead.
+    # sustained load rate (`sustained_loads`), within [min_rate, max_rate] requests a second; `rate` fixes it instead.
     rate: float | None = None
     utilisation: float = 0.5
     min_rate: float = 0.5
@@ -197,8 +199,34 @@ def calibrate(url: str, live: catalog_module.LiveCatalog, aliases: list[int], sa
     return found
 
 
-def stream_rate(params: LiveParams, plan: dict, weights: list[float], slot_s: float | None) -> tuple[float, float]:
-    """(Zipf requests a second, their miss ratio under plain LRU at the CPU tier's size)."""
+def sustained_loads(url: str, live: catalog_module.LiveCatalog, aliases: list[int], say) -> dict:
+    """Ask for every one of `aliases` at once (each asked again until it answers, as the `openai` client would):
+    the loads a second the node carries back to back, evictions, pacing and hand-offs included. One load at a
+    time on an idle node (`calibrate`) flatters that rate several times."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    caller = Caller(url, live.tokens)
+
+    def until_answered(alias: int) -> bool:
+        for _ in range(120):
+            if not caller.call("calibrate", live.aliases[alias].tenant, alias, live.aliases[alias].adapter)["error"]:
+                return True
+        return False
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=len(aliases)) as pool:
+        answered = sum(pool.map(until_answered, aliases))
+    elapsed = time.monotonic() - started
+    caller.close()
+    found = {"burst": len(aliases), "answered": answered, "seconds": round(elapsed, 2)}
+    found["loads_per_s"] = round(answered / elapsed, 3) if elapsed > 0 else None
+    say(f"sustained loads: {found}")
+    return found
+
+
+def stream_rate(params: LiveParams, plan: dict, weights: list[float], loads_per_s: float | None) -> tuple[float, float]:
+    """(Zipf requests a second, their miss ratio under plain LRU at the CPU tier's size): the misses take
+    `utilisation` of the loads a second the node sustains (`sustained_loads`)."""
     import numpy as np
 
     from benchmarks.long_tail.offline import lru_hits
@@ -209,7 +237,7 @@ def stream_rate(params: LiveParams, plan: dict, weights: list[float], slot_s: fl
     miss = 1.0 - float(lru_hits(sample, params.cpu_slots)[5_000:].mean())
     if params.rate is not None:
         return params.rate, miss
-    capacity = 1.0 / max(slot_s or 1.0, 0.05)  # loads a second (MINT_NODE_COLD_LOADS = 1)
+    capacity = loads_per_s or 1.0
     return min(params.max_rate, max(params.min_rate, params.utilisation * capacity / miss)), miss
 
 
@@ -279,7 +307,10 @@ def run(params: LiveParams, say) -> dict:
         # Calibration on the smallest tenant's aliases (neither scanned nor hot).
         smallest = [i for i, a in enumerate(live.aliases) if a.tenant == params.tenants - 1][:6]
         calibration = calibrate(stack.web_url, live, smallest, say)
-        rate, miss = stream_rate(params, plan, weights, calibration["slot_s_median"])
+        # Then the node's sustained rate: twice the CPU tier at once, from the next smallest tenants.
+        burst = [i for i, a in enumerate(live.aliases) if a.tenant in (params.tenants - 2, params.tenants - 3)]
+        calibration["sustained"] = sustained_loads(stack.web_url, live, burst[: 2 * params.cpu_slots], say)
+        rate, miss = stream_rate(params, plan, weights, calibration["sustained"]["loads_per_s"])
         calibration |= {"zipf_rate": round(rate, 3), "lru_miss_ratio_of_the_stream": round(miss, 4)}
         context = multiprocessing.get_context("spawn")
         mode = context.Value("i", 0)
