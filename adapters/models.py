@@ -41,11 +41,6 @@ class BaseModel(models.Model):
         return BaseModelSpec.from_config(self.config, max_lora_rank=self.max_lora_rank)
 
 
-# What an adapter's name is made of (mint_site/names.py): the API checks names against it, and the catalog's search
-# refuses a term no name could contain (adapters.selectors.adapter_search_term).
-ADAPTER_NAME_CHARS, ADAPTER_NAME_MAX = names.ADAPTER_NAME_CHARS, names.ADAPTER_NAME_MAX
-
-
 class LiveAdapterManager(models.Manager):
     """Adapters that were not deleted: what every listing, lookup and route sees (`Adapter.objects`)."""
 
@@ -62,7 +57,7 @@ class Adapter(models.Model):
     """
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="adapters")
-    name = models.CharField(max_length=ADAPTER_NAME_MAX)
+    name = models.CharField(max_length=names.ADAPTER_NAME_MAX)
     base_model = models.ForeignKey(BaseModel, on_delete=models.PROTECT, related_name="adapters")
     description = models.TextField(blank=True)
     created_by = models.ForeignKey(

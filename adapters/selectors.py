@@ -9,8 +9,6 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
 from adapters.models import (
-    ADAPTER_NAME_CHARS,
-    ADAPTER_NAME_MAX,
     Adapter,
     AdapterRevision,
     BaseModel,
@@ -19,6 +17,7 @@ from adapters.models import (
     RevisionState,
 )
 from mint_site.errors import MintError
+from mint_site.names import ADAPTER_NAME_CHARS, ADAPTER_NAME_MAX
 from tenants.models import Tenant
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from django import forms
 from django.utils import timezone
 
-from adapters.models import ADAPTER_NAME_MAX
 from adapters.selectors import adapter_search_term
 from adapters.serializers import ALIAS_NAME
 from mint_site.errors import MintError
+from mint_site.names import ADAPTER_NAME_MAX
 from tenants.models import Role, Scope
 
 REVISION_STATE_CHOICES = [
