@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import urlsplit
 
+import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -81,49 +82,30 @@ def env_dir(name: str) -> Path | None:
 
 
 def parse_database_url(url: str, *, base_dir: Path) -> dict:
-    """Turn `postgres://user:pass@host:port/name` or `sqlite:///path` into a DATABASES entry."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme == "sqlite":
-        # sqlite:///relative/path and sqlite:////absolute/path, as most tools read them.
-        raw_path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
-        if not raw_path:
-            raise ImproperlyConfigured(f"DATABASE_URL={url!r} names no SQLite file.")
-        path = Path(raw_path)
-        if not path.is_absolute():
-            path = base_dir / path
-        return {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": str(path),
-            # Celery workers and the web server write to the same file.
-            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
-        }
-    if scheme in {"postgres", "postgresql", "pgsql"}:
-        name = unquote(parts.path.lstrip("/"))
-        if not name:
-            raise ImproperlyConfigured(f"DATABASE_URL={url!r} names no database.")
-        options = {key: values[-1] for key, values in parse_qs(parts.query).items()}
-        # Under ASGI every request runs its sync code in a thread of its own, so persistent
-        # connections would pile up one per thread: connections come from a pool instead
-        # (psycopg_pool), returned at the end of each request. `?pool=0` turns it off.
-        conn_max_age = int(options.pop("conn_max_age", "0"))
-        pool_size = int(options.pop("pool_max_size", "10"))
-        if options.pop("pool", "1") != "0":
-            options["pool"] = {"min_size": 1, "max_size": pool_size, "timeout": 10}
-        return {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": name,
-            "USER": unquote(parts.username or ""),
-            "PASSWORD": unquote(parts.password or ""),
-            "HOST": parts.hostname or "",
-            "PORT": str(parts.port or ""),
-            "CONN_MAX_AGE": conn_max_age,
-            "CONN_HEALTH_CHECKS": True,
-            "OPTIONS": options,
-        }
-    raise ImproperlyConfigured(
-        f"DATABASE_URL scheme {parts.scheme!r} is not supported; use postgres://… or sqlite:///…."
-    )
+    """Turn `postgres://user:pass@host:port/name` or `sqlite:///path` into a DATABASES entry (dj-database-url),
+    with a relative SQLite path under `base_dir` and PostgreSQL's pool options taken from the query."""
+    try:
+        db = dj_database_url.parse(url, conn_health_checks=True)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"DATABASE_URL={url!r}: {exc}") from None
+    if db["ENGINE"] not in {"django.db.backends.postgresql", "django.db.backends.sqlite3"}:
+        raise ImproperlyConfigured(f"DATABASE_URL={url!r} is not supported; use postgres://… or sqlite:///….")
+    if db["NAME"] in {"", ":memory:"}:
+        raise ImproperlyConfigured(f"DATABASE_URL={url!r} names no database.")
+    options = db.setdefault("OPTIONS", {})
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        db["NAME"] = str(base_dir / db["NAME"])
+        # Celery workers and the web server write to the same file.
+        options.update(timeout=20, transaction_mode="IMMEDIATE")
+        return db
+    # Under ASGI every request runs its sync code in a thread of its own, so persistent
+    # connections would pile up one per thread: connections come from a pool instead
+    # (psycopg_pool), returned at the end of each request. `?pool=0` turns it off.
+    db["CONN_MAX_AGE"] = int(options.pop("conn_max_age", 0))
+    pool_size = int(options.pop("pool_max_size", 10))
+    if str(options.pop("pool", 1)) != "0":
+        options["pool"] = {"min_size": 1, "max_size": pool_size, "timeout": 10}
+    return db
 
 
 def check_redis_url(name: str, url: str) -> str:

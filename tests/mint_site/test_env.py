@@ -62,19 +62,27 @@ def test_parse_postgres_url():
         "u",
         "p@ss",
         "db.example",
-        "5433",
+        5433,
         "mint",
     )
     assert db["OPTIONS"] == {"sslmode": "require", "pool": {"min_size": 1, "max_size": 10, "timeout": 10}}
-    assert "pool" not in parse_database_url("postgres://u@h/mint?pool=0", base_dir=Path("/srv"))["OPTIONS"]
+    assert (db["CONN_MAX_AGE"], db["CONN_HEALTH_CHECKS"]) == (0, True)
+    unpooled = parse_database_url("postgres://u@h/mint?pool=0&conn_max_age=60", base_dir=Path("/srv"))
+    assert "pool" not in unpooled["OPTIONS"]
+    assert unpooled["CONN_MAX_AGE"] == 60
 
 
 def test_parse_sqlite_urls():
     assert parse_database_url("sqlite:///var/x.db", base_dir=Path("/srv"))["NAME"] == "/srv/var/x.db"
-    assert parse_database_url("sqlite:////tmp/x.db", base_dir=Path("/srv"))["NAME"] == "/tmp/x.db"
+    absolute = parse_database_url("sqlite:////tmp/x.db", base_dir=Path("/srv"))
+    assert absolute["NAME"] == "/tmp/x.db"
+    assert absolute["OPTIONS"] == {
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+    }
 
 
-@pytest.mark.parametrize("url", ["mysql://u@h/db", "postgres://u@h/", "sqlite://"])
+@pytest.mark.parametrize("url", ["mysql://u@h/db", "postgres://u@h/", "sqlite://", "ftp://h/x"])
 def test_unsupported_database_urls_are_refused(url):
     with pytest.raises(ImproperlyConfigured):
         parse_database_url(url, base_dir=Path("/srv"))
