@@ -58,14 +58,16 @@ def _fresh_throttles():
     """No test inherits another's API throttle or failed-authentication counts.
 
     They live in Redis for a minute, and ids restart with each test database, so a key or person of this
-    test could otherwise find a previous one's requests counted against it. Only those keys go (by prefix):
-    Celery and Channels share the Redis database.
+    test could otherwise find a previous one's requests counted against it; the same holds for the requests per
+    revision that residency decides by. Only those keys go (by prefix): Celery and Channels share the Redis
+    database.
     """
     import redis
     from django.conf import settings as django_settings
     from django.core.cache import cache
 
     from frontend.views.accounts import RESET_KEY_PREFIX
+    from serving.services.residency import FREQUENCY_PREFIX
     from tenants.throttles import API_THROTTLE_KEY_BASE, AUTH_FAILURE_KEY_PREFIX
 
     client = redis.Redis.from_url(django_settings.REDIS_URL)
@@ -74,6 +76,7 @@ def _fresh_throttles():
             f"{AUTH_FAILURE_KEY_PREFIX}:*",
             f"{cache.make_key(API_THROTTLE_KEY_BASE)}*",
             f"{RESET_KEY_PREFIX}:*",
+            f"{FREQUENCY_PREFIX}:*",
         )
         for pattern in patterns:
             for key in client.scan_iter(match=pattern, count=1000):

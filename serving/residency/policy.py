@@ -13,9 +13,12 @@ Friedman and Manes, "TinyLFU: A Highly Efficient Cache Admission Policy", 2017):
 - an entry hit again in probation moves to *protected* (most of main), whose overflow goes back to probation.
 
 Tenants share the slots fairly: a tenant holding more than its share of this node's entries (the slots ÷ the
-tenants with entries here) makes room from its own entries first, whatever the frequencies say, so no tenant can
-push out another's hot set by asking for many adapters often. Entries that are `busy` (a request in flight, a
-load under way) are never victims: the node may stay over capacity until one frees (`shrink` again).
+tenants with entries here) makes room from its own entries or from those of tenants over their share too, never
+from the recurring entries (asked for more than once lately) of a tenant within its share, whatever the
+frequencies say: no tenant can push out another's hot set by asking for many adapters often. With more tenants
+than slots, every holder is over a share under one slot, and frequency alone decides. Entries that are `busy` (a
+request in flight, a load under way) are never victims: the node may stay over capacity until one frees (`shrink`
+again).
 
 Pure: no I/O, no clock. The control plane rebuilds a node's cache from its placements at each decision
 (serving/services/residency.py); benchmarks/long_tail replays traces through the same object.
@@ -39,6 +42,11 @@ class Segment(StrEnum):
     PROTECTED = "protected"
 
 
+# An entry asked for no more often than this lately (a scan's, a first request's) holds no claim to its tenant's
+# share: fairness keeps a tenant's recurring working set, not whatever it touched once (benchmarks/long_tail: with
+# the claim, tenants' one-off entries held slots that the hot tenants' working sets needed, below plain LRU).
+ONE_OFF = 1
+
 _WINDOW = (Segment.WINDOW,)
 _MAIN = (Segment.PROBATION, Segment.PROTECTED)
 
@@ -58,7 +66,6 @@ class NodeCache(Generic[K]):
     __slots__ = (
         "_by",
         "_capacity",
-        "_own",
         "_protected_size",
         "_segment",
         "_tenant",
@@ -81,10 +88,6 @@ class NodeCache(Generic[K]):
         self._segment: dict[K, Segment] = {}
         self._tenant: dict[K, int] = {}
         self.owned: Counter[int] = Counter()  # entries per tenant
-        # Each tenant's entries per segment, in the segment's order: a tenant over its share finds its own least
-        # recently used entry without walking everybody's (benchmarks/long_tail: the walk halved the decisions a
-        # second at 100 slots a node).
-        self._own: dict[int, dict[Segment, OrderedDict[K, None]]] = {}
 
     def __len__(self) -> int:
         return len(self._segment)
@@ -139,7 +142,6 @@ class NodeCache(Generic[K]):
             return
         del self._by[segment][key]
         tenant = self._tenant.pop(key)
-        self._unown(tenant, segment, key)
         left = self.owned[tenant] - 1
         if left:
             self.owned[tenant] = left
@@ -152,7 +154,6 @@ class NodeCache(Generic[K]):
         segment = self._segment.get(key)
         if segment is Segment.WINDOW or segment is Segment.PROTECTED:
             self._by[segment].move_to_end(key)
-            self._own[self._tenant[key]][segment].move_to_end(key)
         elif segment is Segment.PROBATION:
             self._move(key, Segment.PROTECTED)
             return [(key, Segment.PROTECTED), *self.rebalance()]
@@ -206,25 +207,39 @@ class NodeCache(Generic[K]):
         self, frequency: Callable[[K], float], busy: Collection[K], newcomer: int | None, *, incoming: bool = False
     ) -> K | None:
         """The entry to evict. `newcomer`: the tenant of an entry coming in (`incoming`: not in the cache yet) or
-        just come in: over its share (more than the slots ÷ the tenants with entries), only its own may leave."""
+        just come in. A tenant within its share (the slots ÷ the tenants with entries) takes the best victim of
+        all; one over its share takes it from its own entries, from tenants over their share too, or from one-off
+        entries, never from the recurring entries of a tenant within its share. With more tenants than slots,
+        every holder is over a share under one slot and frequency alone decides."""
         if newcomer is not None:
             holds = self.owned.get(newcomer, 0)
-            owned = holds + incoming
             tenants = len(self.owned) + (incoming and not holds)
-            if tenants > 1 and owned * tenants > self._capacity and holds:
-                # Its own entries, or none: it waits until one of them is no longer busy.
-                return self._choose(frequency, busy, tenant=newcomer, incoming=incoming)
+            if holds and tenants > 1 and (holds + incoming) * tenants > self._capacity >= tenants:
+                owned, tenant_of, capacity = self.owned, self._tenant, self._capacity
+
+                def may_leave(key: K) -> bool:
+                    tenant = tenant_of[key]
+                    return tenant == newcomer or owned[tenant] * tenants > capacity or frequency(key) <= ONE_OFF
+
+                # None when nothing may leave: the request waits until one of the newcomer's own frees.
+                return self._choose(frequency, busy, may_leave=may_leave, incoming=incoming)
         return self._choose(frequency, busy, incoming=incoming)
 
     def _choose(
-        self, frequency: Callable[[K], float], busy: Collection[K], *, tenant: int | None = None, incoming: bool
+        self,
+        frequency: Callable[[K], float],
+        busy: Collection[K],
+        *,
+        may_leave: Callable[[K], bool] | None = None,
+        incoming: bool,
     ) -> K | None:
-        """TinyLFU between the window's overflow and main's victim (among `tenant`'s entries only, when given)."""
-        overflowing = tenant is not None or len(self.window) + incoming > self._window_size
-        candidate = self._first(_WINDOW, busy, tenant=tenant) if overflowing else None
-        resident = self._first(_MAIN, busy, tenant=tenant)
+        """TinyLFU between the window's overflow and main's victim (among the entries that `may_leave`, when
+        given: the window's first of them counts as its overflow)."""
+        overflowing = may_leave is not None or len(self.window) + incoming > self._window_size
+        candidate = self._first(_WINDOW, busy, may_leave) if overflowing else None
+        resident = self._first(_MAIN, busy, may_leave)
         if candidate is None:  # nothing in the window may leave: main's victim (idle, as busy ones never leave)
-            return resident if resident is not None else self._first(_WINDOW, busy, tenant=tenant)
+            return resident if resident is not None else self._first(_WINDOW, busy, may_leave)
         if resident is None:
             return candidate
         # The window's overflow is admitted to main only if asked for more often than main's victim.
@@ -243,40 +258,20 @@ class NodeCache(Generic[K]):
             self._move(key, Segment.PROBATION)
 
     def _put(self, key: K, segment: Segment) -> None:
-        """`key` (its tenant known) as the most recently used entry of `segment`, in its tenant's view too."""
         self._by[segment][key] = None
-        tenant = self._tenant[key]
-        own = self._own.get(tenant)
-        if own is None:
-            own = self._own[tenant] = {}
-        entries = own.get(segment)
-        if entries is None:
-            entries = own[segment] = OrderedDict()
-        entries[key] = None
         self._segment[key] = segment
 
-    def _unown(self, tenant: int, segment: Segment, key: K) -> None:
-        own = self._own[tenant]
-        entries = own[segment]
-        del entries[key]
-        if not entries:  # most tenants hold an entry or two: keep no empty views
-            del own[segment]
-            if not own:
-                del self._own[tenant]
-
     def _move(self, key: K, segment: Segment) -> None:
-        was = self._segment[key]
-        del self._by[was][key]
-        self._unown(self._tenant[key], was, key)
+        del self._by[self._segment[key]][key]
         self._put(key, segment)
 
-    def _first(self, segments: Sequence[Segment], busy: Collection[K], *, tenant: int | None = None) -> K | None:
-        """The least recently used entry of the first of `segments` that has one not busy (of `tenant` only)."""
-        own = None if tenant is None else self._own.get(tenant, {})
+    def _first(
+        self, segments: Sequence[Segment], busy: Collection[K], may_leave: Callable[[K], bool] | None = None
+    ) -> K | None:
+        """The least recently used entry of the first of `segments` that has one not busy (and that `may_leave`)."""
         for segment in segments:
-            entries = self._by[segment] if own is None else own.get(segment, ())
-            for key in entries:
-                if key not in busy:
+            for key in self._by[segment]:
+                if key not in busy and (may_leave is None or may_leave(key)):
                     return key
         return None
 

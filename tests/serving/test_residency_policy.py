@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 from serving.residency.frequency import LocalCounts
-from serving.residency.policy import NodeCache, Segment, Shape, choose_node
+from serving.residency.policy import ONE_OFF, NodeCache, Segment, Shape, choose_node
 
 
 def replay(cache: NodeCache, freq: LocalCounts, trace: list[tuple[int, int]], start: int = 0) -> tuple[int, int]:
@@ -88,7 +88,7 @@ def test_a_scan_by_one_tenant_leaves_anothers_hot_set_in_place():
 
 def test_a_tenant_over_its_share_makes_room_from_its_own_entries():
     cache: NodeCache[int] = NodeCache(4)
-    often = lambda key: 100 if key >= 100 else 1  # noqa: E731
+    often = lambda key: 100 if key >= 100 else 2  # noqa: E731
     for key in (1, 2):
         cache.miss(key, tenant=1, frequency=often)
     for key in (100, 101):
@@ -116,16 +116,41 @@ def test_a_tenant_without_entries_gets_a_slot_even_with_many_tenants():
     cache.miss(2, tenant=2, frequency=lambda k: 0)
     outcome = cache.miss(3, tenant=3, frequency=lambda k: 0)
     assert outcome.admitted and len(outcome.evicted) == 1 and 3 in cache
-    # Tenant 3 holds one of two slots among three tenants (over its share): its next miss replaces its own.
-    assert cache.miss(4, tenant=3, frequency=lambda k: 0).evicted == [3]
+    # More tenants than slots: every holder is over its share and frequency alone decides. Tenant 3's entry, the
+    # window's overflow, is asked for less often than main's victim (tenant 1's): it leaves, not tenant 1's.
+    asked = {1: 5}
+    assert cache.miss(4, tenant=3, frequency=lambda k: asked.get(k, 0)).evicted == [3]
+    assert 1 in cache
+
+
+def test_a_tenant_over_its_share_takes_room_from_tenants_over_theirs_never_from_one_within():
+    cache: NodeCache[int] = NodeCache(6)
+    for key, tenant in ((1, 1), (2, 2), (3, 2), (4, 2), (5, 3), (6, 3)):
+        cache.miss(key, tenant=tenant, frequency=lambda k: 0)
+    asked = {1: 2, 2: 0, 3: 9, 4: 9, 5: 9, 6: 9}  # tenant 1's entry and one of tenant 2's are the coldest
+    # Tenant 3 (2 of 6 slots among 3 tenants: over its share with one more) takes tenant 2's cold entry (3 of 6:
+    # over its share too) rather than its own hot ones, but never tenant 1's (1 of 6: within its share, and
+    # asked for more than once).
+    assert cache.miss(7, tenant=3, frequency=lambda k: asked.get(k, 0)).evicted == [2]
+    assert 1 in cache and {5, 6, 7} <= {k for k in range(10) if k in cache}
+    # Tenant 1, within its share, takes the best victim of all.
+    assert cache.miss(9, tenant=1, frequency=lambda k: asked.get(k, 0)).admitted and 1 in cache
+
+
+def test_a_one_off_entry_holds_no_claim_to_its_tenants_share():
+    cache: NodeCache[int] = NodeCache(6)
+    for key, tenant in ((1, 1), (2, 2), (3, 2), (4, 2), (5, 3), (6, 3)):
+        cache.miss(key, tenant=tenant, frequency=lambda k: 0)
+    asked = {1: ONE_OFF, 2: 9, 3: 9, 4: 9, 5: 9, 6: 9}  # tenant 1 asked for its entry once: a one-off
+    assert cache.miss(7, tenant=3, frequency=lambda k: asked.get(k, 0)).evicted == [1]
 
 
 def test_a_tenant_over_its_share_with_only_busy_entries_waits():
     cache: NodeCache[int] = NodeCache(3)
     for key, tenant in ((1, 1), (2, 2), (3, 2)):
         cache.miss(key, tenant=tenant, frequency=lambda k: 0)
-    refused = cache.miss(4, tenant=2, frequency=lambda k: 0, busy={2, 3})
-    assert not refused.admitted and 1 in cache  # never tenant 1's entry
+    refused = cache.miss(4, tenant=2, frequency=lambda k: 2, busy={2, 3})
+    assert not refused.admitted and 1 in cache  # never tenant 1's entry (asked for more than once)
 
 
 def test_a_miss_loads_on_the_first_node_with_room_else_where_its_files_are_else_home():
