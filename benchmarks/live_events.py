@@ -99,7 +99,7 @@ def setup_world(work: Path):
     from adapters.models import BaseModel
     from tenants import services
     from tenants.access import Actor
-    from tenants.management.commands._util import get_or_create_user
+    from tenants.management.lookups import get_or_create_user
     from tenants.models import Tenant
 
     owner, _ = get_or_create_user("bench-owner")

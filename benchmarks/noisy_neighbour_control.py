@@ -87,7 +87,7 @@ def setup_world(base_url: str) -> World:
     from adapters.models import Adapter, BaseModel
     from tenants import services
     from tenants.access import Actor
-    from tenants.management.commands._util import get_or_create_user
+    from tenants.management.lookups import get_or_create_user
     from tests.adapters.fixtures import spec_config
     from tests.adapters.hostile import SPEC
 

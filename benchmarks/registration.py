@@ -40,7 +40,7 @@ import json, os
 from adapters.models import Adapter, BaseModel
 from tenants import services
 from tenants.access import Actor
-from tenants.management.commands._util import get_or_create_user
+from tenants.management.lookups import get_or_create_user
 owner, _ = get_or_create_user("bench-owner")
 tenant = services.tenant_create(slug="bench", owner=owner, by=Actor.system())
 # A plan that measures registration itself, not the throttles and quotas around it.

@@ -301,7 +301,7 @@ def bench_tenant(slug: str = "bench"):
     """A tenant (four-eyes relaxed, no rate, pin or in-flight limit to speak of) and an all-scope key token."""
     from tenants import services
     from tenants.access import Actor
-    from tenants.management.commands._util import get_or_create_user
+    from tenants.management.lookups import get_or_create_user
     from tenants.models import Tenant
 
     owner, _ = get_or_create_user(f"{slug}-owner")

@@ -51,7 +51,7 @@ import json
 from adapters.models import Adapter, BaseModel
 from tenants import services
 from tenants.access import Actor
-from tenants.management.commands._util import get_or_create_user
+from tenants.management.lookups import get_or_create_user
 owner, _ = get_or_create_user("bench-owner")
 tenant = services.tenant_create(slug="bench", owner=owner, by=Actor.system())
 big = 1 << 40

@@ -2,7 +2,7 @@ from django.core.management.base import BaseCommand
 
 from tenants import services
 from tenants.access import Actor
-from tenants.management.commands._util import get_or_create_user
+from tenants.management.lookups import get_or_create_user
 from tenants.models import ApiKey, Scope, Tenant
 
 DEMO_KEY_NAME = "demo"

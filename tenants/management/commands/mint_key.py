@@ -6,8 +6,7 @@ from django.utils import timezone
 from mint_site.errors import MintError
 from tenants import selectors, services
 from tenants.access import Actor
-
-from ._util import get_tenant, get_user
+from tenants.management.lookups import get_tenant, get_user
 
 
 class Command(BaseCommand):

@@ -3,9 +3,8 @@ from django.core.management.base import BaseCommand, CommandError
 from mint_site.errors import MintError
 from tenants import selectors, services
 from tenants.access import Actor
+from tenants.management.lookups import get_or_create_user, get_tenant, get_user
 from tenants.models import Role
-
-from ._util import get_or_create_user, get_tenant, get_user
 
 
 class Command(BaseCommand):

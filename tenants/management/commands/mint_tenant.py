@@ -3,9 +3,8 @@ from django.core.management.base import BaseCommand, CommandError
 from mint_site.errors import MintError
 from tenants import services
 from tenants.access import Actor
+from tenants.management.lookups import get_or_create_user
 from tenants.models import Tenant
-
-from ._util import get_or_create_user
 
 # The plan: every per-tenant limit (README, "Security and limits"), and what the tenant uses of the storage ones.
 PLAN_FIELDS = tuple(name for name in services.TENANT_UPDATABLE_FIELDS if name not in ("name", "is_active"))

@@ -142,3 +142,14 @@ class Http:
         if response.status_code == 429:
             return retry_after_of(response) is not None
         return response.status_code == 409 and error.code == IN_PROGRESS
+
+
+def same_origin(link: str | None, base_url: str) -> str | None:
+    """A `next` link as a path and query on the client's own base URL: behind a proxy the server may build it
+    with an internal host, and the key is never sent to any host but the one it was given for."""
+    if not link:
+        return None
+    url = httpx.URL(link)
+    prefix = httpx.URL(base_url).path.rstrip("/")  # a MinT served under a path: the client adds it again
+    path = url.path.removeprefix(prefix) if prefix and url.path.startswith(prefix + "/") else url.path
+    return path + (f"?{url.query.decode()}" if url.query else "")

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import httpx
 
 from mint_client import artifacts
-from mint_client._http import Http
+from mint_client._http import Http, same_origin
 from mint_client.errors import (
     ConfigurationError,
 )
@@ -137,7 +137,7 @@ class Client(UploadsMixin, WaitingMixin, SamplingMixin, LifecycleMixin):
                 if adapter is not None and hasattr(obj, "adapter"):
                     obj.adapter = adapter
                 yield obj
-            url = None if isinstance(body, list) else _same_origin(body.get("next"), self.base_url)
+            url = None if isinstance(body, list) else same_origin(body.get("next"), self.base_url)
             query = {}  # the cursor link carries the query
 
     def _revision(self, data: dict, adapter: str) -> Revision:
@@ -379,17 +379,6 @@ class Client(UploadsMixin, WaitingMixin, SamplingMixin, LifecycleMixin):
     ) -> EvaluationPolicy:
         body = {"min_score": min_score, "no_regression": no_regression}
         return EvaluationPolicy.from_json(self._json("evaluation_policy.set", name=adapter, json=body))
-
-
-def _same_origin(link: str | None, base_url: str) -> str | None:
-    """A `next` link as a path and query on the client's own base URL: behind a proxy the server may build it
-    with an internal host, and the key is never sent to any host but the one it was given for."""
-    if not link:
-        return None
-    url = httpx.URL(link)
-    prefix = httpx.URL(base_url).path.rstrip("/")  # a MinT served under a path: the client adds it again
-    path = url.path.removeprefix(prefix) if prefix and url.path.startswith(prefix + "/") else url.path
-    return path + (f"?{url.query.decode()}" if url.query else "")
 
 
 def _register_fields(training_step: int | None, parent: int | str | None, allow_duplicate: bool) -> dict:

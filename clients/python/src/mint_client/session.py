@@ -27,8 +27,7 @@ from typing import Any
 import httpx
 
 from mint_client import errors
-from mint_client._http import Http
-from mint_client.client import _same_origin
+from mint_client._http import Http, same_origin
 from mint_client.models import ApiKey, WhoAmI
 from mint_client.routes import ROUTES
 
@@ -318,7 +317,7 @@ class Session:
             body = self._request("keys.list", url=url, params=params).json()
             for item in body.get("results", []):
                 yield ApiKey.from_json(item)
-            url = _same_origin(body.get("next"), self.base_url)
+            url = same_origin(body.get("next"), self.base_url)
             params = None  # the cursor link carries the query
 
     def create_key(

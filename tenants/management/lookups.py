@@ -1,4 +1,4 @@
-"""Helpers shared by the mint_* management commands."""
+"""Tenants and users by name, for the mint_* management commands, the demo and the benchmarks."""
 
 from __future__ import annotations
 
