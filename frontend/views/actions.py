@@ -20,7 +20,6 @@ from django.views.decorators.http import require_POST
 
 from adapters import dispatch, services
 from adapters.models import Adapter, AdapterRevision
-from frontend import selectors
 from frontend.forms import (
     ActivateForm,
     CanaryForm,
@@ -32,6 +31,7 @@ from frontend.forms import (
     RollbackForm,
     form_errors,
 )
+from frontend.selectors import detail
 from frontend.views.base import act, page, safe_next
 from mint_site.errors import Conflict, MintError
 from serving import selectors as serving_selectors
@@ -41,14 +41,14 @@ from tenants.access import Actor, Capability
 
 
 def _adapter(request: HttpRequest, name: str) -> Adapter:
-    adapter = selectors.adapter_get(tenant=request.viewer.tenant, name=name)
+    adapter = detail.adapter_get(tenant=request.viewer.tenant, name=name)
     if adapter is None:
         raise Http404("No such adapter.")
     return adapter
 
 
 def _revision(adapter: Adapter, number: int) -> AdapterRevision:
-    revision = selectors.revision_get(adapter=adapter, number=number)
+    revision = detail.revision_get(adapter=adapter, number=number)
     if revision is None:
         raise Http404("No such revision.")
     return revision
@@ -301,7 +301,7 @@ def adapter_rollback(request: HttpRequest, name: str) -> HttpResponse:
 
 
 def _revision_or_error(adapter: Adapter, number: int) -> AdapterRevision:
-    revision = selectors.revision_get(adapter=adapter, number=number)
+    revision = detail.revision_get(adapter=adapter, number=number)
     if revision is None:
         raise MintError(f"{adapter.name} has no r{number}.")
     return revision

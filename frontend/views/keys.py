@@ -9,8 +9,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from adapters.serializers import ADAPTER_NAME
-from frontend import selectors
 from frontend.forms import ApiKeyCreateForm, form_errors
+from frontend.selectors import keys as key_selectors
 from frontend.selectors import lifecycle
 from frontend.views.base import act, anchor_tag, check_tenant_field, check_write_rate, page, safe_next
 from mint_site.errors import MintError
@@ -67,7 +67,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
         except MintError as exc:
             messages.error(request, exc.message, extra_tags=anchor_tag("create-key"))
         return redirect(reverse("frontend:keys") + "#result-create-key")
-    keys = selectors.api_key_page(tenant=viewer.tenant, number=request.GET.get("page"))
+    keys = key_selectors.api_key_page(tenant=viewer.tenant, number=request.GET.get("page"))
     fragment = request.GET.get("fragment")
     if fragment:  # the list alone, re-read by the page's script (a key revoked meanwhile shows so)
         if fragment != "keys":
@@ -89,7 +89,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
 @require_POST
 @page(Capability.MANAGE_KEYS)
 def api_key_revoke(request: HttpRequest, prefix: str) -> HttpResponse:
-    key = selectors.api_key_get(tenant=request.viewer.tenant, prefix=prefix)
+    key = key_selectors.api_key_get(tenant=request.viewer.tenant, prefix=prefix)
     if key is None:
         raise Http404("No such key.")
 

@@ -20,9 +20,8 @@ from adapters import downloads
 from adapters import services as adapter_services
 from adapters.models import Adapter, AdapterRevision
 from adapters.serializers import ADAPTER_NAME, ALIAS_NAME
-from frontend import selectors
 from frontend.forms import form_errors
-from frontend.selectors import lifecycle
+from frontend.selectors import detail, lifecycle
 from frontend.views.base import act, anchor_tag, check_tenant_field, check_write_rate, page, safe_next
 from mint_site.errors import MintError
 from serving import services as serving_services
@@ -79,14 +78,14 @@ def _cleaned(form: forms.Form) -> dict:
 
 
 def _adapter(request: HttpRequest, name: str) -> Adapter:
-    adapter = selectors.adapter_get(tenant=request.viewer.tenant, name=name)
+    adapter = detail.adapter_get(tenant=request.viewer.tenant, name=name)
     if adapter is None:
         raise Http404("No such adapter.")
     return adapter
 
 
 def _revision(adapter: Adapter, number: int) -> AdapterRevision:
-    revision = selectors.revision_get(adapter=adapter, number=number)
+    revision = detail.revision_get(adapter=adapter, number=number)
     if revision is None:
         raise Http404("No such revision.")
     return revision
@@ -308,7 +307,7 @@ def adapter_diff(request: HttpRequest, name: str) -> HttpResponse:
     pair = []
     for side in ("a", "b"):
         raw = (request.GET.get(side) or "").strip().removeprefix("r")
-        revision = selectors.revision_get(adapter=adapter, number=int(raw)) if raw.isdigit() else None
+        revision = detail.revision_get(adapter=adapter, number=int(raw)) if raw.isdigit() else None
         if revision is None:
             raise Http404(f"Choose two revisions of {adapter.name} to compare.")
         pair.append(revision)

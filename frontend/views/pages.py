@@ -19,7 +19,6 @@ from django.utils import timezone
 
 from adapters import selectors as adapter_selectors
 from adapters import services as adapter_services
-from frontend import selectors
 from frontend.forms import (
     USAGE_KIND_CHOICES,
     AdapterFilterForm,
@@ -28,7 +27,11 @@ from frontend.forms import (
     UsageFilterForm,
     form_errors,
 )
+from frontend.selectors import audit as audit_selectors
+from frontend.selectors import detail as detail_selectors
 from frontend.selectors import lifecycle as lifecycle_selectors
+from frontend.selectors import nodes as node_selectors
+from frontend.selectors import overview as overview_selectors
 from frontend.selectors import runs as runs_selectors
 from frontend.selectors import usage as usage_selectors
 from frontend.views.base import page
@@ -83,7 +86,7 @@ def overview(request: HttpRequest) -> HttpResponse:
     listing = None
     if valid:
         cursor = {k: form.cleaned_data[k] for k in ("after", "before") if form.cleaned_data[k]}
-        listing = selectors.adapter_page(tenant=viewer.tenant, **filters, **cursor)
+        listing = overview_selectors.adapter_page(tenant=viewer.tenant, **filters, **cursor)
     context = {
         "form": form,
         "form_error": "" if valid else form_errors(form),
@@ -92,7 +95,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "filter_query": urlencode(filters),
         "rows": listing.rows if listing else [],
         "listing": listing,
-        "nodes": selectors.node_rows(tenant=viewer.tenant),
+        "nodes": node_selectors.node_rows(tenant=viewer.tenant),
         "live_page": "overview",
         "can_register": viewer.can(Capability.REGISTER),
         "base_models": lifecycle_selectors.base_models() if viewer.can(Capability.REGISTER) else [],
@@ -182,7 +185,7 @@ def adapter_detail(request: HttpRequest, name: str, number: int | None = None) -
     the page of that one revision (what every link to a revision opens, whatever list page it is on).
     """
     viewer = request.viewer
-    adapter = selectors.adapter_get(tenant=viewer.tenant, name=name)
+    adapter = detail_selectors.adapter_get(tenant=viewer.tenant, name=name)
     if adapter is None:
         raise Http404("No such adapter.")
     if request.GET.get("fragment") == "usage":
@@ -197,11 +200,11 @@ def adapter_detail(request: HttpRequest, name: str, number: int | None = None) -
         # Loaded by the page's script when it opens (their queries are not the page's): retention's dry run on
         # the adapter's page, the lineage graph and the revisions to compare with on a revision's page.
         return _lifecycle_fragment(request, adapter, number)
-    aliases = selectors.aliases_of(adapter)
+    aliases = detail_selectors.aliases_of(adapter)
     form = RevisionFilterForm(request.GET)
     state = _filters(form).get("state", "") if number is None else ""
-    suite = selectors.newest_suite(adapter, cases=number is not None)
-    revisions = selectors.revision_page(
+    suite = detail_selectors.newest_suite(adapter, cases=number is not None)
+    revisions = detail_selectors.revision_page(
         adapter=adapter, number=request.GET.get("page"), state=state, only=number, suite=suite
     )
     if number is not None and not revisions.object_list:
@@ -220,7 +223,7 @@ def adapter_detail(request: HttpRequest, name: str, number: int | None = None) -
         # list's activation confirmation fetches it from here when opened, `?fragment=room`).
         rev = revisions.object_list[0]
         if rev.state == "approved" and rev.activate_to:
-            room = rev.room = selectors.activation_warning(adapter=adapter, revision=rev)
+            room = rev.room = detail_selectors.activation_warning(adapter=adapter, revision=rev)
     context = {
         "room": room,
         "retryable": adapter_services.RETRYABLE_FAILURE_CODES,
@@ -248,7 +251,7 @@ def _lifecycle_fragment(request: HttpRequest, adapter, number: int | None) -> Ht
     if request.GET["fragment"] == "retention":
         context["retention"] = lifecycle_selectors.retention_of(adapter)
         return render(request, "frontend/partials/retention.html", context)
-    revision = selectors.revision_get(adapter=adapter, number=number) if number is not None else None
+    revision = detail_selectors.revision_get(adapter=adapter, number=number) if number is not None else None
     if revision is None:
         raise Http404("No such revision.")
     context |= {
@@ -267,13 +270,13 @@ def nodes(request: HttpRequest) -> HttpResponse:
     """
     viewer = request.viewer
     platform = request.user.is_staff
-    rows = selectors.node_rows(tenant=viewer.tenant, platform=platform)
+    rows = node_selectors.node_rows(tenant=viewer.tenant, platform=platform)
     context = {
         "rows": rows,
         "platform": platform,
         "live_page": "nodes",
         "disk_budget": settings.MINT_NODE_DISK_BYTES,
-        "fleet_misses": selectors.fleet_misses() if rows else None,
+        "fleet_misses": node_selectors.fleet_misses() if rows else None,
     }
     return _render(request, "nodes", "frontend/nodes.html", context)
 
@@ -283,15 +286,15 @@ def audit(request: HttpRequest) -> HttpResponse:
     """The tenant's audit log, newest first, filterable by action, target, actor and a range of UTC days."""
     form = AuditFilterForm(request.GET)
     filters = _filters(form)
-    events = selectors.audit_page(tenant=request.viewer.tenant, number=request.GET.get("page"), **filters)
+    events = audit_selectors.audit_page(tenant=request.viewer.tenant, number=request.GET.get("page"), **filters)
     query = urlencode({k: str(v) for k, v in filters.items()})
     context = {
         "form": form,
         "form_error": form_errors(form) if form.errors else "",
         "events": events,
-        "actions": selectors.audit_actions(tenant=request.viewer.tenant),
+        "actions": audit_selectors.audit_actions(tenant=request.viewer.tenant),
         "filter_query": query,
-        "export_limit": selectors.AUDIT_EXPORT_MAX_ROWS,
+        "export_limit": audit_selectors.AUDIT_EXPORT_MAX_ROWS,
     }
     return render(request, "frontend/audit.html", context)
 
@@ -323,7 +326,7 @@ def audit_export(request: HttpRequest) -> HttpResponse:
     if form.errors:
         raise Http404(form_errors(form))
     tenant = request.viewer.tenant
-    rows = selectors.audit_export_rows(tenant=tenant, **_filters(form))
+    rows = audit_selectors.audit_export_rows(tenant=tenant, **_filters(form))
     writer = csv.writer(_Echo())
 
     def lines() -> Iterator[str]:

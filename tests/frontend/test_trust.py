@@ -315,9 +315,9 @@ def test_audit_export_is_csv_of_the_tenants_rows_only(tenant_a, tenant_b, catalo
 
 
 def test_audit_export_is_bounded(tenant_a, monkeypatch):
-    from frontend import selectors
+    from frontend.selectors import audit
 
-    monkeypatch.setattr(selectors, "AUDIT_EXPORT_MAX_ROWS", 5)
+    monkeypatch.setattr(audit, "AUDIT_EXPORT_MAX_ROWS", 5)
     for n in range(8):
         audit_record(tenant=tenant_a.tenant, actor=Actor.system(), action="x", target=f"t{n}")
     body = b"".join(page_client(tenant_a.users["viewer"]).get("/audit/export.csv").streaming_content).decode()
