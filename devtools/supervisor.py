@@ -14,9 +14,11 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+
+import httpx
+import redis
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # uvicorn's graceful shutdown takes at most 5 s (web_argv; several web processes drain at once, each getting the
@@ -46,14 +48,12 @@ def wait_for(check: Callable[[], bool], *, timeout: float, what: str, interval: 
 
 
 def http_ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310  (local URLs only)
-        return response.status == 200
+    return httpx.get(url, timeout=2).status_code == 200
 
 
 def redis_ok(port: int) -> bool:
-    with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-        sock.sendall(b"PING\r\n")
-        return sock.recv(16).startswith(b"+PONG")
+    with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1) as client:
+        return client.ping()
 
 
 class Supervisor:
