@@ -40,10 +40,10 @@ from limits.aio.strategies import FixedWindowRateLimiter as AsyncFixedWindowRate
 from limits.errors import StorageError
 from limits.storage import RedisStorage
 from limits.strategies import FixedWindowRateLimiter
-from redis.exceptions import RedisError
 from rest_framework import exceptions
 from rest_framework.throttling import SimpleRateThrottle
 
+from mint_site.redis_breaker import REDIS_DOWN, RedisBreaker
 from tenants.models import ApiKey, Tenant
 
 log = logging.getLogger(__name__)
@@ -70,10 +70,8 @@ def burst_note(rate_per_minute: int) -> str:
 
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-# After a Redis failure, count nothing for this long: a dead Redis must not cost a timeout on every request.
-_BREAKER_S = 5.0
 _SOCKET_TIMEOUT_S = 0.5
-_STORAGE_ERRORS = (StorageError, RedisError, OSError, TimeoutError)
+_STORAGE_ERRORS = (StorageError, *REDIS_DOWN)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,21 +115,6 @@ def failure_limit() -> RateLimitItemPerMinute:
     return RateLimitItemPerMinute(settings.MINT_AUTH_FAILURES_PER_MIN)
 
 
-class _Breaker:
-    """Stops using Redis for a few seconds after it failed, so each request does not wait for a timeout."""
-
-    def __init__(self) -> None:
-        self._skip_until = 0.0
-
-    @property
-    def open(self) -> bool:
-        return time.monotonic() < self._skip_until
-
-    def trip(self, exc: BaseException) -> None:
-        self._skip_until = time.monotonic() + _BREAKER_S
-        log.warning("auth failure counts: Redis unavailable (%s); not counting for %.0f s", exc, _BREAKER_S)
-
-
 class AuthFailures:
     """The failed-authentication counts, from synchronous code (DRF, the upload gate); one per process."""
 
@@ -144,7 +127,7 @@ class AuthFailures:
             socket_connect_timeout=_SOCKET_TIMEOUT_S,
         )
         self._limiter = FixedWindowRateLimiter(self._storage)
-        self._breaker = _Breaker()
+        self._breaker = RedisBreaker("auth failure counts", meanwhile="not counting")
 
     def refused(self, buckets: list[str]) -> float | None:
         """Count one failure against every bucket: None while all are within the limit (answer 401), else the
@@ -197,7 +180,7 @@ class AsyncAuthFailures:
     def __init__(self, storage: AsyncStorage) -> None:
         self._storage = storage
         self._limiter = AsyncFixedWindowRateLimiter(storage)
-        self._breaker = _Breaker()
+        self._breaker = RedisBreaker("auth failure counts", meanwhile="not counting")
 
     async def refused(self, buckets: list[str]) -> float | None:
         """`AuthFailures.refused` from an event loop."""
