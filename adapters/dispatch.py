@@ -25,8 +25,12 @@ superseded by a later hand-off does nothing. Redis without persistence loses eve
 restarts; the workers merely being down loses nothing. To tell the two apart, beat's dispatch sends a probe
 (`tasks.control_probe`) behind hand-offs that have waited MINT_TASK_PICKUP_S unbegun; the queue is first in,
 first out, so a worker that takes the probe has taken everything sent before it, and what is still unbegun
-then was lost: it is handed over again and counted like any lost hand-off. A rollback's re-export, which
-serving asks for outside the queue, is sent again the same way (`export_redrive`).
+then was lost: it is handed over again and counted like any lost hand-off (the rule is adapters/handoffs.py). A
+rollback's re-export, which serving asks for outside the queue, is sent again the same way (`export_redrive`).
+
+The tasks (adapters/tasks.py) run the work this queue hands out, and that work frees places in it: the services
+dispatch again when a revision leaves the queue. So the queue names its tasks instead of importing them
+(`_control_task`); adapters.apps registers them in every process.
 """
 
 from __future__ import annotations
@@ -35,15 +39,17 @@ import contextlib
 import logging
 from datetime import datetime, timedelta
 
+from celery import Task
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, F, Min, Q
 from django.utils import timezone
 
-# adapters.services imports this module too: only its attributes are read here, at call time.
-from adapters import services, tasks
+from adapters import handoffs, store
 from adapters.models import AdapterRevision
 from adapters.models import RevisionState as S
+from adapters.states import audit_target, revision_mark_failed
+from mint_site.celery import app as celery_app
 from mint_site.errors import InvalidTransition
 from mint_site.sandbox import background_thread
 from tenants.access import Actor
@@ -53,7 +59,17 @@ log = logging.getLogger(__name__)
 
 CONTROL_STATES = (S.REGISTERED, S.VALIDATED)
 RESTORABLE_STATES = (S.EXPORTED, S.PENDING_APPROVAL, S.APPROVED)  # frozen: a removed export is written again
+# When a revision's current task was sent: its hand-off, or (an export sent as its validation ended) its stage's start.
+SENT = ("updated_at", "dispatched_at")
 _LOCK_ID = 0x6D696E74  # "mint": one advisory lock serialises dispatching across processes
+
+# Celery's own limits for the control tasks, for what runs in the worker itself (store I/O, the database): only a
+# runaway there reaches them, and only the prefork pool enforces them. The sandboxed part has its own, shorter.
+_OUTER_SLACK_S = 120
+TASK_LIMITS = {
+    "soft_time_limit": settings.MINT_TASK_TIME_LIMIT_S + _OUTER_SLACK_S,
+    "time_limit": settings.MINT_TASK_TIME_LIMIT_S + 2 * _OUTER_SLACK_S,
+}
 
 
 def _lock() -> None:
@@ -176,31 +192,18 @@ def stall_reason(revision: AdapterRevision, *, now: datetime | None = None) -> s
 def lost_after_s() -> float:
     """How long a revision handed to the workers may go unfinished before the hand-off counts as lost: the stale
     bound, and never less than the tasks' hard time limit (a task still running is not handed over twice)."""
-    limits = [tasks.revision_validate.time_limit, tasks.revision_export.time_limit]
-    return float(max([settings.MINT_STAGE_STALE_AFTER_S, *(limit for limit in limits if limit)]))
-
-
-def pickup_s() -> float:
-    """How long a hand-off may wait in the broker unbegun before a probe checks whether it was lost."""
-    return float(settings.MINT_TASK_PICKUP_S)
-
-
-def _unbegun() -> Q:
-    """Revisions whose current stage's task no worker has begun: never picked up, or picked up before it was sent
-    (by the previous stage: a validated revision's export is sent when its validation ends)."""
-    return Q(picked_up_at__isnull=True) | Q(picked_up_at__lt=F("updated_at")) | Q(picked_up_at__lt=F("dispatched_at"))
+    return float(max(settings.MINT_STAGE_STALE_AFTER_S, TASK_LIMITS["time_limit"]))
 
 
 def begun(revision: AdapterRevision) -> bool:
-    """Whether a worker began the current stage's task of a handed-over revision (`_unbegun`, on the row)."""
+    """Whether a worker began the current stage's task of a handed-over revision: `handoffs.unbegun(*SENT)`, read
+    on the row (a validated revision's export is sent when its validation ends: a pick-up before was validation's)."""
     picked = revision.picked_up_at
     return picked is not None and picked >= revision.updated_at and picked >= (revision.dispatched_at or picked)
 
 
-def _handed_over(before: datetime):
-    return AdapterRevision.objects.filter(
-        state__in=CONTROL_STATES, dispatched_at__lt=before, updated_at__lt=before, adapter__tenant__is_active=True
-    )
+def _handed_over():
+    return AdapterRevision.objects.filter(state__in=CONTROL_STATES, adapter__tenant__is_active=True)
 
 
 def requeue_lost(
@@ -218,10 +221,12 @@ def requeue_lost(
     """
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=lost_after_s())
-    overdue = _handed_over(cutoff).filter(_unbegun() | Q(picked_up_at__lt=cutoff))
+    overdue = handoffs.overdue(*SENT, before=cutoff)
     if passed_before is not None:
-        overdue = overdue | _handed_over(passed_before - timedelta(seconds=pickup_s())).filter(_unbegun())
-    lost = list(overdue.select_related("adapter__tenant").order_by("dispatched_at", "id")[:limit])
+        overdue |= handoffs.unbegun(*SENT, before=passed_before - handoffs.pickup())
+    lost = list(
+        _handed_over().filter(overdue).select_related("adapter__tenant").order_by("dispatched_at", "id")[:limit]
+    )
     requeued = failed = 0
     bound = settings.MINT_TASK_MAX_DELIVERIES
     for revision in lost:
@@ -234,9 +239,10 @@ def requeue_lost(
                 "their logs."
             )
             try:
-                services.revision_fail(revision=revision, code=f"{stage}_lost", reason=reason)
+                revision_mark_failed(revision, code=f"{stage}_lost", reason=reason)
             except InvalidTransition:
                 continue  # it moved meanwhile
+            dispatch_on_commit()  # its place in the queue is free
             failed += 1
             continue
         # Conditional on what was read: a worker that begins the task meanwhile keeps it (and one that begins the
@@ -254,7 +260,7 @@ def requeue_lost(
             tenant=revision.adapter.tenant,
             actor=Actor.system(),
             action="revision.requeue",
-            target=services.transitions.audit_target(revision),
+            target=audit_target(revision),
             before={"state": revision.state, "dispatched_at": revision.dispatched_at.isoformat()},
             after={"state": revision.state, "deliveries": revision.deliveries + 1, "limit": bound},
         )
@@ -268,9 +274,11 @@ def probe_unbegun(*, now: datetime | None = None) -> bool:
     The probe expires after that long: probes sent while the workers are down do not pile up for them.
     """
     now = now or timezone.now()
-    if not _handed_over(now - timedelta(seconds=pickup_s())).filter(_unbegun()).exists():
+    if not _handed_over().filter(handoffs.unbegun(*SENT, before=now - handoffs.pickup())).exists():
         return False
-    tasks.control_probe.apply_async(kwargs={"sent_at": now.isoformat()}, expires=pickup_s())
+    _control_task("control_probe").apply_async(
+        kwargs={"sent_at": now.isoformat()}, expires=handoffs.pickup().total_seconds()
+    )
     return True
 
 
@@ -327,7 +335,7 @@ def export_redrive(*, revision: AdapterRevision, asked_at: datetime, now: dateti
 
     Returns "complete" (nothing to do), "waiting" (its task may still start), "running", "sent" or "given_up".
     """
-    if revision.state not in RESTORABLE_STATES or services.export_is_complete(revision):
+    if revision.state not in RESTORABLE_STATES or store.export_is_complete(revision):
         return "complete"
     now = now or timezone.now()
 
@@ -341,7 +349,7 @@ def export_redrive(*, revision: AdapterRevision, asked_at: datetime, now: dateti
     if picked is not None and picked >= sent:
         if picked > now - timedelta(seconds=lost_after_s()):
             return "running"
-    elif sent > now - timedelta(seconds=pickup_s()):
+    elif sent > now - handoffs.pickup():
         return "waiting"
     bound = settings.MINT_TASK_MAX_DELIVERIES
     if revision.deliveries >= bound:
@@ -353,7 +361,7 @@ def export_redrive(*, revision: AdapterRevision, asked_at: datetime, now: dateti
     if not moved:
         return "running"  # another sweep, or a worker, got there first
     log.warning("%s: its re-export was lost; sent again (%s of %s)", revision, revision.deliveries + 1, bound)
-    transaction.on_commit(lambda: tasks.revision_export.delay(revision_id=revision.id))
+    export_on_commit(revision)
     return "sent"
 
 
@@ -373,10 +381,21 @@ def backlog_priority(*, tenant_id: int):
     return background_thread() if waiting(tenant_id=tenant_id) else contextlib.nullcontext()
 
 
+def _control_task(name: str) -> Task:
+    """The task `adapters.tasks.<name>`, as Celery registered it (adapters.apps loads the module at start-up)."""
+    return celery_app.tasks[f"adapters.tasks.{name}"]
+
+
 def _send(revision_id: int, state: str, *, handed: datetime) -> None:
     """Put a hand-off on the broker; it carries its own time, so that a copy of an older one does nothing."""
-    task = tasks.revision_validate if state == S.REGISTERED else tasks.revision_export
+    task = _control_task("revision_validate" if state == S.REGISTERED else "revision_export")
     task.delay(revision_id=revision_id, handed=handed.isoformat())
+
+
+def export_on_commit(revision: AdapterRevision) -> None:
+    """Send the revision's export once the surrounding transaction commits, without a hand-off of its own: it
+    follows its validation in the place that had, or restores a removed export (`restore_begin`)."""
+    transaction.on_commit(lambda: _control_task("revision_export").delay(revision_id=revision.id))
 
 
 def dispatch_on_commit() -> None:

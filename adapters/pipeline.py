@@ -342,7 +342,7 @@ def export(revision_id: int, delivery: Delivery, *, handed: datetime | None = No
         dispatch.control_dispatch()
         return
     restoring = revision.state in dispatch.RESTORABLE_STATES
-    if not (revision.state == S.VALIDATED or (restoring and not services.export_is_complete(revision))):
+    if not (revision.state == S.VALIDATED or (restoring and not store.export_is_complete(revision))):
         log.info("export r%s: nothing to do (%s)", revision_id, revision.state)
         dispatch.control_dispatch()
         return

@@ -145,6 +145,13 @@ def delete_prefixes(prefixes: Iterable[str]) -> None:
         delete_prefix(prefix)
 
 
+def export_is_complete(revision: AdapterRevision) -> bool:
+    """Whether every file the revision's policy record lists is in the store under its export."""
+    record = revision.policy_record or {}
+    names = [f["name"] for f in record.get("files", [])]
+    return bool(revision.export_uri and names) and all(exists(f"{revision.export_uri}/{n}") for n in names)
+
+
 def staging_prefixes(revision: AdapterRevision) -> list[str]:
     """Export staging directories of a revision left behind by interrupted runs."""
     base = f"{adapter_prefix(revision.adapter)}/r{revision.number}"

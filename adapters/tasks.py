@@ -6,31 +6,23 @@ from __future__ import annotations
 from datetime import datetime
 
 from celery import shared_task
-from django.conf import settings
 
 from adapters import collect, dispatch, pipeline, uploads
+from adapters.dispatch import TASK_LIMITS
 from adapters.pipeline import MAX_RETRIES, Delivery
-
-# Celery's own limits, for what runs in the worker itself (store I/O, the database): only a runaway
-# there reaches them, and only the prefork pool enforces them. The sandboxed part has its own, shorter.
-_OUTER_SLACK_S = 120
-_LIMITS = {
-    "soft_time_limit": settings.MINT_TASK_TIME_LIMIT_S + _OUTER_SLACK_S,
-    "time_limit": settings.MINT_TASK_TIME_LIMIT_S + 2 * _OUTER_SLACK_S,
-}
 
 
 def _when(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value) if value else None
 
 
-@shared_task(bind=True, acks_late=True, ignore_result=True, max_retries=MAX_RETRIES, **_LIMITS)
+@shared_task(bind=True, acks_late=True, ignore_result=True, max_retries=MAX_RETRIES, **TASK_LIMITS)
 def revision_validate(self, *, revision_id: int, handed: str | None = None) -> None:
     """registered → validated (then export is queued), or → failed naming the problem."""
     pipeline.validate(revision_id, Delivery(self.request.retries, self.retry), handed=_when(handed))
 
 
-@shared_task(bind=True, acks_late=True, ignore_result=True, max_retries=MAX_RETRIES, **_LIMITS)
+@shared_task(bind=True, acks_late=True, ignore_result=True, max_retries=MAX_RETRIES, **TASK_LIMITS)
 def revision_export(self, *, revision_id: int, handed: str | None = None) -> None:
     """validated → exported: freeze the engine layout and policy_record.json under r<n>/export/.
 

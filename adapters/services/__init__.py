@@ -43,7 +43,6 @@ from adapters.services.retirement import (
 )
 from adapters.services.transitions import (
     RETRYABLE_FAILURE_CODES,
-    export_is_complete,
     revision_approve,
     revision_delivery_returned,
     revision_delivery_start,
@@ -77,7 +76,6 @@ __all__ = [
     "evaluation_start",
     "evaluation_unavailable",
     "evaluation_verdict",
-    "export_is_complete",
     "revision_approve",
     "revision_archive",
     "revision_delivery_returned",

@@ -23,7 +23,8 @@ from adapters.artifacts.errors import ArtifactError
 from adapters.artifacts.precheck import Upload, precheck_upload
 from adapters.models import Adapter, AdapterRevision, BaseModel
 from adapters.models import RevisionState as S
-from adapters.services.transitions import audit_target, revision_fail
+from adapters.services.transitions import revision_fail
+from adapters.states import audit_target
 from mint_site.errors import Conflict, MintError, PayloadTooLarge, QuotaExceeded
 from tenants.access import Actor
 from tenants.models import Tenant

@@ -24,7 +24,8 @@ from adapters import collect, store
 from adapters.models import Adapter, AdapterRevision
 from adapters.models import RevisionState as S
 from adapters.services.registration import check_storage_quota
-from adapters.services.transitions import audit_target, revision_ensure_export, revision_transition
+from adapters.services.transitions import revision_ensure_export
+from adapters.states import audit_target, revision_transition
 from mint_site.errors import Conflict, InvalidTransition, MintError, QuotaExceeded
 from mint_site.events import live_event
 from tenants.access import Actor

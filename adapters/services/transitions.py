@@ -9,7 +9,6 @@ and the artifact store happens outside transactions; Celery work is enqueued on 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
@@ -17,75 +16,17 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from adapters import dispatch, signals, store, tasks
+from adapters import dispatch, signals, store
 from adapters.models import AdapterRevision, Approval
 from adapters.models import RevisionState as S
 from adapters.services import evaluation
+from adapters.states import audit_target, revision_mark_failed, revision_transition
 from mint_site.errors import Conflict, Forbidden, InvalidTransition, MintError
-from mint_site.events import epoch_us, live_event
 from tenants.access import Actor
 from tenants.models import AuditEvent, Tenant
 from tenants.services import audit_record
 
 log = logging.getLogger(__name__)
-
-
-def audit_target(revision: AdapterRevision) -> str:
-    return f"revision:{revision.adapter.name}@r{revision.number}"
-
-
-def revision_transition(
-    revision: AdapterRevision,
-    *,
-    to: str,
-    sources: Sequence[str],
-    by: Actor,
-    action: str,
-    extra_after: dict[str, Any] | None = None,
-    event_fields: dict[str, Any] | None = None,
-    **fields: Any,
-) -> AdapterRevision:
-    """Move `revision` from one of `sources` to `to`, or raise InvalidTransition. Call inside a transaction.
-
-    `event_fields` ride on the `revision.state` live event (e.g. `restored`, which webhooks tell apart)."""
-    now = timezone.now()
-    changed = AdapterRevision.objects.filter(id=revision.id, state__in=sources).update(
-        state=to, updated_at=now, **fields
-    )
-    if changed != 1:
-        current = AdapterRevision.objects.filter(id=revision.id).values_list("state", flat=True).first()
-        raise InvalidTransition(
-            f"r{revision.number} of {revision.adapter.name} is {current}; {action} needs {' or '.join(sources)}.",
-            detail={"state": current, "allowed_from": list(sources), "to": to},
-        )
-    before = revision.state
-    revision.state = to
-    revision.updated_at = now
-    for name, value in fields.items():
-        setattr(revision, name, value)
-    audit_record(
-        tenant=revision.adapter.tenant,
-        actor=by,
-        action=f"revision.{action}",
-        target=audit_target(revision),
-        before={"state": before},
-        after={"state": to, **(extra_after or {})},
-    )
-    failure = (
-        {"failure_code": revision.failure_code, "failure_reason": revision.failure_reason} if to == S.FAILED else {}
-    )
-    live_event(
-        tenant_id=revision.adapter.tenant_id,
-        type="revision.state",
-        id=revision.id,
-        state=to,
-        updated_us=epoch_us(now),
-        adapter=revision.adapter.name,
-        revision=f"r{revision.number}",
-        **failure,
-        **(event_fields or {}),
-    )
-    return revision
 
 
 # ---------------------------------------------------------------- validation and export (called by tasks)
@@ -116,25 +57,14 @@ def revision_mark_validated(
         validated_at=timezone.now(),
         deliveries=0,
     )
-    transaction.on_commit(
-        lambda: tasks.revision_export.delay(revision_id=revision.id)
-    )  # it keeps its place in the queue
+    dispatch.export_on_commit(revision)  # it keeps its place in the queue
     return revision
 
 
 @transaction.atomic
 def revision_fail(*, revision: AdapterRevision, code: str, reason: str) -> AdapterRevision:
     """Mark a revision failed with a reason a person can act on. Only before it is exported."""
-    revision_transition(
-        revision,
-        to=S.FAILED,
-        sources=[S.REGISTERED, S.VALIDATED],
-        by=Actor.system(),
-        action="fail",
-        extra_after={"code": code, "reason": reason},
-        failure_code=code,
-        failure_reason=reason,
-    )
+    revision_mark_failed(revision, code=code, reason=reason)
     dispatch.dispatch_on_commit()  # its place in the control queue is free
     return revision
 
@@ -215,7 +145,7 @@ def revision_restore_export(*, revision: AdapterRevision, staging: str) -> None:
     final = store.export_prefix(revision)
     with transaction.atomic():
         AdapterRevision.objects.select_for_update().get(id=revision.id)
-        if export_is_complete(revision):
+        if store.export_is_complete(revision):
             store.delete_prefix(staging)
             return
         store.promote(staging, final)
@@ -228,21 +158,15 @@ def revision_restore_export(*, revision: AdapterRevision, staging: str) -> None:
         )
 
 
-def export_is_complete(revision: AdapterRevision) -> bool:
-    record = revision.policy_record or {}
-    names = [f["name"] for f in record.get("files", [])]
-    return bool(revision.export_uri and names) and all(store.exists(f"{revision.export_uri}/{n}") for n in names)
-
-
 def revision_ensure_export(*, revision: AdapterRevision) -> bool:
     """Have an exported revision's files written again, after commit, if they were removed; True if queued.
 
     Serving calls this when it points an alias back at an older revision (a rollback): its frozen
     export is served again, re-exported from the source first if the files are gone.
     """
-    if export_is_complete(revision):
+    if store.export_is_complete(revision):
         return False
-    transaction.on_commit(lambda: tasks.revision_export.delay(revision_id=revision.id))
+    dispatch.export_on_commit(revision)
     return True
 
 

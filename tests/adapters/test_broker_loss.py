@@ -9,7 +9,7 @@ from unittest import mock
 import pytest
 from django.utils import timezone
 
-from adapters import dispatch, services, tasks
+from adapters import dispatch, store, tasks
 from adapters.models import AdapterRevision
 from adapters.models import RevisionState as S
 from tenants.models import AuditEvent
@@ -206,7 +206,7 @@ def removed_export(tenant_a, adapter_a, good_adapter_dir, artifact_root, django_
     )
     revision.refresh_from_db()
     shutil.rmtree(artifact_root / revision.export_uri)
-    assert not services.export_is_complete(revision)
+    assert not store.export_is_complete(revision)
     return revision
 
 
@@ -219,7 +219,7 @@ def test_a_lost_re_export_is_sent_again_after_the_pickup_bound_and_restores_the_
     with django_capture_on_commit_callbacks(execute=True):
         assert dispatch.export_redrive(revision=revision, asked_at=asked) == "sent"
     revision.refresh_from_db()
-    assert services.export_is_complete(revision)
+    assert store.export_is_complete(revision)
     assert (revision.deliveries, revision.picked_up_at) == (0, None)  # restored: its deliveries are given back
     assert dispatch.export_redrive(revision=revision, asked_at=asked) == "complete"
 
