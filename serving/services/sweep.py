@@ -28,6 +28,7 @@ from django.db.models import Case, F, Max, Q, QuerySet, When
 from django.utils import timezone
 
 from adapters import dispatch as control_queue
+from adapters import handoffs
 from adapters.models import AdapterRevision
 from serving import tasks
 from serving.models import Alias, NodeState, Placement, PlacementState, ServingNode
@@ -38,23 +39,11 @@ log = logging.getLogger(__name__)
 P = PlacementState
 
 
-def _pickup() -> timedelta:
-    return timedelta(seconds=settings.MINT_TASK_PICKUP_S)
-
-
-def _prewarm_unbegun() -> Q:
-    return Q(picked_up_at__isnull=True) | Q(picked_up_at__lt=F("started_at"))
-
-
-def _unload_unbegun() -> Q:
-    return Q(picked_up_at__isnull=True) | Q(picked_up_at__lt=F("updated_at"))
-
-
 def _unbegun_before(node: ServingNode, before: datetime) -> QuerySet[Placement]:
     """The node's prewarms claimed and unloads sent before `before` that its agent has not begun."""
     return Placement.objects.filter(node=node).filter(
-        (Q(state=P.LOADING, started_at__lt=before) & _prewarm_unbegun())
-        | (Q(state=P.EVICTING, updated_at__lt=before) & _unload_unbegun())
+        (Q(state=P.LOADING) & handoffs.unbegun("started_at", before=before))
+        | (Q(state=P.EVICTING) & handoffs.unbegun("updated_at", before=before))
     )
 
 
@@ -66,7 +55,7 @@ def prewarm_begin(placement: Placement) -> bool:
     now = timezone.now()
     begun = (
         Placement.objects.filter(id=placement.id, state=P.LOADING, started_at=placement.started_at)
-        .filter(_prewarm_unbegun())
+        .filter(handoffs.unbegun("started_at"))
         .update(picked_up_at=now)
     )
     if begun:
@@ -85,7 +74,7 @@ def probe_node_queue(*, node: ServingNode, now: datetime | None = None) -> bool:
     It expires after that long: probes sent while the agent is down do not pile up for it.
     """
     now = now or timezone.now()
-    if not _unbegun_before(node, now - _pickup()).exists():
+    if not _unbegun_before(node, now - handoffs.pickup()).exists():
         return False
     kwargs = {"node_id": node.id, "sent_at": now.isoformat()}
     tasks.node_queue_probe.apply_async(kwargs=kwargs, queue=node.queue, expires=settings.MINT_TASK_PICKUP_S)
@@ -101,7 +90,7 @@ def node_queue_probed(*, node_id: int, passed_before: datetime) -> dict[str, int
     with transaction.atomic():
         # Unloads locked first, as node_reconcile locks them before loads: the two never wait on each other.
         lost = list(
-            _unbegun_before(node, passed_before - _pickup())
+            _unbegun_before(node, passed_before - handoffs.pickup())
             .select_for_update(of=("self",))
             .select_related("revision__adapter", "node")
             .order_by(Case(When(state=P.EVICTING, then=0), default=1), "id")
@@ -120,16 +109,10 @@ def handoffs_overdue(node: ServingNode, *, now: datetime) -> dict[str, int]:
     stuck = now - timedelta(seconds=settings.MINT_PREWARM_TIMEOUT_S)
     begun_loads = Q(picked_up_at__gte=F("started_at"), picked_up_at__lt=stuck)
     overdue = Placement.objects.filter(node=node).filter(
-        (Q(state=P.LOADING) & (begun_loads | (_prewarm_unbegun() & Q(started_at__lt=stuck))))
+        (Q(state=P.LOADING) & handoffs.overdue("started_at", before=stuck))
         # Warming: phase 1 ended in the agent that began it; it may have died before the warm-up answered.
         | (Q(state=P.WARMING) & (begun_loads | Q(picked_up_at__isnull=True, started_at__lt=stuck)))
-        | (
-            Q(state=P.EVICTING)
-            & (
-                Q(picked_up_at__gte=F("updated_at"), picked_up_at__lt=stuck)
-                | (_unload_unbegun() & Q(updated_at__lt=stuck))
-            )
-        )
+        | (Q(state=P.EVICTING) & handoffs.overdue("updated_at", before=stuck))
     )
     rows = list(overdue.select_for_update(of=("self",)).select_related("revision__adapter", "node"))
     return handoffs_again(node, rows, now=now, why="prewarm timed out")
