@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from tenants.models import AuditEvent, Tenant
 from tests.conftest import error_of
-from webhooks import services
+from webhooks import services, tasks
 from webhooks.models import DeliveryState, WebhookDelivery, WebhookEndpoint
 
 pytestmark = pytest.mark.django_db
@@ -138,7 +138,7 @@ def test_the_delivery_log_is_newest_first_paginated_with_fixed_queries(tenant_a,
             tenant_id=tenant_a.tenant.id, event="revision.exported", subject=f"adapter:a:r{n}", data={"n": n}
         )
     last = WebhookDelivery.objects.filter(endpoint=endpoint).order_by("-id").first()
-    services.delivery_attempt(delivery_id=last.id)
+    tasks.delivery_attempt(delivery_id=last.id)
     client = tenant_a.client_as("approver")
     response = client.get(f"/api/v1/webhooks/{endpoint_id}/deliveries/?limit=2")
     assert response.status_code == 200

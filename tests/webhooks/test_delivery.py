@@ -85,17 +85,17 @@ def test_retries_wait_an_exponential_backoff(tenant_a, receiver, allow_loopback,
     (delivery,) = emit(tenant_a)  # no commit callbacks: the test makes each attempt itself
 
     before = timezone.now()
-    assert services.delivery_attempt(delivery_id=delivery.id) == DeliveryState.PENDING
+    assert tasks.delivery_attempt(delivery_id=delivery.id) == DeliveryState.PENDING
     delivery.refresh_from_db()
     assert delivery.attempts == 1 and delivery.last_status_code == 500 and delivery.last_error == "HTTP 500: boom"
     assert delivery.next_attempt_at >= before + timedelta(seconds=30)
     # Not due yet: a duplicate message (or the eager re-queue) does nothing.
-    assert services.delivery_attempt(delivery_id=delivery.id) == "skipped"
+    assert tasks.delivery_attempt(delivery_id=delivery.id) == "skipped"
     assert len(receiver.received) == 1
 
     WebhookDelivery.objects.filter(id=delivery.id).update(next_attempt_at=timezone.now())
     before = timezone.now()
-    assert services.delivery_attempt(delivery_id=delivery.id) == DeliveryState.PENDING
+    assert tasks.delivery_attempt(delivery_id=delivery.id) == DeliveryState.PENDING
     delivery.refresh_from_db()
     assert delivery.attempts == 2 and delivery.next_attempt_at >= before + timedelta(seconds=60)  # doubled
 
@@ -103,7 +103,7 @@ def test_retries_wait_an_exponential_backoff(tenant_a, receiver, allow_loopback,
     tasks.webhook_deliver(delivery_id=delivery.id)  # the task itself
     delivery.refresh_from_db()
     assert delivery.state == DeliveryState.DELIVERED and delivery.attempts == 3
-    assert services.backoff_s(30) == services.BACKOFF_MAX_S
+    assert tasks.backoff_s(30) == tasks.BACKOFF_MAX_S
 
 
 def test_a_delivery_gives_up_after_max_attempts(
@@ -141,7 +141,7 @@ def test_a_receiver_that_floods_is_read_only_up_to_the_limit(tenant_a, receiver,
     receiver.answer(Answer(status=500, huge_bytes=total))
     make_endpoint(tenant_a, receiver.url())
     (delivery,) = emit(tenant_a)
-    services.delivery_attempt(delivery_id=delivery.id)
+    tasks.delivery_attempt(delivery_id=delivery.id)
     delivery.refresh_from_db()
     assert delivery.last_status_code == 500 and delivery.state == DeliveryState.PENDING
     assert delivery.last_error.startswith("HTTP 500: xxx") and len(delivery.last_error) < 600
@@ -153,7 +153,7 @@ def test_a_receiver_that_trickles_costs_one_timeout(tenant_a, receiver, allow_lo
     receiver.answer(Answer(trickle_s=0.05))  # would take 15 minutes to send its status lines
     make_endpoint(tenant_a, receiver.url())
     (delivery,) = emit(tenant_a)
-    assert services.delivery_attempt(delivery_id=delivery.id) == DeliveryState.PENDING
+    assert tasks.delivery_attempt(delivery_id=delivery.id) == DeliveryState.PENDING
     delivery.refresh_from_db()
     assert delivery.last_status_code is None and delivery.last_error == "no answer within 1 s"
 
@@ -162,7 +162,7 @@ def test_a_disabled_endpoint_gets_no_attempt(tenant_a, receiver, allow_loopback)
     endpoint, _ = make_endpoint(tenant_a, receiver.url())
     (delivery,) = emit(tenant_a)
     services.endpoint_update(endpoint=endpoint, changes={"is_active": False}, by=Actor.system())
-    assert services.delivery_attempt(delivery_id=delivery.id) == DeliveryState.FAILED
+    assert tasks.delivery_attempt(delivery_id=delivery.id) == DeliveryState.FAILED
     delivery.refresh_from_db()
     assert delivery.last_error == "The endpoint is disabled." and receiver.received == []
 
@@ -183,7 +183,7 @@ def test_the_name_is_resolved_once_and_the_connection_goes_to_that_address(
 
     monkeypatch.setattr(transport.socket, "getaddrinfo", rebinding)
     (delivery,) = emit(tenant_a)
-    assert services.delivery_attempt(delivery_id=delivery.id) == DeliveryState.DELIVERED
+    assert tasks.delivery_attempt(delivery_id=delivery.id) == DeliveryState.DELIVERED
     assert calls == ["hooks.example.test"]
     (got,) = receiver.received
     assert got.headers["host"] == f"hooks.example.test:{receiver.port}"
@@ -192,11 +192,11 @@ def test_the_name_is_resolved_once_and_the_connection_goes_to_that_address(
 def test_the_sweep_queues_a_delivery_whose_message_was_lost(tenant_a, receiver, allow_loopback):
     make_endpoint(tenant_a, receiver.url())
     (delivery,) = emit(tenant_a)  # its task was never sent (no commit callbacks run)
-    assert services.deliveries_sweep()["queued"] == 0  # not overdue yet
+    assert tasks.deliveries_sweep()["queued"] == 0  # not overdue yet
     WebhookDelivery.objects.filter(id=delivery.id).update(
-        next_attempt_at=timezone.now() - timedelta(seconds=services.SWEEP_GRACE_S + 1)
+        next_attempt_at=timezone.now() - timedelta(seconds=tasks.SWEEP_GRACE_S + 1)
     )
-    assert services.deliveries_sweep()["queued"] == 1  # eager: the attempt ran
+    assert tasks.deliveries_sweep()["queued"] == 1  # eager: the attempt ran
     delivery.refresh_from_db()
     assert delivery.state == DeliveryState.DELIVERED and len(receiver.received) == 1
 
@@ -208,7 +208,7 @@ def test_the_sweep_deletes_old_finished_deliveries(tenant_a, receiver, allow_loo
         state=DeliveryState.DELIVERED,
         created_at=timezone.now() - timedelta(days=settings.MINT_WEBHOOK_RETENTION_DAYS + 1),
     )
-    assert services.deliveries_sweep()["purged"] == 1
+    assert tasks.deliveries_sweep()["purged"] == 1
     assert list(WebhookDelivery.objects.values_list("id", flat=True)) == [recent.id]
 
 

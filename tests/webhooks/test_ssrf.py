@@ -10,7 +10,7 @@ import pytest
 
 from tenants.access import Actor
 from tests.conftest import error_of
-from webhooks import services, transport
+from webhooks import services, tasks, transport
 from webhooks.models import DeliveryState, WebhookEndpoint
 
 pytestmark = pytest.mark.django_db
@@ -89,7 +89,7 @@ def test_a_receiver_that_became_private_is_refused_at_the_attempt(tenant_a, rece
     (delivery,) = services.webhook_emit(
         tenant_id=tenant_a.tenant.id, event="revision.validated", subject="adapter:x:r1", data={}
     )
-    assert services.delivery_attempt(delivery_id=delivery.id) == DeliveryState.FAILED  # at once: not retried
+    assert tasks.delivery_attempt(delivery_id=delivery.id) == DeliveryState.FAILED  # at once: not retried
     delivery.refresh_from_db()
     assert "127.0.0.1 is a loopback address" in delivery.last_error and delivery.attempts == 1
     assert receiver.received == []
@@ -107,7 +107,7 @@ def test_a_name_resolving_to_a_private_address_is_refused_at_the_attempt(tenant_
     (delivery,) = services.webhook_emit(
         tenant_id=tenant_a.tenant.id, event="revision.validated", subject="adapter:x:r1", data={}
     )
-    services.delivery_attempt(delivery_id=delivery.id)
+    tasks.delivery_attempt(delivery_id=delivery.id)
     delivery.refresh_from_db()
     assert delivery.state == DeliveryState.FAILED and "localhost resolves to" in delivery.last_error
     assert receiver.received == []

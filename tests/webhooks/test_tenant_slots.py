@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from tests.webhooks.receiver import Answer
 from tests.webhooks.test_delivery import emit, make_endpoint
-from webhooks import services
+from webhooks import services, tasks
 from webhooks.models import DeliveryState, WebhookDelivery
 
 pytestmark = pytest.mark.django_db
@@ -26,7 +26,7 @@ def free_slots(tenant_a, tenant_b):
     def clear():
         for world in (tenant_a, tenant_b):
             for n in range(4):
-                cache.delete(services._slot_key(world.tenant.id, n))
+                cache.delete(tasks._slot_key(world.tenant.id, n))
 
     clear()
     yield
@@ -37,14 +37,14 @@ def hold_every_slot(world) -> None:
     from django.conf import settings
 
     for n in range(settings.MINT_WEBHOOK_TENANT_CONCURRENCY):
-        assert cache.add(services._slot_key(world.tenant.id, n), 1, timeout=60)
+        assert cache.add(tasks._slot_key(world.tenant.id, n), 1, timeout=60)
 
 
 def test_a_task_finding_every_slot_taken_leaves_its_delivery_due(tenant_a, receiver, allow_loopback):
     make_endpoint(tenant_a, receiver.url())
     (delivery,) = emit(tenant_a)  # no commit callbacks: nothing attempted yet
     hold_every_slot(tenant_a)
-    assert services.delivery_attempt(delivery_id=delivery.id) == "busy"
+    assert tasks.delivery_attempt(delivery_id=delivery.id) == "busy"
     delivery.refresh_from_db()
     assert delivery.state == DeliveryState.PENDING and delivery.attempts == 0 and receiver.received == []
     assert delivery.next_attempt_at <= timezone.now()  # still due: the chain or the sweep takes it
@@ -54,7 +54,7 @@ def test_another_tenants_held_slots_do_not_hold_this_one(tenant_a, tenant_b, rec
     make_endpoint(tenant_a, receiver.url())
     (delivery,) = emit(tenant_a)
     hold_every_slot(tenant_b)
-    assert services.delivery_attempt(delivery_id=delivery.id) == DeliveryState.DELIVERED
+    assert tasks.delivery_attempt(delivery_id=delivery.id) == DeliveryState.DELIVERED
     assert len(receiver.received) == 1
 
 
@@ -62,9 +62,9 @@ def test_the_slot_is_given_back_after_the_attempt_even_when_it_fails(tenant_a, r
     make_endpoint(tenant_a, receiver.url())
     first, second = emit(tenant_a)[0], emit(tenant_a)[0]
     receiver.answer(Answer(status=500))
-    with mock.patch.object(services, "_enqueue"):
-        assert services.delivery_attempt(delivery_id=first.id) == DeliveryState.PENDING
-        assert services.delivery_attempt(delivery_id=second.id) == DeliveryState.DELIVERED  # not "busy"
+    with mock.patch.object(tasks, "enqueue"):
+        assert tasks.delivery_attempt(delivery_id=first.id) == DeliveryState.PENDING
+        assert tasks.delivery_attempt(delivery_id=second.id) == DeliveryState.DELIVERED  # not "busy"
 
 
 def test_a_finished_attempt_chains_to_the_tenants_delivery_due_longest(tenant_a, receiver, allow_loopback):
@@ -73,8 +73,8 @@ def test_a_finished_attempt_chains_to_the_tenants_delivery_due_longest(tenant_a,
     now = timezone.now()
     for age, d in zip((30, 20, 10), deliveries, strict=True):
         WebhookDelivery.objects.filter(id=d.id).update(next_attempt_at=now - timedelta(seconds=age))
-    with mock.patch.object(services, "_enqueue") as enqueue:
-        services.delivery_attempt(delivery_id=deliveries[1].id)
+    with mock.patch.object(tasks, "enqueue") as enqueue:
+        tasks.delivery_attempt(delivery_id=deliveries[1].id)
     enqueue.assert_called_once_with([deliveries[0].id])
 
 
@@ -86,11 +86,11 @@ def test_a_backlog_drains_one_attempt_at_a_time_through_the_chain(
     hold_every_slot(tenant_a)
     with django_capture_on_commit_callbacks(execute=True):
         for d in deliveries:
-            assert services.delivery_attempt(delivery_id=d.id) == "busy"
+            assert tasks.delivery_attempt(delivery_id=d.id) == "busy"
     assert receiver.received == []
-    services._give_slot(services._slot_key(tenant_a.tenant.id, 0))
+    tasks._give_slot(tasks._slot_key(tenant_a.tenant.id, 0))
     with django_capture_on_commit_callbacks(execute=True):
-        services.delivery_attempt(delivery_id=deliveries[0].id)  # one attempt; the chain does the rest
+        tasks.delivery_attempt(delivery_id=deliveries[0].id)  # one attempt; the chain does the rest
     states = set(WebhookDelivery.objects.filter(id__in=[d.id for d in deliveries]).values_list("state", flat=True))
     assert states == {DeliveryState.DELIVERED} and len(receiver.received) == 5
 
@@ -98,16 +98,16 @@ def test_a_backlog_drains_one_attempt_at_a_time_through_the_chain(
 @pytest.mark.django_db(transaction=True)  # the second worker is a thread with its own connection
 def test_two_workers_never_attempt_one_tenants_deliveries_at_once(tenant_a, receiver, allow_loopback):
     make_endpoint(tenant_a, receiver.url())
-    with mock.patch.object(services, "_enqueue"):  # committed at once here: no attempt before the test's own
+    with mock.patch.object(tasks, "enqueue"):  # committed at once here: no attempt before the test's own
         first, second = emit(tenant_a)[0], emit(tenant_a)[0]
     receiver.answer(Answer(trickle_s=0.2))  # the first attempt stalls until its timeout
     allow_loopback.MINT_WEBHOOK_TIMEOUT_S = 1.5
     results = {}
 
     def attempt(d):
-        results[d.id] = services.delivery_attempt(delivery_id=d.id)
+        results[d.id] = tasks.delivery_attempt(delivery_id=d.id)
 
-    with mock.patch.object(services, "_enqueue"):
+    with mock.patch.object(tasks, "enqueue"):
         slow = threading.Thread(target=attempt, args=(first,))
         slow.start()
         time.sleep(0.4)  # the first holds the tenant's only slot
@@ -124,10 +124,10 @@ def test_the_sweep_queues_a_few_per_tenant_so_one_backlog_cannot_fill_it(
     make_endpoint(tenant_b, receiver.url())
     mine = [emit(tenant_a)[0] for _ in range(30)]
     theirs = emit(tenant_b)[0]
-    overdue = timezone.now() - timedelta(seconds=services.SWEEP_GRACE_S + 5)
+    overdue = timezone.now() - timedelta(seconds=tasks.SWEEP_GRACE_S + 5)
     WebhookDelivery.objects.update(next_attempt_at=overdue)
-    with mock.patch.object(services.tasks.webhook_deliver, "delay") as delay:
-        assert services.deliveries_sweep()["queued"] == 3
+    with mock.patch.object(tasks.webhook_deliver, "delay") as delay:
+        assert tasks.deliveries_sweep()["queued"] == 3
     queued = {call.kwargs["delivery_id"] for call in delay.call_args_list}
     assert theirs.id in queued and len(queued & {d.id for d in mine}) == 2
 
@@ -164,7 +164,7 @@ def test_pings_and_redeliveries_wait_while_the_backlog_is_full(tenant_a, tenant_
         assert refused.value.code == "webhook_backlog_full" and "MINT_WEBHOOK_MAX_PENDING" in refused.value.message
     # Another tenant's backlog is its own.
     theirs, _ = make_endpoint(tenant_b, receiver.url())
-    with mock.patch.object(services, "_enqueue"):
+    with mock.patch.object(tasks, "enqueue"):
         assert services.endpoint_ping(endpoint=theirs, by=Actor(user=tenant_b.users["owner"])).event == "ping"
 
 
