@@ -9,13 +9,15 @@ never awaits.
 
 Where things are:
 
-- `asgi.py`: the Starlette application (routes, reading requests, OpenAI-shaped errors, metrics) and the
-  lifespan that builds the process's `GatewayState` at startup and closes it at shutdown.
+- `asgi.py`: the Starlette application (routes, admitting and reading requests, OpenAI-shaped errors,
+  metrics) and the lifespan that builds the process's `GatewayState` at startup and closes it at shutdown.
+- `handlers.py`: what each route does with an admitted request (completions, a canary's split, model lists).
 - `state.py`: `GatewayState`, everything a gateway process keeps between requests (caches, in-flight
-  counts, the rate limiter, pending usage, the HTTP client, background tasks, the database threads),
-  handed to every handler; tests build their own.
+  counts, the rate limiter, pending usage, the HTTP client), built from its parts and handed to every
+  handler; tests build their own. Nothing imports it but `asgi.py`: each part names what it needs of it.
+- `background.py`: background tasks and the database threads every part is handed.
 - `auth.py`: bearer key → `Caller` (cached; failed attempts counted per client address).
-- `resolve.py`: `model` string → revision → its ready placements (cached; cold-request prewarms).
+- `resolve.py`: `model` string → revision → its ready placements (`routes.py`; cached; held requests).
 - `caches.py`: the refresh-ahead TTL cache both use (cachetools underneath), each tenant's entries bounded apart.
 - `policy/`: what a tenant may send (an allow-list per endpoint, bounded by its plan) and what comes back
   (OpenAI's fields only).

@@ -26,9 +26,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from django.conf import settings
 from django.utils import timezone
@@ -42,7 +43,22 @@ from tenants.models import Scope
 from tenants.throttles import auth_failures_message, client_bucket, failure_buckets
 
 if TYPE_CHECKING:
-    from serving.gateway.state import GatewayState
+    from serving.gateway.background import DatabaseThreads
+    from serving.gateway.batches import BatchedLookups
+    from serving.gateway.caches import RefreshingCache
+    from tenants.throttles import AsyncAuthFailures
+
+
+class KeyState(Protocol):
+    """What authentication reads and keeps in the gateway's state (serving/gateway/state.py builds it)."""
+
+    keys: RefreshingCache  # token SHA-256 → Caller, or the refusal to repeat
+    suspect_keys: BatchedLookups  # lookups of clients that look like they are guessing, in batches
+    db: DatabaseThreads
+    key_lookups: dict[str, asyncio.Future]  # token SHA-256 → its lookup in flight
+    lookups_by_client: Counter[str]  # key lookups in flight per client address
+
+    def auth_failures(self) -> AsyncAuthFailures: ...
 
 
 @dataclass(frozen=True)
@@ -165,7 +181,7 @@ def key_share(_digest: str, found: Caller | Refusal) -> tuple[int | str, bool]:
     return (UNKNOWN_TOKENS if found.counts_as_failure else REFUSED_KEYS), True
 
 
-def forget_keys(state: GatewayState, *, tenant_id: int | None = None, key_id: int | None = None) -> int:
+def forget_keys(state: KeyState, *, tenant_id: int | None = None, key_id: int | None = None) -> int:
     """Drop cached keys: one key, a tenant's keys, or every key (no arguments). Returns how many were dropped.
 
     Cached refusals about genuine keys (revoked, a creator without access, a suspended tenant) go too,
@@ -185,7 +201,7 @@ def forget_keys(state: GatewayState, *, tenant_id: int | None = None, key_id: in
     return len(state.keys.drop_where(stale, owners=owners))
 
 
-async def _suspect(state: GatewayState, bucket: str | None) -> bool:
+async def _suspect(state: KeyState, bucket: str | None) -> bool:
     """Whether a client's uncached tokens go to the batched lane: it has MINT_AUTH_FAILURES_PER_MIN lookups in
     flight already, or is past its failure limit (one Redis read, on a cache miss only)."""
     if bucket is None:
@@ -195,11 +211,11 @@ async def _suspect(state: GatewayState, bucket: str | None) -> bool:
     return await state.auth_failures().wait(bucket) is not None
 
 
-def _busy(state: GatewayState, bucket: str | None) -> bool:
+def _busy(state: KeyState, bucket: str | None) -> bool:
     return bucket is not None and state.lookups_by_client[bucket] >= settings.MINT_AUTH_FAILURES_PER_MIN
 
 
-async def _looked_up(state: GatewayState, digest: str, token: str, bucket: str | None) -> Caller | Refusal:
+async def _looked_up(state: KeyState, digest: str, token: str, bucket: str | None) -> Caller | Refusal:
     """The key a token names, read once however many requests carry it at the same moment.
 
     A client that is not suspect has its lookups run on the database threads every tenant's misses share, at
@@ -247,7 +263,7 @@ async def _looked_up(state: GatewayState, digest: str, token: str, bucket: str |
     return await asyncio.shield(pending)  # one caller giving up does not cancel the others' lookup
 
 
-async def authenticate(state: GatewayState, authorization: str, *, client: str | None = None) -> Caller:
+async def authenticate(state: KeyState, authorization: str, *, client: str | None = None) -> Caller:
     """The caller an `Authorization` header names, or a 401/403/429 `GatewayError`.
 
     The token is checked first: from the cache, else looked up (`_looked_up`). Refusals are cached too, so a

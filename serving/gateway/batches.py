@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from serving.gateway.state import Background, DatabaseThreads
+    from serving.gateway.background import Background, DatabaseThreads
 
 T = TypeVar("T")
 

@@ -59,8 +59,8 @@ from typing import TYPE_CHECKING
 import redis.asyncio as aioredis
 from prometheus_client import Counter
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
 
+from mint_site.redis_breaker import REDIS_DOWN, RedisBreaker
 from serving import services as serving_services
 from serving.gateway import GatewayError
 from serving.gateway.token_counts import SYNC_SCRIPT, Count, Reservation
@@ -75,14 +75,12 @@ from serving.services.budgets import (  # the counters' Redis layout, shared wit
 
 if TYPE_CHECKING:
     from serving.gateway.auth import Caller
-    from serving.gateway.state import Background, DatabaseThreads
+    from serving.gateway.background import Background, DatabaseThreads
 
 log = logging.getLogger(__name__)
 
 FRESH_S = 1.0  # how old a counter's total may be before a request that checks it asks for it again
 IDLE_S = 600.0  # a counter nobody checked or spent on for this long is forgotten (read again when next needed)
-# After a failure, do not try Redis again for this long (a dead Redis must not cost a timeout on every sync).
-_BREAKER_S = 5.0
 _SEED_RETRY_S = 5.0  # after a rebuild that failed (the database or Redis), before the next try
 
 # The gateway's metrics module has the request counters; this one is for the token limits only.
@@ -112,7 +110,7 @@ class TokenLimits:
         self._period: Period | None = None
         self._task: asyncio.Task | None = None
         self._script: AsyncScript | None = None
-        self._skip_until = 0.0
+        self._breaker = RedisBreaker("gateway token limits", meanwhile="local counts")
 
     # -----------------------------------------------------------------------------------------
     # On the request path: in memory only
@@ -271,7 +269,7 @@ class TokenLimits:
     # In the background: the sync with Redis, rebuilds from the database, budget events
 
     def _keep_synced(self) -> None:
-        if time.monotonic() < self._skip_until:
+        if self._breaker.open:
             return  # Redis failed lately: what is dirty waits for the first request after the pause
         task = self._task
         # A task left pending on a loop that is gone (tests run one loop per call) is replaced too.
@@ -294,7 +292,7 @@ class TokenLimits:
 
     async def _keep(self) -> None:
         while batch := self._due():
-            if time.monotonic() < self._skip_until:
+            if self._breaker.open:
                 self._dirty.update(batch)  # kept for when Redis answers again; limits hold on local counts
                 return
             await self._sync(batch)
@@ -310,10 +308,9 @@ class TokenLimits:
             self._script = client.register_script(SYNC_SCRIPT)
         try:
             totals = await self._script(keys=[c.redis_key for c in batch], args=args, client=client)
-        except (TimeoutError, RedisError, OSError) as exc:
-            self._skip_until = time.monotonic() + _BREAKER_S
+        except REDIS_DOWN as exc:
+            self._breaker.trip(exc)
             self._dirty.update(batch)
-            log.warning("gateway token limits: Redis unavailable (%s); local counts for %.0f s", exc, _BREAKER_S)
             return
         except BaseException:
             self._dirty.update(batch)

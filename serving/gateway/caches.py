@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from cachetools import Cache, TLRUCache
 
 if TYPE_CHECKING:
-    from serving.gateway.state import Background
+    from serving.gateway.background import Background
 
 log = logging.getLogger(__name__)
 

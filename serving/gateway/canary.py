@@ -34,8 +34,8 @@ from serving.services import canary as rule
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
-    from serving.gateway.resolve import Canary
-    from serving.gateway.state import Background, DatabaseThreads
+    from serving.gateway.background import Background, DatabaseThreads
+    from serving.gateway.routes import Canary
 
 log = logging.getLogger(__name__)
 

@@ -26,14 +26,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from channels.layers import get_channel_layer
+
+from mint_site.events import PLATFORM_GROUP
 from serving.gateway import auth, resolve
 from serving.models import Alias
 from tenants.services import API_KEY_CHANGED
 
-if TYPE_CHECKING:
-    from serving.gateway.state import GatewayState
+
+class FeedState(auth.KeyState, resolve.RouteState, Protocol):
+    """What following events changes in the gateway's state: its keys and routes, and whether it follows."""
+
+    following: bool  # routes are kept longer while events keep them fresh
+
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +54,7 @@ _ADAPTER_EVENTS = ("alias.flip", "alias.state", "adapter.state", "placement.stat
 
 
 def routes_touched(
-    state: GatewayState, tenant_id: int | None, event: dict[str, Any]
+    state: resolve.RouteState, tenant_id: int | None, event: dict[str, Any]
 ) -> list[tuple[int, resolve.ModelRef]]:
     """Drop what an event makes stale; return the routes worth resolving again now."""
     kind = event.get("type")
@@ -68,7 +75,7 @@ def routes_touched(
     return dropped
 
 
-def keys_touched(state: GatewayState, tenant_id: int | None, event: dict[str, Any]) -> int:
+def keys_touched(state: auth.KeyState, tenant_id: int | None, event: dict[str, Any]) -> int:
     """Drop the cached keys an `api_key.changed` event concerns (one key, or a tenant's); return how many.
 
     Nothing is loaded again here: the next request with such a key authenticates it from the database.
@@ -78,7 +85,7 @@ def keys_touched(state: GatewayState, tenant_id: int | None, event: dict[str, An
     return auth.forget_keys(state, tenant_id=tenant_id, key_id=event.get("key"))
 
 
-async def on_message(state: GatewayState, message: dict[str, Any]) -> None:
+async def on_message(state: FeedState, message: dict[str, Any]) -> None:
     event = message.get("event") or {}
     keys_touched(state, message.get("tenant_id"), event)
     keys = routes_touched(state, message.get("tenant_id"), event)
@@ -86,12 +93,8 @@ async def on_message(state: GatewayState, message: dict[str, Any]) -> None:
         await resolve.prefetch(state, keys)
 
 
-async def follow(state: GatewayState, layer=None) -> None:
+async def follow(state: FeedState, layer=None) -> None:
     """Receive the platform group's events for as long as the process serves; reconnects with backoff."""
-    from channels.layers import get_channel_layer
-
-    from mint_site.events import PLATFORM_GROUP
-
     layer = layer or get_channel_layer()
     if layer is None:
         return

@@ -29,7 +29,6 @@ the others).
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import secrets
 import socket
@@ -40,20 +39,17 @@ from typing import TYPE_CHECKING
 import redis.asyncio as aioredis
 from django.conf import settings
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-if TYPE_CHECKING:
-    from serving.gateway.state import Background
+from mint_site.redis_breaker import REDIS_DOWN, RedisBreaker
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from serving.gateway.background import Background
 
 KEY_PREFIX = "mint:gw:inflight"
 SYNC_EVERY_S = 0.02  # how soon a change of this process's counts reaches Redis (changes in between coalesce)
 FRESH_S = 0.25  # how often the others' counts are read again while this process holds slots
-# After a failure, do not try Redis again for this long (a dead Redis must not cost a timeout every sync).
-_BREAKER_S = 5.0
 
 # KEYS: one hash per tenant. ARGV[1]: this process; ARGV[2]: the lease in ms; ARGV[2 + i]: this process's
 # count for KEYS[i]. Writes the counts (0 removes the field), drops expired fields, and returns for each key
@@ -114,7 +110,7 @@ class InflightCap:
         self._others: dict[int, tuple[int, float]] = {}
         self._reads: set[int] = set()  # tenants refused on the others' counts: read them again
         self._fresh_at = 0.0  # when the others' counts (and this process's leases) are next read (and renewed)
-        self._skip_until = 0.0
+        self._breaker = RedisBreaker("gateway in-flight cap", meanwhile="local counts")
         self._task: asyncio.Task | None = None
         self._script: AsyncScript | None = None
 
@@ -174,7 +170,7 @@ class InflightCap:
         """Sync every SYNC_EVERY_S while anything is held or owed to Redis; ends when nothing is."""
         while True:
             await asyncio.sleep(SYNC_EVERY_S)
-            if time.monotonic() < self._skip_until:
+            if self._breaker.open:
                 if not self._live:
                     return
                 continue
@@ -197,13 +193,12 @@ class InflightCap:
                 args=[self.process, max(1, int(lease * 1000)), *counts],
                 client=client,
             )
-        except (TimeoutError, RedisError, OSError) as exc:
+        except REDIS_DOWN as exc:
             # Redis's copy of our counts is unknown now (its leases run out on their own): decide on this
             # process's counts alone, and write them all again once Redis answers.
-            self._skip_until = time.monotonic() + _BREAKER_S
+            self._breaker.trip(exc)
             self._published.clear()
             self._others.clear()
-            log.warning("gateway in-flight cap: Redis unavailable (%s); local counts for %.0f s", exc, _BREAKER_S)
             return
         except BaseException:
             self._reads |= reads
@@ -232,7 +227,7 @@ class InflightCap:
         if task is not None and task.get_loop() is asyncio.get_running_loop():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        if self._published and time.monotonic() >= self._skip_until:
+        if self._published and not self._breaker.open:
             await self._sync(sorted(self._published), leaving=True)
 
 

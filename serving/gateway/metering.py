@@ -33,7 +33,7 @@ from serving.gateway.metrics import TOKENS
 from serving.models import LATENCY_BOUNDS_MS, USAGE_COUNTS, UsageKind
 
 if TYPE_CHECKING:
-    from serving.gateway.state import Background, DatabaseThreads
+    from serving.gateway.background import Background, DatabaseThreads
 
 log = logging.getLogger(__name__)
 

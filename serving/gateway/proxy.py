@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
 from starlette.responses import Response
@@ -23,12 +23,17 @@ from serving.gateway import GatewayError, policy
 from serving.gateway.fairslots import NodeBusy
 from serving.gateway.metering import Tally
 from serving.gateway.metrics import NODE_BUSY, UPSTREAM_ERRORS
-from serving.gateway.resolve import NotReady, Resolution, Target
+from serving.gateway.resolve import NotReady
 from serving.gateway.responses import EventStream, error_response, json_response
+from serving.gateway.routes import Resolution, Target
 from serving.gateway.upstream import Dropped, NoAnswer, UpstreamError, UpstreamResponse, UpstreamTimeout
 
 if TYPE_CHECKING:
-    from serving.gateway.state import GatewayState
+    from serving.gateway.fairslots import FairSlots
+    from serving.gateway.nodehealth import NodeHealth
+    from serving.gateway.residency import ColdStarts, GpuTiers
+    from serving.gateway.upstream import Upstream
+    from serving.gateway.usage import Usage
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,18 @@ _CALLER_ERRORS = {400, 413, 422}
 # covers a node killed under an innocent request; a request that itself kills the engine it reaches takes down
 # no more than that, however many replicas its revision has (other tenants' requests share those engines).
 MAX_DROPS = 2
+
+
+class ProxyState(Protocol):
+    """What forwarding uses of the gateway's state (serving/gateway/state.py builds it)."""
+
+    upstream: Upstream
+    node_slots: FairSlots
+    nodes: NodeHealth
+    inflight: Counter[int]  # requests in flight per placement id
+    gpu: GpuTiers
+    cold: ColdStarts
+    usage: Usage
 
 
 @dataclass(frozen=True)
@@ -95,7 +112,7 @@ def _releaser(inflight: Counter[int], placement_id: int) -> Callable[[], None]:
 
 
 async def forward(
-    state: GatewayState,
+    state: ProxyState,
     *,
     path: str,
     body: dict[str, Any],

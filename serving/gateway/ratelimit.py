@@ -18,7 +18,6 @@ When Redis is unreachable, each process keeps limiting on its own count and logs
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 from dataclasses import dataclass
@@ -26,18 +25,14 @@ from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 from django.conf import settings
-from redis.exceptions import RedisError
+
+from mint_site.redis_breaker import REDIS_DOWN, RedisBreaker
 
 if TYPE_CHECKING:
-    from serving.gateway.state import Background
-
-log = logging.getLogger(__name__)
+    from serving.gateway.background import Background
 
 KEY_PREFIX = "mint:gw:rl"
 WINDOW_S = 60
-# After a failure, do not try Redis again for this long: a dead Redis must not cost a
-# connect timeout on every flush.
-_BREAKER_S = 5.0
 _SOCKET_TIMEOUT_S = 0.5
 
 
@@ -59,7 +54,7 @@ class RateLimiter:
         # (tenant id, window) → count. Only the current and the previous window are kept.
         self._counts: dict[tuple[int, int], _Count] = {}
         self._flusher: asyncio.Task | None = None
-        self._skip_until = 0.0
+        self._breaker = RedisBreaker("gateway rate limit", meanwhile="local counts")
         self._clients: dict[str, aioredis.Redis] = {}  # by URL (tests point the gateway at another Redis)
 
     def client(self) -> aioredis.Redis:
@@ -97,7 +92,7 @@ class RateLimiter:
     async def _flush(self) -> None:
         """Add every pending count to Redis and learn the totals; repeats while requests keep coming."""
         while batch := [(key, count, count.pending) for key, count in self._counts.items() if count.pending]:
-            if time.monotonic() < self._skip_until:
+            if self._breaker.open:
                 return
             try:
                 async with self.client().pipeline(transaction=False) as pipe:
@@ -105,9 +100,8 @@ class RateLimiter:
                         pipe.incrby(key_for(tenant_id, window), pending)
                         pipe.expire(key_for(tenant_id, window), WINDOW_S + 1)
                     results = await pipe.execute()
-            except (TimeoutError, RedisError, OSError) as exc:
-                self._skip_until = time.monotonic() + _BREAKER_S
-                log.warning("gateway rate limit: Redis unavailable (%s); local counts for %.0f s", exc, _BREAKER_S)
+            except REDIS_DOWN as exc:
+                self._breaker.trip(exc)
                 return
             for (_, count, pending), total in zip(batch, results[::2], strict=True):
                 count.pending -= pending

@@ -30,13 +30,18 @@ from typing import TYPE_CHECKING
 from cachetools import TTLCache
 from django.conf import settings
 
+from adapters import selectors as adapter_selectors
+from serving import services
 from serving.gateway import GatewayError
 from serving.gateway.metrics import COLD_HELD, RESIDENCY_REQUESTS
+from serving.models import Priority
+from serving.selectors import residency as readiness
+from serving.services import residency as admission
 
 if TYPE_CHECKING:
+    from serving.gateway.background import Background, DatabaseThreads
     from serving.gateway.caches import RefreshingCache
-    from serving.gateway.resolve import Resolution, Target
-    from serving.gateway.state import Background, DatabaseThreads
+    from serving.gateway.routes import Resolution, Target
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +69,27 @@ def wait_asked(headers, plan) -> float:
     if not math.isfinite(seconds) or seconds < 0:
         raise GatewayError(400, "invalid_header", f"{WAIT_HEADER}: a number of seconds, 0 or more.")
     return min(seconds, float(plan.max_cold_wait_s))
+
+
+def cold_load_sync(revision_id: int) -> float:
+    """Ask for the revision to be loaded at request priority (serving/services/residency.py decides where and
+    what leaves); the seconds until it should be ready (serving/selectors/residency.py)."""
+    revision = adapter_selectors.revision_with_adapter(revision_id=revision_id)
+    if revision is None:
+        return 0.0
+    services.placement_request(revision=revision, priority=Priority.COLD_REQUEST)
+    return readiness.expected_ready_s(revision_id)
+
+
+def spread_sync(revision_id: int, replicas: int) -> None:
+    """One more placement of a revision busy on every replica it has (at request priority, within its tenant's
+    share): `ColdStarts.maybe_spread` asks."""
+    try:
+        revision = adapter_selectors.revision_with_adapter(revision_id=revision_id)
+        if revision is not None:
+            services.placement_request(revision=revision, priority=Priority.COLD_REQUEST, replicas=replicas)
+    except Exception:
+        log.exception("spreading revision %s failed", revision_id)
 
 
 class ColdStarts:
@@ -96,11 +122,7 @@ class ColdStarts:
             return due - now
         asking = self._asking.get(revision_id)
         if asking is None:
-            from serving.gateway import resolve
-
-            asking = self._asking[revision_id] = asyncio.ensure_future(
-                self._db.run(resolve.cold_load_sync, revision_id)
-            )
+            asking = self._asking[revision_id] = asyncio.ensure_future(self._db.run(cold_load_sync, revision_id))
             asking.add_done_callback(lambda _f, k=key: self._asked(k, _f))
             if tally is not None:
                 tally.cold_start = True
@@ -185,12 +207,10 @@ class ColdStarts:
             self._background.spawn(self._db.run(self._flush), name="gateway residency flush")
 
     def _flush(self) -> None:
-        from serving.services import residency
-
         counts, self._counts = self._counts, Counter()
         tiers, self._tiers = self._tiers, Counter()
         try:
-            residency.record_requests(dict(counts), dict(tiers))
+            admission.record_requests(dict(counts), dict(tiers))
         except Exception as exc:  # Redis away: the policy decides by recency meanwhile
             log.warning("gateway: request counts not added (%s)", exc)
         finally:
@@ -203,11 +223,9 @@ class ColdStarts:
             return False
         if min(inflight[t.placement_id] for t in targets) < settings.MINT_RESIDENCY_SPREAD_INFLIGHT:
             return False
-        from serving.gateway import resolve
-
         self._spread[resolution.revision_id] = True
         self._background.spawn(
-            self._db.run(resolve.spread_sync, resolution.revision_id, len(targets) + 1),
+            self._db.run(spread_sync, resolution.revision_id, len(targets) + 1),
             name=f"spread r{resolution.revision_id}",
         )
         return True
@@ -238,29 +256,3 @@ class GpuTiers:
             lru.popitem(last=False)
         RESIDENCY_REQUESTS.labels(target.node_name, tier).inc()
         return tier
-
-
-async def resolve_held(state, caller, ref, model: str, *, seconds: float, resolve) -> Resolution:
-    """`resolve()` (the route of `ref`), or, when it answers 503 for a revision loading on demand and the request
-    asked to wait (`seconds` > 0), the route once it is ready: held meanwhile, no longer than `seconds` (then the
-    503 it would have had, with the Retry-After of now)."""
-    from serving.gateway.resolve import NotReady, forget
-
-    try:
-        return await resolve()
-    except NotReady as cold:
-        if seconds <= 0 or cold.resolution is None:
-            raise
-        found = cold.resolution
-
-    async def again() -> Resolution | None:
-        forget(state, caller.tenant_id, ref)
-        try:
-            return await resolve()
-        except NotReady:
-            return None
-
-    held = await state.cold.hold(caller.tenant_id, found.revision_id, seconds=seconds, plan=caller.plan, load=again)
-    if held is None:
-        return await resolve()  # still not ready: its 503, with the estimate as it stands now
-    return held

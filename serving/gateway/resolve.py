@@ -1,6 +1,6 @@
 """From a `model` string to a revision and the ready placements that serve it, and the tenant's model list.
 
-Resolutions are cached in the gateway's state (serving/gateway/state.py) for a short TTL so that a steady
+Resolutions (serving/gateway/routes.py) are cached in the gateway's state for a short TTL so that a steady
 stream of requests for a ready adapter does no database query at all; a change (an alias flip, a placement
 becoming ready, a node going down) is seen within that TTL, and at once where a live event announces it
 (serving/gateway/feed.py). Misses run the ORM on the state's database threads, several at once.
@@ -18,21 +18,27 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+from django.conf import settings
 
 from adapters import selectors as adapter_selectors
 from mint_site.events import epoch_us
 from mint_site.names import ADAPTER_NAME_PATTERN, ALIAS_NAME_PATTERN
-from serving import selectors
+from serving import selectors, services
 from serving.gateway import GatewayError
 from serving.gateway.metrics import RESIDENCY_REQUESTS, UNKNOWN
 from serving.gateway.residency import retry_after
-from serving.models import Alias, NodeState, Priority, lora_name
+from serving.gateway.routes import Canary, Resolution, Target
+from serving.models import Alias, NodeState, lora_name
 
 if TYPE_CHECKING:
-    from serving.gateway.state import GatewayState
+    from serving.gateway.auth import Caller
+    from serving.gateway.background import DatabaseThreads
+    from serving.gateway.caches import RefreshingCache
+    from serving.gateway.residency import ColdStarts
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +48,15 @@ _MODEL_RE = re.compile(
 )
 
 
+class RouteState(Protocol):
+    """What resolving reads of the gateway's state: its caches, cold starts and database threads."""
+
+    routes: RefreshingCache  # (tenant id, ModelRef) → Resolution, or why there is none
+    model_lists: RefreshingCache  # tenant id → its servable model ids
+    cold: ColdStarts
+    db: DatabaseThreads
+
+
 def tenant_share(key: tuple[int, Any], found: Any) -> tuple[int, bool]:
     """Whose share of a cache a `(tenant id, …)` entry counts against: its tenant's, misses apart."""
     return key[0], found is None or isinstance(found, AliasNotLive)
@@ -49,8 +64,6 @@ def tenant_share(key: tuple[int, Any], found: Any) -> tuple[int, bool]:
 
 def not_ready_retry_after() -> int:
     """Retry-After of a 503 that no load estimate stands behind (an alias with no live revision yet)."""
-    from django.conf import settings
-
     return int(settings.MINT_GATEWAY_NOT_READY_RETRY_S)
 
 
@@ -90,49 +103,6 @@ def model_not_found(model: str) -> GatewayError:
     return GatewayError(
         404, "model_not_found", f"The model {model[:200]!r} does not exist or you have no access to it."
     )
-
-
-@dataclass(frozen=True)
-class Target:
-    """One ready placement of a revision: where to send a request and under which LoRA name."""
-
-    placement_id: int
-    node_name: str
-    node_url: str
-    lora_name: str
-    draining: bool = False  # the node is being drained: it serves until the revision is ready elsewhere
-    max_model_len: int | None = None  # the node's context window, as its heartbeat read it (None: not known)
-    gpu_slots: int = 0  # the node's --max-loras: how many adapters its batch holds (serving/gateway/residency.py)
-    routed_experts: bool = False  # the node's engine returns routed experts (serving/gateway/sampling.py)
-
-
-@dataclass(frozen=True)
-class Resolution:
-    """A revision a model string points at now, and its ready placements (possibly none)."""
-
-    adapter_id: int
-    adapter_name: str
-    revision_id: int
-    revision_number: int
-    lora_name: str
-    targets: tuple[Target, ...]
-    canary: Canary | None = None  # an alias's running canary (never for a pinned `@rN`)
-    # The revision's state: aliases name approved ones only; a pin `@rN` may name any (who may call which:
-    # serving/gateway/sampling.py).
-    state: str = "approved"
-
-
-@dataclass(frozen=True)
-class Canary:
-    """An alias's canary as the gateway routes it (serving/gateway/canary.py): `percent` % of its requests go to
-    `arm` (the candidate's resolution, its targets possibly none) once `routing`; the counters' key names the
-    canary by its alias and start."""
-
-    alias_id: int
-    percent: int
-    started_us: int
-    routing: bool  # ready on its replica count once: its share is routed to it, and counted
-    arm: Resolution
 
 
 @dataclass(frozen=True)
@@ -237,35 +207,7 @@ def _model_list_sync(tenant_id: int) -> tuple[ModelEntry, ...]:
     return tuple(sorted(entries, key=lambda e: e.id))
 
 
-def cold_load_sync(revision_id: int) -> float:
-    """Ask for the revision to be loaded at request priority (serving/services/residency.py decides where and
-    what leaves); the seconds until it should be ready (serving/selectors/residency.py)."""
-    from serving import services  # looked up at call time: the service may be patched or still being written
-    from serving.selectors import residency
-
-    revision = adapter_selectors.revision_with_adapter(revision_id=revision_id)
-    if revision is None:
-        return 0.0
-    services.placement_request(revision=revision, priority=Priority.COLD_REQUEST)
-    return residency.expected_ready_s(revision_id)
-
-
-def spread_sync(revision_id: int, replicas: int) -> None:
-    """One more placement of a revision busy on every replica it has (at request priority, within its tenant's
-    share): serving/gateway/residency.py asks."""
-    from serving import services
-
-    try:
-        revision = adapter_selectors.revision_with_adapter(revision_id=revision_id)
-        if revision is not None:
-            services.placement_request(revision=revision, priority=Priority.COLD_REQUEST, replicas=replicas)
-    except Exception:
-        log.exception("spreading revision %s failed", revision_id)
-
-
 def report_unreachable_sync(node_name: str) -> None:
-    from serving import services  # looked up at call time, like the prewarm above
-
     try:
         services.node_report_unreachable(name=node_name)
     except Exception:
@@ -278,7 +220,7 @@ def report_unreachable_sync(node_name: str) -> None:
 
 
 async def resolve(
-    state: GatewayState,
+    state: RouteState,
     tenant_id: int,
     ref: ModelRef,
     model: str,
@@ -330,13 +272,13 @@ async def resolve(
     return found
 
 
-def forget(state: GatewayState, tenant_id: int, ref: ModelRef) -> None:
+def forget(state: RouteState, tenant_id: int, ref: ModelRef) -> None:
     """Drop a cached resolution (a node said it does not hold the adapter after all)."""
     state.routes.pop((tenant_id, ref))
 
 
 def invalidate(
-    state: GatewayState, *, tenant_id: int | None = None, adapter: str | None = None
+    state: RouteState, *, tenant_id: int | None = None, adapter: str | None = None
 ) -> list[tuple[int, ModelRef]]:
     """Drop the cached routes of one adapter of a tenant (or every route, without a tenant); return their keys.
 
@@ -354,15 +296,41 @@ def invalidate(
     return dropped
 
 
-async def prefetch(state: GatewayState, keys: list[tuple[int, ModelRef]]) -> None:
+async def prefetch(state: RouteState, keys: list[tuple[int, ModelRef]]) -> None:
     """Resolve routes now, so the next request for them finds them cached."""
     for tenant_id, ref in keys:
         await state.routes.load((tenant_id, ref), lambda t=tenant_id, r=ref: state.db.run(_resolve_sync, t, r))
 
 
-async def model_list(state: GatewayState, tenant_id: int) -> tuple[ModelEntry, ...]:
+async def model_list(state: RouteState, tenant_id: int) -> tuple[ModelEntry, ...]:
     """The tenant's servable model ids: each adapter with a live production alias, plus `<adapter>:<alias>`."""
     hit, entries = state.model_lists.get(tenant_id)
     if not hit:  # kept unless an event dropped this tenant's list while it was read
         entries = await state.model_lists.load(tenant_id, lambda: state.db.run(_model_list_sync, tenant_id))
     return entries
+
+
+async def resolve_held(
+    state: RouteState, caller: Caller, ref: ModelRef, *, seconds: float, load: Callable[[], Awaitable[Resolution]]
+) -> Resolution:
+    """`load()` (the route of `ref`), or, when it answers 503 for a revision loading on demand and the request
+    asked to wait (`seconds` > 0), the route once it is ready: held meanwhile, no longer than `seconds` (then the
+    503 it would have had, with the Retry-After of now)."""
+    try:
+        return await load()
+    except NotReady as cold:
+        if seconds <= 0 or cold.resolution is None:
+            raise
+        found = cold.resolution
+
+    async def again() -> Resolution | None:
+        forget(state, caller.tenant_id, ref)
+        try:
+            return await load()
+        except NotReady:
+            return None
+
+    held = await state.cold.hold(caller.tenant_id, found.revision_id, seconds=seconds, plan=caller.plan, load=again)
+    if held is None:
+        return await load()  # still not ready: its 503, with the estimate as it stands now
+    return held

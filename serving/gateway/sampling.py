@@ -32,7 +32,8 @@ from serving.models import UsageKind
 
 if TYPE_CHECKING:
     from serving.gateway.auth import Caller, GatewayPlan
-    from serving.gateway.resolve import ModelRef, Resolution
+    from serving.gateway.resolve import ModelRef
+    from serving.gateway.routes import Resolution
 
 # A revision's states in which its artifact is frozen and exported: what a sampling key may call. (Rejected and
 # failed revisions are not: their files are collected; the others are not exported yet.)

@@ -26,7 +26,7 @@ from tenants import services as tenant_services
 from tenants.keys import touch_due
 
 if TYPE_CHECKING:
-    from serving.gateway.state import Background, DatabaseThreads
+    from serving.gateway.background import Background, DatabaseThreads
 
 log = logging.getLogger(__name__)
 

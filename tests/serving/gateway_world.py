@@ -24,7 +24,8 @@ from prometheus_client import REGISTRY
 from adapters.models import Adapter, AdapterRevision, BaseModel, RevisionState
 from serving.gateway import ratelimit
 from serving.gateway.asgi import with_gateway
-from serving.gateway.state import DatabaseThreads, GatewayState
+from serving.gateway.background import DatabaseThreads
+from serving.gateway.state import GatewayState
 from serving.gateway.upstream import NoAnswer, UpstreamError
 from serving.models import Alias, Placement, PlacementState, ServingNode, lora_name
 from tests.factories import ServingNodeFactory

@@ -13,9 +13,10 @@ from asgiref.sync import async_to_sync
 
 from serving.gateway import auth, caches, feed, resolve
 from serving.gateway.auth import Caller, Refusal
+from serving.gateway.background import Background
 from serving.gateway.caches import MAX_ENTRIES, TENANT_MISSES, TENANT_SHARE, RefreshingCache
-from serving.gateway.resolve import AliasNotLive, ModelRef, Resolution
-from serving.gateway.state import Background
+from serving.gateway.resolve import AliasNotLive, ModelRef
+from serving.gateway.routes import Resolution
 from serving.models import Placement, PlacementState
 from tenants.auth import FAILURE_CODE
 from tests.serving.gateway_world import complete, settle, site

@@ -13,7 +13,7 @@ from devtools.supervisor import free_port
 from serving import services
 from serving.gateway.nodehealth import NodeHealth
 from serving.gateway.proxy import pick
-from serving.gateway.resolve import Target
+from serving.gateway.routes import Target
 from serving.models import NodeState, Placement, PlacementState, ServingNode
 from tests.serving.gateway_world import FakeAnswer, complete, gw_node, metric
 

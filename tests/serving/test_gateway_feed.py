@@ -10,9 +10,9 @@ from asgiref.sync import async_to_sync, sync_to_async
 
 from serving import services
 from serving.gateway import auth, feed
+from serving.gateway.background import Background
 from serving.gateway.caches import RefreshingCache
 from serving.gateway.resolve import ModelRef
-from serving.gateway.state import Background
 from serving.models import Alias, NodeState, Placement, PlacementState, ServingNode, lora_name
 from tenants import services as tenant_services
 from tenants.access import Actor

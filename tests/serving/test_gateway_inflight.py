@@ -22,9 +22,10 @@ from django.conf import settings as django_settings
 
 from serving.gateway import inflight
 from serving.gateway.asgi import with_gateway
+from serving.gateway.background import Background
 from serving.gateway.fairslots import FairSlots, NodeBusy
 from serving.gateway.inflight import InflightCap
-from serving.gateway.state import Background, GatewayState
+from serving.gateway.state import GatewayState
 from serving.gateway.upstream import Upstream
 from serving.models import ServingNode, lora_name
 from tests.serving.gateway_world import RecordingThreads, metric, settle, site

@@ -16,7 +16,7 @@ from asgiref.sync import async_to_sync
 
 from serving.gateway.proxy import pick
 from serving.gateway.residency import GpuTiers, retry_after
-from serving.gateway.resolve import Target
+from serving.gateway.routes import Target
 from serving.models import Placement, PlacementState
 from serving.services import residency as residency_services
 from tenants.models import Tenant

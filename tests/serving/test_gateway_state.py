@@ -13,10 +13,11 @@ from django.db import connections
 
 from serving.gateway import proxy, resolve
 from serving.gateway.asgi import with_gateway
+from serving.gateway.background import Background
 from serving.gateway.caches import RefreshingCache
 from serving.gateway.metering import Tally
 from serving.gateway.resolve import ModelRef
-from serving.gateway.state import Background, GatewayState
+from serving.gateway.state import GatewayState
 from serving.models import ServingNode
 from tenants.models import Tenant
 from tests.serving.gateway_world import FakeAnswer, RecordingThreads, running, settle, site

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from serving import services, tasks
 from serving.gateway.residency import ColdStarts
-from serving.gateway.resolve import Resolution, Target
+from serving.gateway.routes import Resolution, Target
 from serving.models import Alias, ColdStart, NodeCopy, Placement, lora_name
 from serving.residency import stats
 from serving.selectors import residency as residency_selectors
