@@ -353,10 +353,3 @@ def cmd_evaluation(ctx: Context) -> int:
 
     ctx.emit(ev.raw, render)
     return EXIT_OK
-
-
-def cmd_completion(ctx: Context) -> int:
-    from mint_client.cli.parser import bash_completion, build_parser
-
-    print(bash_completion(build_parser()))
-    return EXIT_OK

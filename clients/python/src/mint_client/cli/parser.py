@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mint_client.cli import commands, keys, lifecycle, members, rollouts
+from mint_client.cli.context import EXIT_OK, Context
 
 
 def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -231,9 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("role", choices=roles)
     m = member_action("remove", members.cmd_members_remove, "remove a member; the keys they made stop at once")
     m.add_argument("username")
-    p = command(
-        "completion", commands.cmd_completion, 'print a shell completion script: eval "$(mint completion bash)"'
-    )
+    p = command("completion", cmd_completion, 'print a shell completion script: eval "$(mint completion bash)"')
     p.add_argument("shell", choices=["bash"])
     return parser
 
@@ -270,3 +269,8 @@ def bash_completion(parser: argparse.ArgumentParser) -> str:
             "complete -o filenames -F _mint mint",
         ]
     )
+
+
+def cmd_completion(ctx: Context) -> int:
+    print(bash_completion(build_parser()))
+    return EXIT_OK
