@@ -5,7 +5,7 @@ accelerator) with its node agent beside it: a Celery worker on `node.<host>` onl
 `MINT_VAR_DIR` are the host's own directories. The *web host* runs the control worker (queue `control`, with
 beat), the worker of webhook deliveries (queue `webhooks`) and the web server with the gateway. They share
 nothing but what real hosts share: PostgreSQL, Redis and the artifact store, which must be S3 here (no host can
-read another's disk). tests/e2e/test_fleet.py and benchmarks/failover.py use it; README "Production"
+read another's disk). tests/e2e/test_fleet.py and benchmarks/failover.py use it; docs/operations.md "Several hosts"
 describes the layout it plays.
 """
 

@@ -1,4 +1,4 @@
-"""MinT settings, read from the environment (see README.md, "Configuration").
+"""MinT settings, read from the environment (docs/operations.md, "Configuration").
 
 The defaults are the embedded set-up of `make run`: SQLite and artifacts under
 `var/`, Redis at REDIS_URL (the launcher starts a private one when it is unset).
@@ -277,7 +277,7 @@ MINT_RUN_METRICS_MAX_KEYS = env_int("MINT_RUN_METRICS_MAX_KEYS", 32, minimum=1)
 MINT_RUN_METRICS_MAX_BYTES = env_int("MINT_RUN_METRICS_MAX_BYTES", 4096, minimum=64)
 MINT_RUN_PAGE = env_int("MINT_RUN_PAGE", 1000, minimum=10)
 
-# ---------------------------------------------------------------- hostile tenants (README, "Security and limits")
+# ---------------------------------------------------------------- hostile tenants (docs/limits.md)
 # Work on tenant files (validation, export) runs in a child process of the worker under these bounds
 # (mint_site/sandbox.py): past the soft time limit it is asked to stop, past the hard one it is killed;
 # its memory may grow by MINT_TASK_MEMORY_MB over what the worker had mapped.
@@ -493,7 +493,7 @@ MINT_KEY_TOUCH_INTERVAL_S = env_int("MINT_KEY_TOUCH_INTERVAL_S", 60, minimum=1)
 # API keys: the most adapters one key's allow-list may name (tenants/services.py, api_key_create).
 MINT_KEY_MAX_ADAPTERS = env_int("MINT_KEY_MAX_ADAPTERS", 100, minimum=1)
 
-# ---------------------------------------------------------------- teams (README, "Teams")
+# ---------------------------------------------------------------- teams (docs/tenants.md, "Teams")
 # Mail: invitations and password resets. `smtp` sends through EMAIL_HOST:EMAIL_PORT (with EMAIL_HOST_USER,
 # EMAIL_HOST_PASSWORD, EMAIL_USE_TLS or EMAIL_USE_SSL); `console` prints each message to the log (`make run`).
 MINT_EMAIL = env_choice("MINT_EMAIL", "smtp", ("smtp", "console"))
@@ -533,7 +533,7 @@ LOGGING = {
     },
 }
 
-# ---------------------------------------------------------------- operations (README, "Security and limits")
+# ---------------------------------------------------------------- operations (docs/limits.md)
 # /metrics names every tenant and adapter: it answers a signed-in staff session, or this bearer token (for the
 # Prometheus scraper). Unset, only staff sessions get in.
 MINT_METRICS_TOKEN = env_str("MINT_METRICS_TOKEN", "").strip()

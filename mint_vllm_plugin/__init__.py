@@ -6,7 +6,7 @@ vLLM version it was written for; on any other it logs a warning and changes noth
 a node then refuses expert-major files as plain vLLM does. Every adapter not in the layout
 loads exactly as before.
 
-A node installs it with MinT's distribution and no dependencies (README, "Serving nodes"): it
+A node installs it with MinT's distribution and no dependencies (docs/operations.md, "Serving nodes"): it
 imports no Django and none of MinT's control plane, only the file-layout contract and the
 safetensors header reader of the Django-free artifacts package (adapters.artifacts.layout,
 adapters.artifacts.safetensors_header); tests/mint_vllm_plugin/test_install.py checks that in a

@@ -1,6 +1,6 @@
 """The documented production environment passes Django's deployment check, and its settings do what they say.
 
-PRODUCTION_ENVIRONMENT below is the one the README's "Security and limits" section documents: a deployment
+PRODUCTION_ENVIRONMENT below is the one docs/operations.md ("Production settings") documents: a deployment
 behind a TLS-terminating proxy at https://mint.example.com. Placeholders in <angle brackets> are filled in
 by the test (and by the operator: each secret a long random string of its own).
 """

@@ -1,4 +1,4 @@
-"""Each role and key scope can do exactly what DESIGN.md §3/§6 says on the endpoints that exist."""
+"""Each role and key scope can do exactly what docs/tenants.md and docs/api.md say on the endpoints that exist."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from tenants.access import Actor
 from tenants.management.lookups import get_or_create_user
 from tenants.models import Tenant
 
-# The plan: every per-tenant limit (README, "Security and limits"), and what the tenant uses of the storage ones.
+# The plan: every per-tenant limit (docs/limits.md, "Plan fields"), and what the tenant uses of the storage ones.
 PLAN_FIELDS = tuple(name for name in services.TENANT_UPDATABLE_FIELDS if name not in ("name", "is_active"))
 USAGE_FIELDS = ("stored_bytes", "stored_revisions")
 

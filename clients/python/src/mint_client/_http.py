@@ -4,7 +4,7 @@ A request is retried (at most `retries` times, with exponential backoff, or the 
 it sends one) when no answer came (a connection that failed, dropped or timed out), on 503, on 429 with
 Retry-After (a rate limit; a plan quota without it is final), and on 409 `idempotency_in_progress` (the
 first try still runs). Every POST carries an `Idempotency-Key`, the same on each try, so the server runs
-it once and answers a retry with the first answer (README: "Safe retries"); PUT, GET and DELETE are
+it once and answers a retry with the first answer (docs/api.md, "Safe retries"); PUT, GET and DELETE are
 idempotent as they are. A POST sent `idempotent=False` (a route that refuses the header: its answer holds a
 secret shown once) carries no key and is never retried.
 """
