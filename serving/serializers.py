@@ -14,6 +14,8 @@ from mint_site.names import ADAPTER_NAME_PATTERN
 from serving import selectors
 from serving.models import Alias, Placement, ServingNode
 from serving.selectors import residency as residency_selectors
+from serving.selectors import usage as usage_selectors
+from serving.services.canary import canary_counts
 
 
 def _label(revision: AdapterRevision | None) -> str | None:
@@ -110,8 +112,6 @@ class AliasSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(CanarySerializer(allow_null=True))
     def get_canary(self, alias: Alias) -> dict | None:
-        from serving.services import canary_counts
-
         if alias.canary_revision_id is None:
             return None
         return {
@@ -334,10 +334,10 @@ class UsageQuerySerializer(serializers.Serializer):
     group_by = serializers.CharField(
         required=False,
         default="adapter",
-        help_text=f"One or two of {', '.join(selectors.usage.USAGE_DIMENSIONS)}, comma-separated (e.g. `day,adapter`).",
+        help_text=f"One or two of {', '.join(usage_selectors.USAGE_DIMENSIONS)}, comma-separated (e.g. `day,adapter`).",
     )
     kind = serializers.ChoiceField(
-        choices=list(selectors.usage.USAGE_KINDS),
+        choices=list(usage_selectors.USAGE_KINDS),
         default="inference",
         help_text=(
             "`inference` (applications' calls, billed), `sampling` (a pipeline's rollouts of `adapter@rN`, billed), "
@@ -409,7 +409,7 @@ class UsageReportSerializer(serializers.Serializer):
     period = serializers.ChoiceField(
         choices=["minute", "hour", "day"], help_text="The rows summed (one period per answer)."
     )
-    kind = serializers.ChoiceField(choices=list(selectors.usage.USAGE_KINDS))
+    kind = serializers.ChoiceField(choices=list(usage_selectors.USAGE_KINDS))
     group_by = serializers.ListField(child=serializers.CharField())
     columns = serializers.ListField(child=serializers.CharField(), help_text="The group fields of each row.")
     rows = UsageRowSerializer(many=True)

@@ -23,7 +23,7 @@ from adapters import store
 from adapters.artifacts.export import sha256_file
 from serving import selectors, services
 from serving.models import AgentPing, NodeState, Placement, PlacementState, ServingNode, lora_name
-from serving.services import sweep
+from serving.services import evaluation, retention, retire, sweep
 from serving.vllm import VllmClient, VllmError, context_window
 from tenants.access import Actor
 
@@ -293,8 +293,6 @@ def nodes_heartbeat(self) -> None:
     if any(swept.values()):
         log.info("aliases swept: %s", swept)
     # Evaluations whose next step was lost (serving/services/evaluation.py).
-    from serving.services import evaluation
-
     evaluations = evaluation.evaluations_sweep()
     if any(evaluations.values()):
         log.info("evaluations swept: %s", evaluations)
@@ -337,8 +335,6 @@ def usage_purge() -> None:
 def evaluation_run(self, *, evaluation_id: int) -> None:
     """An evaluation's next step: take its turn, find or ask for a placement, hand it to the node (it polls
     itself while it waits: serving/services/evaluation.py)."""
-    from serving.services import evaluation
-
     log.info("evaluation %s: %s", evaluation_id, evaluation.evaluation_run(evaluation_id=evaluation_id))
 
 
@@ -346,8 +342,6 @@ def evaluation_run(self, *, evaluation_id: int) -> None:
 def evaluation_cases(self, *, evaluation_id: int, placement_id: int, step: int = 0) -> None:
     """On the node agent: run a slice of an evaluation's cases against its ready placement, grade and store
     them; the next slice is queued behind the node's other work."""
-    from serving.services import evaluation
-
     done = evaluation.evaluation_cases(evaluation_id=evaluation_id, placement_id=placement_id, step=step)
     log.info("evaluation %s: %s", evaluation_id, done)
 
@@ -358,8 +352,6 @@ def evaluation_cases(self, *, evaluation_id: int, placement_id: int, step: int =
 @shared_task(bind=True, acks_late=True, ignore_result=True)
 def revision_leave_nodes(self, *, revision_id: int, attempt: int = 0) -> None:
     """A revision nothing names any more (its alias deactivated, or it was archived) leaves the nodes."""
-    from serving.services import retire
-
     released = retire.revision_leave_nodes(revision_id=revision_id, attempt=attempt)
     if released and any(released.values()):
         log.info("revision %s leaves the nodes: %s", revision_id, released)
@@ -368,8 +360,6 @@ def revision_leave_nodes(self, *, revision_id: int, attempt: int = 0) -> None:
 @shared_task(bind=True, acks_late=True, ignore_result=True)
 def retention_adapter(self, *, adapter_id: int) -> None:
     """An adapter's retention, run now (a revision of it was just exported): archives what its policy lets go."""
-    from serving.services import retention
-
     done = retention.retention_run_adapter(adapter_id=adapter_id)
     if done:
         log.info("retention of adapter %s archived %s", adapter_id, done)
@@ -378,8 +368,6 @@ def retention_adapter(self, *, adapter_id: int) -> None:
 @shared_task(ignore_result=True)
 def retention_sweep() -> None:
     """Beat: retention over every adapter with a policy, a bounded number of archives per run."""
-    from serving.services import retention
-
     done = retention.retention_sweep()
     if any(done.values()):
         log.info("retention sweep: %s", done)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from serving import apis, retire_apis
+from serving import apis, node_apis, retire_apis, usage_apis
 
 urlpatterns = [
     path("adapters/", apis.AdapterListCreateApi.as_view(), name="adapters"),
@@ -38,8 +38,8 @@ urlpatterns = [
         retire_apis.RevisionLineageApi.as_view(),
         name="revision-lineage",
     ),
-    path("nodes/", apis.ServingNodeListCreateApi.as_view(), name="nodes"),
-    path("nodes/<str:name>/drain/", apis.ServingNodeDrainApi.as_view(), name="node-drain"),
-    path("nodes/<str:name>/undrain/", apis.ServingNodeUndrainApi.as_view(), name="node-undrain"),
-    path("usage/", apis.UsageApi.as_view(), name="usage"),
+    path("nodes/", node_apis.ServingNodeListCreateApi.as_view(), name="nodes"),
+    path("nodes/<str:name>/drain/", node_apis.ServingNodeDrainApi.as_view(), name="node-drain"),
+    path("nodes/<str:name>/undrain/", node_apis.ServingNodeUndrainApi.as_view(), name="node-undrain"),
+    path("usage/", usage_apis.UsageApi.as_view(), name="usage"),
 ]

@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
-from enum import IntEnum
 from functools import partial
 
 from django.conf import settings
-from django.db.models import Exists, F, OuterRef, Prefetch, Q, QuerySet
+from django.db.models import Exists, OuterRef, Prefetch, QuerySet
 from django.utils import timezone
 
 from adapters.models import Adapter, AdapterRevision
@@ -28,60 +27,7 @@ from serving.models import (
     PrewarmTurn,
     ServingNode,
 )
-from serving.selectors import usage as usage  # metered usage: serving.selectors.usage.usage_report, …
-
-
-class PinRole(IntEnum):
-    """Why an alias pins a revision, in the order failover places pinned revisions again (most served first)."""
-
-    LIVE = 0  # an alias serves it now
-    DESIRED = 1  # an alias waits to flip to it
-    PREVIOUS = 2  # an alias served it before, and may roll back to it until previous_pinned_until
-    CANARY = 3  # an alias sends a share of its requests to it (serving/services/canary.py)
-
-
-def pinned_roles(*, base_model_id: int | None = None, now=None) -> dict[int, tuple[int, PinRole]]:
-    """Pinned revisions with their tenant and the first role (`PinRole`) any alias gives them, of one base model or
-    all: what reserved aliases serve (live and desired targets, the previous live one until its rollback grace
-    ends), any alias's pending desired revision (until it flips: an activation never waits on a cache), and
-    running canaries' candidates. What an alias that is not reserved serves is on demand (serving/residency/)."""
-    now = now or timezone.now()
-    pending = Q(desired_revision__isnull=False) & (Q(revision__isnull=True) | ~Q(desired_revision=F("revision")))
-    aliases = Alias.objects.filter(Q(reserved=True) | Q(canary_revision__isnull=False) | pending)
-    if base_model_id is not None:
-        aliases = aliases.filter(adapter__base_model_id=base_model_id)
-    pins: dict[int, tuple[int, PinRole]] = {}
-    for live, desired, previous, until, canary, tenant_id, reserved in aliases.values_list(
-        "revision_id",
-        "desired_revision_id",
-        "previous_revision_id",
-        "previous_pinned_until",
-        "canary_revision_id",
-        "adapter__tenant_id",
-        "reserved",
-    ):
-        if reserved:
-            held = (live, desired, previous if until is not None and until >= now else None, canary)
-        else:
-            held = (None, desired if desired != live else None, None, canary)
-        for role, revision_id in zip(PinRole, held, strict=True):
-            if revision_id and (revision_id not in pins or role < pins[revision_id][1]):
-                pins[revision_id] = (tenant_id, role)
-    return pins
-
-
-def pinned_revisions(*, base_model_id: int | None = None, now=None) -> dict[int, int]:
-    """Pinned revisions and their tenants: what aliases hold loaded (live and desired targets, and the
-    previous live one until its rollback grace ends), of one base model or all."""
-    return {
-        revision_id: tenant_id
-        for revision_id, (tenant_id, _) in pinned_roles(base_model_id=base_model_id, now=now).items()
-    }
-
-
-def protected_revision_ids(*, now=None) -> set[int]:
-    """Revisions that must stay loaded: live and desired alias targets, and the previous live one in its grace."""
-    return set(pinned_revisions(now=now))
+from serving.selectors.pins import pinned_revisions
 
 
 def with_aliases(adapters: QuerySet[Adapter], *, previous: bool = False, placements: bool = False) -> QuerySet[Adapter]:
@@ -112,6 +58,19 @@ def live_aliases(*, tenant_id: int) -> QuerySet[Alias]:
         .select_related("adapter")
         .only("name", "adapter__name", "adapter__created_at")
     )
+
+
+def node_can_load(node: ServingNode, revision: AdapterRevision) -> bool:
+    """Whether `node` runs with the engine flags and LoRA rank the revision's export needs (a packed MoE
+    export needs `--enable-mixed-moe-lora-format` and a rank covering its stacked factors)."""
+    record = revision.policy_record or {}
+    missing = set(record.get("engine_flags") or ()) - set(node.engine_flags or ())
+    return not missing and node.max_lora_rank >= int(record.get("min_max_lora_rank") or 0)
+
+
+def ready_count(revision: AdapterRevision) -> int:
+    """On how many up nodes `revision` is ready (what a flip and a canary wait for)."""
+    return Placement.objects.filter(revision=revision, state=PlacementState.READY, node__state=NodeState.UP).count()
 
 
 def node_by_name(name: str) -> ServingNode | None:
@@ -215,7 +174,7 @@ def activation_status(alias: Alias, *, now: datetime | None = None) -> Activatio
     tenant = adapter.tenant
     placements = _placements_of(desired)
     nodes = list(ServingNode.objects.filter(base_model_id=adapter.base_model_id).order_by("name"))
-    up = [n for n in nodes if n.state == NodeState.UP and _can_load(n, desired)]
+    up = [n for n in nodes if n.state == NodeState.UP and node_can_load(n, desired)]
     quota = _pin_quota(tenant, adapter.base_model_id)
     status = partial(
         ActivationStatus,
@@ -315,7 +274,7 @@ def activation_room(adapter: Adapter, revision: AdapterRevision, *, reserve: boo
     up = [
         n
         for n in ServingNode.objects.filter(base_model_id=base.id, state=NodeState.UP).order_by("name")
-        if _can_load(n, revision)
+        if node_can_load(n, revision)
     ]
     if not up:
         return f"No node of {base.name} that can load {revision.label} is up: it would wait until one is."
@@ -357,12 +316,6 @@ def _placements_of(revision: AdapterRevision) -> list[Placement]:
     return list(
         Placement.objects.filter(revision=revision).exclude(state=P.EVICTING).select_related("node").order_by("id")
     )
-
-
-def _can_load(node: ServingNode, revision: AdapterRevision) -> bool:
-    from serving.services.placement import node_can_load  # the placement rule itself (services import selectors)
-
-    return node_can_load(node, revision)
 
 
 def _pin_quota(tenant, base_model_id: int) -> dict[str, int]:

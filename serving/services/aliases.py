@@ -1,7 +1,7 @@
-"""Writes about aliases, the names that serve a revision: activation, rollback, and the flip once it is ready.
+"""Writes about aliases, the names that serve a revision: activation, rollback, cancel, and converging on them.
 
 Activation and rollback set an alias's *desired* revision and ask the serving plane to converge
-(`tasks.alias_converge`): the alias flips at once if that revision is ready on its adapter's replica
+(the `alias_converge` task): the alias flips at once if that revision is ready on its adapter's replica
 count of up nodes (`Adapter.replica_count`: the adapter's `replicas`, else MINT_ALIAS_READY_REPLICAS, at
 most the plan's `max_replicas`), else placements are requested and the flip happens when enough prewarms
 finish (`placement_ready`). Only approved revisions can be desired; every change is audited, and a flip is
@@ -10,20 +10,18 @@ a live event the gateway and the dashboard follow. `adapter_scale` changes the r
 
 from __future__ import annotations
 
-from datetime import timedelta
-
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from adapters import services as adapter_services
 from adapters.models import Adapter, AdapterRevision, RevisionState
 from mint_site.errors import Conflict, InvalidTransition, NotFound
-from mint_site.events import epoch_us, live_event
-from serving import selectors, tasks
-from serving.models import Alias, NodeState, Placement, PlacementState, Priority
-from serving.services import canary, capacity
-from serving.services import placement as placements
+from mint_site.events import live_event
+from serving import selectors
+from serving.models import Alias, NodeState, Placement, Priority
+from serving.services import capacity, outbox, rollout
+from serving.services.admission import admit, placement_warmed
+from serving.services.placement import placement_request, placements_withdraw
 from tenants.access import Actor
 from tenants.services import audit_record
 
@@ -124,10 +122,10 @@ def revision_activate(
     `reserve` True keeps what the alias serves loaded (a pin, within `max_ready_revisions`), False serves it on
     demand (prewarmed now so the alias flips to a ready revision, evicted when cold later); None keeps the
     alias's choice (a new alias is on demand). With `canary_percent` the alias does not flip: `revision` becomes
-    its canary (`canary.canary_start`). While a canary runs, a plain activation is refused (409 `canary_active`:
+    its canary (`rollout.canary_start`). While a canary runs, a plain activation is refused (409 `canary_active`:
     promote or abort it first)."""
     if canary_percent is not None:
-        return canary.canary_start(adapter=adapter, revision=revision, percent=canary_percent, by=by, alias=alias)
+        return rollout.canary_start(adapter=adapter, revision=revision, percent=canary_percent, by=by, alias=alias)
     if revision.state != RevisionState.APPROVED:
         raise InvalidTransition(
             f"r{revision.number} is {revision.state}; only approved revisions can be activated.",
@@ -143,7 +141,7 @@ def revision_activate(
     if target.reserved != reserved:
         _set_reserved(target, reserved, by=by)
     _set_desired(target, revision, rollback=False, by=by)
-    transaction.on_commit(lambda: tasks.alias_converge.delay(alias_id=target.id))
+    transaction.on_commit(lambda: outbox.send("alias_converge", alias_id=target.id))
     return target
 
 
@@ -175,10 +173,10 @@ def revision_rollback(
     _check_capacity(adapter, alias, goal, reserve=None)
     if target.canary_revision_id is not None:  # a rollback is the way out of anything: it ends the canary too
         target.adapter = adapter
-        canary.abort_locked(target, by=by, reason=f"rollback to r{goal.number}")
+        rollout.abort_locked(target, by=by, reason=f"rollback to r{goal.number}")
     _set_desired(target, goal, rollback=True, by=by)
     adapter_services.revision_ensure_export(revision=goal)
-    transaction.on_commit(lambda: tasks.alias_converge.delay(alias_id=target.id))
+    transaction.on_commit(lambda: outbox.send("alias_converge", alias_id=target.id))
     return target
 
 
@@ -219,49 +217,7 @@ def alias_reserve(*, adapter: Adapter, alias: str, reserved: bool, by: Actor) ->
         revision=_label(target.revision),
     )
     if reserved:
-        transaction.on_commit(lambda: tasks.alias_converge.delay(alias_id=target.id))
-    return target
-
-
-@transaction.atomic
-def alias_flip(
-    *, adapter: Adapter, revision: AdapterRevision, alias: str = Alias.PRODUCTION, by: Actor | None = None
-) -> Alias:
-    """Point `alias` at its desired `revision`, atomically. Called by the serving plane once it is ready."""
-    target = _locked_alias(adapter, alias, create=False)
-    if target.desired_revision_id != revision.id:
-        raise InvalidTransition(
-            f"{adapter.name}:{alias} wants {_label(target.desired_revision)}, not r{revision.number}.",
-            code="not_desired",
-        )
-    if target.revision_id == revision.id:
-        return target
-    before = {"revision": _label(target.revision)}
-    target.previous_revision = target.revision
-    target.revision = revision
-    target.rollback_pending = False
-    target.updated_at = timezone.now()
-    target.previous_pinned_until = target.updated_at + timedelta(seconds=settings.MINT_ROLLBACK_GRACE_S)
-    target.save(
-        update_fields=["previous_revision", "revision", "rollback_pending", "updated_at", "previous_pinned_until"]
-    )
-    audit_record(
-        tenant=adapter.tenant,
-        actor=by or Actor.system(),
-        action="alias.flip",
-        target=f"alias:{adapter.name}:{alias}",
-        before=before,
-        after={"revision": _label(revision)},
-    )
-    live_event(
-        tenant_id=adapter.tenant_id,
-        type="alias.flip",
-        id=target.id,
-        state="live",
-        adapter=adapter.name,
-        alias=alias,
-        revision=_label(revision),
-    )
+        transaction.on_commit(lambda: outbox.send("alias_converge", alias_id=target.id))
     return target
 
 
@@ -293,7 +249,7 @@ def activation_cancel(*, adapter: Adapter, alias_name: str, by: Actor) -> Alias:
     target.updated_by = by.label
     target.updated_at = timezone.now()
     target.save(update_fields=["desired_revision", "rollback_pending", "updated_by", "updated_at"])
-    dropped = _withdraw_placements(withdrawn)
+    dropped = placements_withdraw(withdrawn)
     audit_record(
         tenant=adapter.tenant,
         actor=by,
@@ -315,46 +271,19 @@ def activation_cancel(*, adapter: Adapter, alias_name: str, by: Actor) -> Alias:
     return target
 
 
-def _withdraw_placements(revision: AdapterRevision) -> list[str]:
-    """Delete the revision's waiting and queued placements if no alias pins it any more; the nodes they were on."""
-    if revision.id in selectors.pinned_revisions(base_model_id=revision.adapter.base_model_id):
-        return []
-    rows = list(
-        Placement.objects.select_for_update(of=("self",))
-        .filter(revision=revision, state__in=(PlacementState.WAITING, PlacementState.QUEUED))
-        .select_related("node")
-    )
-    if not rows:
-        return []
-    Placement.objects.filter(id__in=[p.id for p in rows]).delete()
-    now = timezone.now()
-    for placement in rows:
-        live_event(
-            tenant_id=revision.adapter.tenant_id,
-            type="placement.state",
-            id=placement.id,
-            state="withdrawn",
-            updated_us=epoch_us(now),
-            adapter=revision.adapter.name,
-            revision=_label(revision),
-            node=placement.node.name,
-        )
-    return sorted({p.node.name for p in rows})
-
-
 # ---------------------------------------------------------------- convergence (called by tasks)
 
 
 def converge_aliases(*, revision: AdapterRevision) -> list[Alias]:
     """Flip every alias that wants `revision` once it is ready on its adapter's replica count of up nodes."""
     flipped = []
-    if placements.ready_count(revision) < revision.adapter.replica_count:
+    if selectors.ready_count(revision) < revision.adapter.replica_count:
         return flipped
     for alias in Alias.objects.filter(canary_revision=revision, canary_ready_at=None).select_related("adapter"):
-        canary.canary_ready(alias=alias)
+        rollout.canary_ready(alias=alias)
     for alias in Alias.objects.filter(desired_revision=revision).exclude(revision=revision).select_related("adapter"):
         try:
-            flipped.append(alias_flip(adapter=alias.adapter, revision=revision, alias=alias.name))
+            flipped.append(rollout.alias_flip(adapter=alias.adapter, revision=revision, alias=alias.name))
         except Conflict:
             continue  # the desired revision changed meanwhile
     return flipped
@@ -375,27 +304,27 @@ def alias_converge(*, alias: Alias) -> None:
         _top_up(alias.revision, count)
     desired = alias.desired_revision
     if desired is not None and desired.id != alias.revision_id:
-        if placements.ready_count(desired) >= count:
+        if selectors.ready_count(desired) >= count:
             converge_aliases(revision=desired)
         else:
             priority = Priority.ROLLBACK if alias.rollback_pending else Priority.ACTIVATION
-            placements.placement_request(revision=desired, priority=priority, replicas=count)
+            placement_request(revision=desired, priority=priority, replicas=count)
     until = alias.previous_pinned_until
     if alias.reserved and until is not None and until >= timezone.now():
         _top_up(alias.previous_revision, count)
     candidate = alias.canary_revision
     if candidate is not None:
-        if placements.ready_count(candidate) >= count:
-            canary.canary_ready(alias=alias)
+        if selectors.ready_count(candidate) >= count:
+            rollout.canary_ready(alias=alias)
         else:
-            placements.placement_request(revision=candidate, priority=Priority.ACTIVATION, replicas=count)
+            placement_request(revision=candidate, priority=Priority.ACTIVATION, replicas=count)
 
 
 def _top_up(revision: AdapterRevision | None, count: int) -> None:
     if revision is None or revision.state != RevisionState.APPROVED or not revision.export_uri:
         return
     if Placement.objects.filter(revision=revision, node__state=NodeState.UP).count() < count:
-        placements.placement_request(revision=revision, priority=Priority.ACTIVATION, replicas=count)
+        placement_request(revision=revision, priority=Priority.ACTIVATION, replicas=count)
 
 
 @transaction.atomic
@@ -403,7 +332,7 @@ def adapter_scale(*, adapter: Adapter, replicas: int | None, by: Actor) -> Adapt
     """Set how many distinct nodes the adapter's served revisions are placed on (`replicas`; None: the platform
     default), within the plan's `max_replicas` (429 `replicas_above_plan`), audited `adapter.replicas`.
 
-    Then, after commit, each of its aliases converges on the new count (`tasks.alias_converge`): raised, the
+    Then, after commit, each of its aliases converges on the new count (the `alias_converge` task): raised, the
     revisions they pin (live, desired, previous within the rollback grace) are placed on more nodes now, and a
     pending activation waits for that many; lowered, a pending activation already ready on enough nodes flips,
     and nothing is unloaded: the surplus replicas keep serving until their revision is no longer pinned, a
@@ -413,14 +342,14 @@ def adapter_scale(*, adapter: Adapter, replicas: int | None, by: Actor) -> Adapt
     adapter = adapter_services.adapter_set_replicas(adapter=adapter, replicas=replicas, by=by)
     if adapter.replica_count != before:
         for alias_id in Alias.objects.filter(adapter=adapter).values_list("id", flat=True):
-            transaction.on_commit(lambda a=alias_id: tasks.alias_converge.delay(alias_id=a))
+            transaction.on_commit(lambda a=alias_id: outbox.send("alias_converge", alias_id=a))
     return adapter
 
 
 def placement_ready(*, placement: Placement, warm_ms: float) -> bool:
     """Phase 2 of a prewarm done: the placement is routable, and aliases waiting for its revision flip."""
-    if not placements.placement_warmed(placement=placement, warm_ms=warm_ms):
+    if not placement_warmed(placement=placement, warm_ms=warm_ms):
         return False
     converge_aliases(revision=placement.revision)
-    placements.admit(node_id=placement.node_id)
+    admit(node_id=placement.node_id)
     return True

@@ -2,7 +2,7 @@
 suite, the Evaluation row and the gate; this side knows nodes, placements and what is live).
 
 How it is told: adapters sends `adapters.signals.evaluation_requested` after commit (an export, a new suite, a
-request again); `ServingConfig.ready` connects it to `tasks.evaluation_run`. Two tasks share the work:
+request again); `ServingConfig.ready` connects it to the `evaluation_run` task. Two tasks share the work:
 
 - `evaluation_run` (control queue, short): takes the evaluation (`running`; one per tenant at a time, the
   rest wait `pending` for their turn, so a tenant exporting a hundred revisions holds one borrowed slot, not a
@@ -41,15 +41,16 @@ from adapters import services as adapter_services
 from adapters.models import AdapterRevision, Evaluation, EvaluationState
 from adapters.suites import grade
 from mint_site.errors import InvalidTransition
-from serving import selectors, tasks
+from serving import selectors
 from serving.models import Alias, NodeState, Placement, PlacementState, Priority, ServingNode, lora_name
+from serving.services import outbox
 from serving.services.evaluation_tokens import (
     TokenLimitHit,
     evaluation_token_limit,
     evaluation_tokens_spend,
     seconds_until,
 )
-from serving.services.placement import node_can_load, placement_release_speculative, placement_request
+from serving.services.placement import placement_release_speculative, placement_request
 from serving.services.usage import usage_of_evaluation
 from serving.vllm import VllmClient, VllmError
 from tenants.models import Tenant
@@ -70,9 +71,7 @@ def _deadline(evaluation: Evaluation) -> datetime:
 
 
 def _again(evaluation_id: int, *, countdown: float = POLL_S) -> None:
-    transaction.on_commit(
-        lambda: tasks.evaluation_run.apply_async(kwargs={"evaluation_id": evaluation_id}, countdown=countdown)
-    )
+    transaction.on_commit(lambda: outbox.send("evaluation_run", countdown=countdown, evaluation_id=evaluation_id))
 
 
 def _unavailable(evaluation: Evaluation, reason: str) -> None:
@@ -133,7 +132,7 @@ def evaluation_run(*, evaluation_id: int) -> str:
             transaction.on_commit(lambda: _send_cases(evaluation.id, ready, step=step))
         return "sent to the node"
     nodes = list(ServingNode.objects.filter(base_model_id=revision.adapter.base_model_id))
-    if not any(node_can_load(node, revision) for node in nodes):
+    if not any(selectors.node_can_load(node, revision) for node in nodes):
         _unavailable(
             evaluation,
             f"no node of {revision.adapter.base_model.name} can load r{revision.number} "
@@ -162,10 +161,13 @@ def evaluation_run(*, evaluation_id: int) -> str:
 
 
 def _send_cases(evaluation_id: int, placement: Placement, *, step: int, countdown: float = 0) -> None:
-    tasks.evaluation_cases.apply_async(
-        kwargs={"evaluation_id": evaluation_id, "placement_id": placement.id, "step": step},
+    outbox.send(
+        "evaluation_cases",
         queue=placement.node.queue,
         countdown=countdown or None,
+        evaluation_id=evaluation_id,
+        placement_id=placement.id,
+        step=step,
     )
 
 
@@ -403,7 +405,7 @@ def _release(evaluation: Evaluation) -> None:
 
 def evaluation_requested(sender, *, evaluation_id: int, **kwargs) -> None:
     """Receiver of adapters.signals.evaluation_requested (sent after commit): queue the runner's first step."""
-    tasks.evaluation_run.delay(evaluation_id=evaluation_id)
+    outbox.send("evaluation_run", evaluation_id=evaluation_id)
 
 
 def evaluations_sweep(*, limit: int = 100) -> dict[str, int]:

@@ -20,7 +20,7 @@ from adapters.models import AdapterRevision, RevisionState
 from mint_site.errors import Conflict, MintError
 from serving import selectors
 from serving.models import LATENCY_BOUNDS_MS, USAGE_COUNTS, Priority, UsageKind, lora_name
-from serving.services import placement as placements
+from serving.services.placement import placement_request
 from serving.services.usage import minute_of, usage_add
 from serving.vllm import VllmClient, VllmError
 
@@ -81,7 +81,7 @@ def playground_complete(*, revision: AdapterRevision, prompt: str, max_tokens: i
     bound = max(1, min(int(max_tokens or 1), PLAYGROUND_MAX_TOKENS, tenant.max_request_tokens))
     targets = list(selectors.ready_placements(revision=revision))
     if not targets:
-        placements.placement_request(revision=revision, priority=Priority.COLD_REQUEST)
+        placement_request(revision=revision, priority=Priority.COLD_REQUEST)
         raise NotLoaded(
             f"r{revision.number} is being loaded onto a node; try again in a few seconds.",
             headers={"Retry-After": str(settings.MINT_GATEWAY_NOT_READY_RETRY_S)},

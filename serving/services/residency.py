@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Case, CharField, F, Value, When
+from django.db.models import Case, CharField, DateTimeField, F, Value, When
 from django.utils import timezone
 
 from serving.models import (
@@ -323,3 +323,21 @@ def stray_loras(*, node: ServingNode, loaded: set[str]) -> list[str]:
         return []
     known = {lora_name(p.revision) for p in Placement.objects.filter(node=node).select_related("revision__adapter")}
     return sorted(ours - known)
+
+
+# ---------------------------------------------------------------- use (from the gateway)
+
+_TOUCH_CHUNK = 500
+
+
+def placements_touch(*, used: dict[int, datetime]) -> int:
+    """Record when placements last answered a request (eviction is LRU on it): one UPDATE per chunk of ids,
+    `SET last_used_at = CASE id WHEN … END`, which also moves an on-demand placement served again from probation
+    to protected (serving/residency/policy.py). The gateway batches uses and calls this from a database thread."""
+    ids = sorted(used)
+    written = 0
+    for start in range(0, len(ids), _TOUCH_CHUNK):
+        chunk = ids[start : start + _TOUCH_CHUNK]
+        value = Case(*(When(id=i, then=Value(used[i])) for i in chunk), output_field=DateTimeField())
+        written += Placement.objects.filter(id__in=chunk).update(last_used_at=value, segment=promoted())
+    return written

@@ -36,7 +36,7 @@ from adapters.models import Adapter, AdapterRevision
 from adapters.models import RevisionState as S
 from mint_site.errors import MintError
 from serving.models import Alias
-from serving.services import retire
+from serving.services import outbox, retire
 from tenants.access import Actor
 from tenants.models import AuditEvent
 
@@ -258,9 +258,7 @@ def retention_make_room(*, tenant_id: int) -> int:
 def on_revision_exported(*, adapter_id: int, **_) -> None:
     """adapters.signals.revision_exported: the adapter's retention runs now, if it has a policy (one query here)."""
     if Adapter.objects.filter(_with_policy(), id=adapter_id).exists():
-        from serving import tasks
-
-        tasks.retention_adapter.delay(adapter_id=adapter_id)
+        outbox.send("retention_adapter", adapter_id=adapter_id)
 
 
 def on_storage_needed(*, tenant_id: int, **_) -> None:

@@ -24,10 +24,9 @@ from adapters.models import Adapter, AdapterRevision
 from adapters.models import RevisionState as S
 from mint_site.errors import Conflict, NotFound
 from mint_site.events import live_event
-from serving import tasks
 from serving.models import Alias, NodeCopy, Placement, ServingNode, lora_name
-from serving.services import canary, capacity
-from serving.services import placement as placements
+from serving.services import capacity, outbox, rollout
+from serving.services.failover import placements_release
 from tenants.access import Actor
 from tenants.services import audit_record
 
@@ -69,7 +68,7 @@ def naming_aliases(revision: AdapterRevision, *, now=None) -> list[str]:
 
 def _leave_nodes_on_commit(revision_ids: list[int]) -> None:
     for revision_id in revision_ids:
-        transaction.on_commit(lambda r=revision_id: tasks.revision_leave_nodes.delay(revision_id=r))
+        transaction.on_commit(lambda r=revision_id: outbox.send("revision_leave_nodes", revision_id=r))
 
 
 def revision_leave_nodes(*, revision_id: int, attempt: int = 0) -> dict[str, list[str]] | None:
@@ -79,11 +78,11 @@ def revision_leave_nodes(*, revision_id: int, attempt: int = 0) -> dict[str, lis
     revision = AdapterRevision.objects.select_related("adapter__tenant").filter(id=revision_id).first()
     if revision is None or naming_aliases(revision):
         return None
-    released = placements.placements_release(revision=revision)
+    released = placements_release(revision=revision)
     if released["loading"] and attempt < LEAVE_ATTEMPTS:
         transaction.on_commit(
-            lambda: tasks.revision_leave_nodes.apply_async(
-                kwargs={"revision_id": revision_id, "attempt": attempt + 1}, countdown=LEAVE_RETRY_S
+            lambda: outbox.send(
+                "revision_leave_nodes", countdown=LEAVE_RETRY_S, revision_id=revision_id, attempt=attempt + 1
             )
         )
     if revision.state == S.ARCHIVED:
@@ -100,8 +99,8 @@ def _forget_node_copies(revision: AdapterRevision) -> None:
     name = lora_name(revision)
     for node in ServingNode.objects.filter(id__in=nodes):
         transaction.on_commit(
-            lambda n=node: tasks.node_cache_cleanup.apply_async(
-                kwargs={"node_id": n.id, "name": name}, queue=n.queue, countdown=settings.MINT_NODE_FILE_GRACE_S
+            lambda n=node: outbox.send(
+                "node_cache_cleanup", queue=n.queue, countdown=settings.MINT_NODE_FILE_GRACE_S, node_id=n.id, name=name
             )
         )
 
@@ -138,7 +137,7 @@ def alias_deactivate(*, adapter: Adapter, alias_name: str, by: Actor) -> list[st
         if r is not None
     ]
     if target.canary_revision_id is not None:
-        canary.abort_locked(target, by=by, reason=f"{adapter.name}:{alias_name} deactivated")
+        rollout.abort_locked(target, by=by, reason=f"{adapter.name}:{alias_name} deactivated")
     alias_id = target.id
     target.delete()
     audit_record(

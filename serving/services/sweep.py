@@ -30,10 +30,9 @@ from django.utils import timezone
 from adapters import dispatch as control_queue
 from adapters import handoffs
 from adapters.models import AdapterRevision
-from serving import tasks
 from serving.models import Alias, NodeState, Placement, PlacementState, ServingNode
-from serving.services import aliases
-from serving.services import placement as placements
+from serving.services import aliases, outbox
+from serving.services.admission import admit
 
 log = logging.getLogger(__name__)
 P = PlacementState
@@ -76,8 +75,13 @@ def probe_node_queue(*, node: ServingNode, now: datetime | None = None) -> bool:
     now = now or timezone.now()
     if not _unbegun_before(node, now - handoffs.pickup()).exists():
         return False
-    kwargs = {"node_id": node.id, "sent_at": now.isoformat()}
-    tasks.node_queue_probe.apply_async(kwargs=kwargs, queue=node.queue, expires=settings.MINT_TASK_PICKUP_S)
+    outbox.send(
+        "node_queue_probe",
+        queue=node.queue,
+        expires=settings.MINT_TASK_PICKUP_S,
+        node_id=node.id,
+        sent_at=now.isoformat(),
+    )
     return True
 
 
@@ -96,7 +100,7 @@ def node_queue_probed(*, node_id: int, passed_before: datetime) -> dict[str, int
             .order_by(Case(When(state=P.EVICTING, then=0), default=1), "id")
         )
         result = handoffs_again(node, lost, now=timezone.now(), why="its task was lost before the node agent began it")
-    placements.admit(node_id=node.id)
+    admit(node_id=node.id)
     if any(result.values()):
         log.warning("%s: hand-offs lost with the broker, driven again: %s", node, result)
     return result
@@ -131,7 +135,7 @@ def handoffs_again(node: ServingNode, rows: list[Placement], *, now: datetime, w
         to = P.FAILED if spent else P.QUEUED
         reason = f"{why} ({placement.attempts} attempts)" if spent else why
         Placement.objects.filter(id=placement.id).update(state=to, updated_at=now, failure_reason=reason)
-        placements._placement_event(placement.id, state=to, updated_at=now, revision=placement.revision, node=node)
+        outbox.placement_event(placement.id, state=to, updated_at=now, revision=placement.revision, node=node)
         result["failed" if spent else "requeued"] += 1
     return result
 
@@ -150,9 +154,7 @@ def _unload_again(node: ServingNode, placement: Placement, *, now: datetime, bou
         result["forgotten"] += 1
         return
     Placement.objects.filter(id=placement.id).update(started_at=now, updated_at=now, attempts=sends)
-    transaction.on_commit(
-        lambda p=placement.id: placements._send(tasks.placement_unload, queue=node.queue, placement_id=p)
-    )
+    transaction.on_commit(lambda p=placement.id: outbox.send("placement_unload", queue=node.queue, placement_id=p))
     result["unloads_resent"] += 1
 
 

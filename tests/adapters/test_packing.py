@@ -295,7 +295,7 @@ def test_a_base_model_opted_in_to_expert_major_exports_it_and_only_plugin_nodes_
     tenant_a, moe_base, artifact_root, tmp_path, django_capture_on_commit_callbacks
 ):
     from adapters.artifacts.export import MOE_LAYOUT_CONFIG_KEY
-    from serving import services
+    from serving import selectors
     from serving.models import lora_name
 
     moe_base.config = moe_base.config | {MOE_LAYOUT_CONFIG_KEY: packing.EXPERT_MAJOR}
@@ -311,7 +311,7 @@ def test_a_base_model_opted_in_to_expert_major_exports_it_and_only_plugin_nodes_
 
     plain = moe_node(moe_base, tmp_path, "plain", packing.ENGINE_FLAGS)
     plugin = moe_node(moe_base, tmp_path, "plugin", packing.EXPERT_MAJOR_ENGINE_FLAGS)
-    assert not services.node_can_load(plain, revision) and services.node_can_load(plugin, revision)
+    assert not selectors.node_can_load(plain, revision) and selectors.node_can_load(plugin, revision)
     load = prewarm_load_call(plugin, revision)
     name = lora_name(revision)
     load.assert_called_once_with(name, str(Path(plugin.cache_dir) / name))

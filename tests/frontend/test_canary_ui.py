@@ -3,8 +3,6 @@ its per-arm counters, Promote and Abort act through the same services as the API
 
 from __future__ import annotations
 
-from unittest import mock
-
 import pytest
 import redis
 from django.conf import settings
@@ -15,6 +13,7 @@ from serving.models import Alias
 from serving.services import canary
 from tenants.models import AuditEvent
 from tests.frontend.conftest import page_client
+from tests.serving.sent_tasks import NODE_TASKS, recorded
 
 pytestmark = pytest.mark.django_db
 
@@ -25,8 +24,7 @@ PAGE = "/adapters/support-bot/"
 def quiet():
     """Node-agent tasks and convergence recorded instead of sent."""
     with (
-        mock.patch("serving.services.placement._send"),
-        mock.patch("serving.services.aliases.tasks.alias_converge"),
+        recorded(*NODE_TASKS, "alias_converge"),
     ):
         yield
 

@@ -16,6 +16,7 @@ from serving.models import Alias, Placement, PlacementState, UsageKind, UsageRec
 from tenants.models import AuditEvent, Tenant
 from tests.adapters.corpus import TINY_DENSE, write_lora_adapter
 from tests.adapters.fixtures import uploads_of
+from tests.serving.sent_tasks import NODE_TASKS, recorded
 
 pytestmark = pytest.mark.django_db
 
@@ -233,7 +234,7 @@ def test_the_playground_asks_for_a_load_when_the_revision_is_nowhere(as_role, ca
         adapter=catalog_a.adapter, number=4, state="approved", source_uri="x", export_uri="e/4"
     )
     viewer = as_role("viewer")
-    with mock.patch("serving.services.placement._send"):
+    with recorded(*NODE_TASKS):
         viewer.post(f"{PAGE}revisions/4/playground/", {"prompt": "Hi"})
     assert "r4 is being loaded onto a node; try again in a few seconds" in message_of(viewer, f"{PAGE}revisions/4/")
     assert Placement.objects.filter(revision=r4).exclude(state=PlacementState.FAILED).exists()

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from unittest import mock
-
 import pytest
 
 from serving.models import NodeState, Placement, ServingNode
 from tests.frontend.conftest import page_client
 from tests.serving.conftest import approved_revision, make_live
+from tests.serving.sent_tasks import NODE_TASKS, recorded
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
 def _no_tasks():
-    with mock.patch("serving.services.placement._send"):
+    with recorded(*NODE_TASKS):
         yield
 
 

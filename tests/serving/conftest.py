@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from unittest import mock
 
 import pytest
 from django.db import connection
@@ -12,6 +11,7 @@ from adapters.models import AdapterRevision
 from serving.models import Alias, Placement, ServingNode
 from tests.factories import ServingNodeFactory
 from tests.serving.gateway_world import world  # noqa: F401  (the gateway tests' world of tenants, nodes and a fake vLLM)
+from tests.serving.sent_tasks import NODE_TASKS, recorded
 
 
 @pytest.fixture
@@ -37,10 +37,7 @@ def make_revision(adapter_a):
 @pytest.fixture
 def sent():
     """Tasks for node agents and convergence, recorded instead of sent (modules use it with `usefixtures`)."""
-    with (
-        mock.patch("serving.services.placement._send") as send,
-        mock.patch("serving.services.aliases.tasks.alias_converge"),
-    ):
+    with recorded(*NODE_TASKS, "alias_converge") as send:
         yield send
 
 

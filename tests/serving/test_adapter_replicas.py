@@ -5,7 +5,6 @@ explanation of a waiting activation)."""
 from __future__ import annotations
 
 from datetime import timedelta
-from unittest import mock
 
 import pytest
 from django.utils import timezone
@@ -19,6 +18,7 @@ from tenants.services import tenant_update
 from tests.conftest import error_of
 from tests.factories import ServingNodeFactory
 from tests.serving.conftest import approved_revision, make_live, place
+from tests.serving.sent_tasks import NODE_TASKS, recorded
 
 pytestmark = pytest.mark.django_db
 
@@ -28,7 +28,7 @@ URL = "/api/v1/adapters/support-bot/"
 @pytest.fixture
 def node_tasks():
     """Tasks for node agents recorded instead of sent; convergence (`alias_converge`) runs, eagerly."""
-    with mock.patch("serving.services.placement._send") as send:
+    with recorded(*NODE_TASKS) as send:
         yield send
 
 
@@ -246,9 +246,9 @@ def test_a_change_that_leaves_the_count_alone_converges_nothing(tenant_a, adapte
     settings.MINT_ALIAS_READY_REPLICAS = 2
     revision = approved_revision(adapter_a, 1)
     make_live(revision)
-    with mock.patch("serving.services.aliases.tasks.alias_converge") as converge:
+    with recorded("alias_converge") as converge:
         assert patch(tenant_a.client_as("approver"), 2).status_code == 200  # the default was 2 already
-    converge.delay.assert_not_called()
+    converge.assert_not_called()
 
 
 # ---------------------------------------------------------------- the rules that use the count

@@ -12,10 +12,12 @@ from django.db.models import F
 from django.utils import timezone
 
 from adapters.models import Adapter, AdapterRevision
-from serving import selectors, services, tasks
+from serving import services
 from serving.models import Alias, NodeState, Placement, PrewarmTurn, Priority, ServingNode
+from serving.selectors import pins
 from tests.metrics_scrape import scrape_metrics
 from tests.serving.conftest import claim_concurrently, make_live, place
+from tests.serving.sent_tasks import NODE_TASKS, recorded, sent_of
 
 pytestmark = pytest.mark.django_db
 
@@ -23,7 +25,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def sent():
     """The tasks admission would send to node agents, recorded instead of sent."""
-    with mock.patch("serving.services.placement._send") as send:
+    with recorded(*NODE_TASKS) as send:
         yield send
 
 
@@ -103,7 +105,7 @@ def test_eviction_takes_the_least_recently_used_unprotected_placement(
     place(node, recent, "ready", last_used_at=now)
 
     with (
-        mock.patch("serving.services.placement.live_event") as events,
+        mock.patch("serving.services.outbox.live_event") as events,
         django_capture_on_commit_callbacks(execute=True),
     ):
         newcomer = services.placement_request(revision=make_revision(4), priority=Priority.ACTIVATION)
@@ -112,8 +114,7 @@ def test_eviction_takes_the_least_recently_used_unprotected_placement(
     # Announced, so gateways stop routing to it at once.
     evicting = [c.kwargs for c in events.call_args_list if c.kwargs["state"] == "evicting"]
     assert [(e["id"], e["revision"]) for e in evicting] == [(old_placement.id, "r2")]
-    unloads = [c for c in sent.call_args_list if c.args[0] is tasks.placement_unload]
-    assert [c.kwargs["placement_id"] for c in unloads] == [old_placement.id]
+    assert [c["placement_id"] for c in sent_of(sent, "placement_unload")] == [old_placement.id]
 
 
 def test_the_previous_live_revision_is_protected_during_its_grace(node, make_revision):
@@ -125,10 +126,10 @@ def test_the_previous_live_revision_is_protected_during_its_grace(node, make_rev
     )
     place(node, previous, "ready", last_used_at=now - timedelta(hours=2))
     other_placement = place(node, other, "ready", last_used_at=now - timedelta(hours=1))
-    assert services.eviction_victim(node, protected=selectors.protected_revision_ids()) == other_placement
+    assert services.eviction_victim(node, protected=pins.protected_revision_ids()) == other_placement
 
     Alias.objects.filter(id=alias.id).update(previous_pinned_until=now - timedelta(seconds=1))
-    victim = services.eviction_victim(node, protected=selectors.protected_revision_ids())
+    victim = services.eviction_victim(node, protected=pins.protected_revision_ids())
     assert victim.revision == previous
 
 
@@ -266,8 +267,7 @@ def test_reconcile_finishes_an_eviction_whose_unload_was_lost(
 
     assert (result["forgotten"], result["unloads_resent"]) == (1, 1)
     assert not Placement.objects.filter(revision=unloaded).exists()
-    unloads = [call.kwargs for call in sent.call_args_list if call.args == (tasks.placement_unload,)]
-    assert unloads == [{"queue": node.queue, "placement_id": still.id}]
+    assert sent_of(sent, "placement_unload") == [{"queue": node.queue, "placement_id": still.id}]
 
 
 def test_metrics_show_placements_by_state(node, make_revision, client):
@@ -341,7 +341,7 @@ def test_after_a_prewarm_the_next_waits_so_prewarms_take_the_duty_share(
         assert services.admit(node_id=node.id) == []  # asked again during the pause: still one wake-up
     # busy 0.2 s at a 25 % share: the node rests 0.6 s, then admission runs again by itself.
     (call,) = sent.call_args_list
-    assert call.args == (tasks.node_admit,)
+    assert call.args == ("node_admit",)
     assert call.kwargs["node_id"] == node.id
     assert 0.5 < call.kwargs["countdown"] <= 0.6
     assert Placement.objects.get(id=waiting.id).state == "queued"
@@ -369,8 +369,7 @@ def test_each_pause_gets_its_own_wake_up_however_short(
     assert services.placement_warmed(placement=Placement.objects.get(id=second.id), warm_ms=100)
     with django_capture_on_commit_callbacks(execute=True):
         assert services.admit(node_id=node.id) == []  # a pause after the second, within the same second
-    wake_ups = [call for call in sent.call_args_list if call.args == (tasks.node_admit,)]
-    assert len(wake_ups) == 2
+    assert len(sent_of(sent, "node_admit")) == 2
     assert Placement.objects.get(id=third.id).state == "queued"
 
 

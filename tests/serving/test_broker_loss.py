@@ -14,6 +14,7 @@ from serving import tasks
 from serving.models import Alias, Placement
 from serving.services import sweep
 from tests.serving.conftest import make_live, place
+from tests.serving.sent_tasks import NODE_TASKS, recorded, sent_of
 
 pytestmark = pytest.mark.django_db
 
@@ -29,7 +30,7 @@ def _pickup(settings):
 @pytest.fixture(autouse=True)
 def sent():
     """Tasks for node agents, recorded instead of sent."""
-    with mock.patch("serving.services.placement._send") as send:
+    with recorded(*NODE_TASKS) as send:
         yield send
 
 
@@ -38,11 +39,11 @@ def ago(seconds: float):
 
 
 def prewarms(sent) -> list[int]:
-    return [call.kwargs["placement_id"] for call in sent.call_args_list if call.args == (tasks.placement_prewarm,)]
+    return [call["placement_id"] for call in sent_of(sent, "placement_prewarm")]
 
 
 def unloads(sent) -> list[int]:
-    return [call.kwargs["placement_id"] for call in sent.call_args_list if call.args == (tasks.placement_unload,)]
+    return [call["placement_id"] for call in sent_of(sent, "placement_unload")]
 
 
 def test_a_prewarm_no_agent_began_goes_back_to_admission_once_a_probe_passed_it(
@@ -161,7 +162,7 @@ def test_an_unload_the_agent_began_is_not_sent_again_before_the_timeout(node, ma
 
 
 def test_the_heartbeat_probes_a_node_queue_only_behind_hand_offs_that_waited_unbegun(node, make_revision):
-    with mock.patch.object(tasks.node_queue_probe, "apply_async") as probe:
+    with recorded("node_queue_probe") as probe:
         place(node, make_revision(1), "loading", started_at=ago(PICKUP_S - 10))
         place(node, make_revision(2), "loading", started_at=ago(PICKUP_S + 600), picked_up_at=ago(1))
         assert sweep.probe_node_queue(node=node) is False
@@ -169,7 +170,7 @@ def test_the_heartbeat_probes_a_node_queue_only_behind_hand_offs_that_waited_unb
         assert sweep.probe_node_queue(node=node) is True
     (call,) = probe.call_args_list
     assert (call.kwargs["queue"], call.kwargs["expires"]) == (node.queue, PICKUP_S)
-    assert call.kwargs["kwargs"]["node_id"] == node.id
+    assert call.kwargs["node_id"] == node.id
 
 
 def test_an_alias_whose_convergence_was_lost_flips_on_the_heartbeats_sweep(node, make_revision):

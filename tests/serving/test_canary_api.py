@@ -159,26 +159,26 @@ def test_the_candidate_counts_against_the_pinned_revision_quota(tenant_a, live):
 
 
 def test_the_candidate_is_pinned_so_placement_keeps_it(tenant_a, live):
-    from serving import selectors
+    from serving.selectors import pins
 
     assert _start(tenant_a).status_code == 200
     live.refresh_from_db()
-    assert live.canary_revision_id in selectors.pinned_revisions()
-    assert selectors.pinned_roles()[live.canary_revision_id][1] == selectors.PinRole.CANARY
+    assert live.canary_revision_id in pins.pinned_revisions()
+    assert pins.pinned_roles()[live.canary_revision_id][1] == pins.PinRole.CANARY
 
 
 def test_converging_places_the_candidate_and_starts_it_once_ready(tenant_a, live, node):
     assert _start(tenant_a).status_code == 200
     live.refresh_from_db()
     alias = Alias.objects.get(id=live.id)
-    with mock.patch("serving.services.canary.live_event") as live_event:
+    with mock.patch("serving.services.rollout.live_event") as live_event:
         services.alias_converge(alias=alias)
     placement = Placement.objects.get(revision=live.canary_revision)
     assert placement.priority == 30  # activation
     assert not live_event.called
     placement.state = "ready"
     placement.save()
-    with mock.patch("serving.services.canary.live_event") as live_event:
+    with mock.patch("serving.services.rollout.live_event") as live_event:
         services.converge_aliases(revision=live.canary_revision)
     live.refresh_from_db()
     assert live.canary_ready_at is not None
@@ -194,7 +194,7 @@ def test_promote_flips_to_a_ready_candidate_and_keeps_the_previous_for_rollback(
     assert _start(tenant_a).status_code == 200
     live.refresh_from_db()
     place(ServingNodeFactory(name="node-2", base_model=node.base_model), live.canary_revision, "ready")
-    with mock.patch("serving.services.canary.live_event") as live_event:
+    with mock.patch("serving.services.rollout.live_event") as live_event:
         response = tenant_a.client_as("approver").post(f"{URL}/promote/", {}, format="json")
     assert response.status_code == 200, response.content
     body = response.json()
@@ -202,7 +202,7 @@ def test_promote_flips_to_a_ready_candidate_and_keeps_the_previous_for_rollback(
     live.refresh_from_db()
     assert live.previous_revision.number == 1 and live.previous_pinned_until is not None
     assert live.canary_revision_id is None
-    assert [c.kwargs["state"] for c in live_event.call_args_list] == ["promoted"]
+    assert [c.kwargs["state"] for c in live_event.call_args_list if c.kwargs["type"] == "canary.state"] == ["promoted"]
     assert AuditEvent.objects.filter(action="canary.promote").count() == 1
     assert AuditEvent.objects.filter(action="alias.flip").count() == 1
     again = tenant_a.client_as("approver").post(f"{URL}/promote/", {}, format="json")
@@ -221,7 +221,7 @@ def test_abort_drops_the_canary_releases_its_queued_placements_audited_with_reas
     assert _start(tenant_a).status_code == 200
     live.refresh_from_db()
     queued = place(ServingNodeFactory(name="node-2", base_model=node.base_model), live.canary_revision, "queued")
-    with mock.patch("serving.services.canary.live_event") as live_event:
+    with mock.patch("serving.services.rollout.live_event") as live_event:
         response = tenant_a.client_as("approver").post(f"{URL}/abort/", {"reason": "looks off"}, format="json")
     assert response.status_code == 200, response.content
     assert response.json()["canary"] is None and response.json()["revision"] == "r1"

@@ -67,7 +67,10 @@ def test_a_revision_another_alias_wants_keeps_its_placement(adapter_a, swapping,
 
 def test_cancel_is_announced_to_open_dashboards(adapter_a, swapping, node):
     place(node, swapping.desired_revision, "queued")
-    with mock.patch("serving.services.aliases.live_event") as live_event:
+    with (
+        mock.patch("serving.services.aliases.live_event") as live_event,
+        mock.patch("serving.services.outbox.live_event", live_event),  # the withdrawn placements'
+    ):
         services.activation_cancel(adapter=adapter_a, alias_name="production", by=Actor.system())
     kinds = {(c.kwargs["type"], c.kwargs["state"]) for c in live_event.call_args_list}
     assert kinds == {("alias.desired", "cancelled"), ("placement.state", "withdrawn")}

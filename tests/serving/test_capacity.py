@@ -100,18 +100,18 @@ def test_aliases_served_on_demand_go_past_the_reserved_quota_up_to_the_live_alia
 
 
 def test_reserving_an_alias_is_audited_and_pins_what_it_serves(tenant_a, adapter_a, revisions_of):
-    from serving import selectors
+    from serving.selectors import pins
     from tenants.models import AuditEvent
 
     (first,) = revisions_of("a", 1)
     assert activate(tenant_a, adapter_a, 1, "production", reserve=None).status_code == 200
     Alias.objects.filter(name="production").update(revision=first)  # flipped
-    assert first.id not in selectors.pinned_revisions()
+    assert first.id not in pins.pinned_revisions()
     response = tenant_a.client_as("approver").post(
         f"/api/v1/adapters/{adapter_a.name}/reserve/", {"alias": "production", "reserved": True}, format="json"
     )
     assert response.status_code == 200 and response.json()["reserved"] is True
-    assert first.id in selectors.pinned_revisions()
+    assert first.id in pins.pinned_revisions()
     event = AuditEvent.objects.filter(action="alias.reserve").latest("id")
     assert event.before == {"reserved": False} and event.after == {"reserved": True}
     viewer = tenant_a.client_as("viewer").post(

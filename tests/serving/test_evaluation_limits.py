@@ -19,6 +19,7 @@ from serving.models import USAGE_COUNTS, UsageKind, lora_name
 from serving.services import budgets, evaluation
 from serving.services.evaluation_tokens import evaluation_token_limit
 from tenants.models import Tenant
+from tests.serving.sent_tasks import sent_of
 from tests.serving.test_evaluation_runner import engine, quiet_tasks, requested, run_to_the_end, world  # noqa: F401
 
 pytestmark = pytest.mark.django_db
@@ -86,7 +87,7 @@ def test_a_tenant_past_its_tokens_per_minute_waits_for_the_next_minute(world, no
     ev = requested(candidate, suite)
     assert run_to_the_end(ev.id, node) == "sliced"
     assert engine.generate.call_count == 0
-    sent = quiet_tasks.evaluation_cases.apply_async.call_args.kwargs
+    sent = sent_of(quiet_tasks, "evaluation_cases")[-1]
     assert 1 <= sent["countdown"] <= 61  # the next slice once the minute is over
     assert Evaluation.objects.get(id=ev.id).state == "running"
 

@@ -15,6 +15,7 @@ from adapters.signals import evaluation_requested
 from serving.models import Alias, Placement, Priority, UsageKind, UsageRecord, lora_name
 from serving.services import capacity, evaluation, placement
 from tests.serving.conftest import place
+from tests.serving.sent_tasks import NODE_TASKS, recorded, sent_of
 
 pytestmark = pytest.mark.django_db
 
@@ -28,10 +29,7 @@ CASES = [
 @pytest.fixture(autouse=True)
 def quiet_tasks():
     """Tasks recorded, not run: each test drives the runner's steps itself."""
-    with (
-        mock.patch("serving.services.evaluation.tasks") as sent,
-        mock.patch("serving.services.placement._send"),
-    ):
+    with recorded("evaluation_run", "evaluation_cases", *NODE_TASKS) as sent:
         yield sent
 
 
@@ -156,7 +154,7 @@ def test_one_evaluation_per_tenant_runs_at_a_time(world, node, quiet_tasks):
     assert evaluation.evaluation_run(evaluation_id=second.id) == "waits for its turn"
     assert Placement.objects.filter(priority=Priority.SPECULATIVE).count() == 1
     adapter_services.evaluation_unavailable(evaluation=Evaluation.objects.get(id=first.id), reason="test")
-    quiet_tasks.evaluation_run.apply_async.reset_mock()
+    quiet_tasks.reset_mock()
     evaluation.evaluation_next(tenant_id=candidate.adapter.tenant_id)
     assert evaluation.evaluation_run(evaluation_id=second.id) == "waits for a placement"
 
@@ -206,7 +204,7 @@ def test_a_node_error_makes_it_unavailable(world, node, engine):
 
 def test_the_signal_queues_the_runner(quiet_tasks):
     evaluation_requested.send(sender=Evaluation, evaluation_id=42)
-    quiet_tasks.evaluation_run.delay.assert_called_once_with(evaluation_id=42)
+    quiet_tasks.assert_called_once_with("evaluation_run", evaluation_id=42)
 
 
 # ---------------------------------------------------------------- speculative placement
@@ -273,11 +271,11 @@ def test_the_sweep_ends_overdue_runs_and_starts_forgotten_ones(
     stuck, forgotten = requested(candidate, suite), requested(other, suite)
     evaluation.evaluation_run(evaluation_id=stuck.id)
     Evaluation.objects.filter(id=stuck.id).update(started_at=timezone.now() - timedelta(hours=1))
-    quiet_tasks.evaluation_run.apply_async.reset_mock()
+    quiet_tasks.reset_mock()
     with django_capture_on_commit_callbacks(execute=True):
         assert evaluation.evaluations_sweep() == {"overdue": 1, "started": 1}
     assert Evaluation.objects.get(id=stuck.id).state == "unavailable"
-    quiet_tasks.evaluation_run.apply_async.assert_called_with(kwargs={"evaluation_id": forgotten.id}, countdown=0)
+    assert sent_of(quiet_tasks, "evaluation_run")[-1] == {"countdown": 0, "evaluation_id": forgotten.id}
     assert evaluation.evaluation_run(evaluation_id=forgotten.id) == "waits for a placement"
     assert evaluation.evaluations_sweep() == {"overdue": 0, "started": 0}
 
@@ -292,8 +290,9 @@ def test_the_node_agent_runs_a_slice_at_a_time_and_queues_the_rest(world, node, 
     spec_id = Evaluation.objects.get(id=ev.id).runner["placement_id"]
     steps = 0
     while True:
-        sent = quiet_tasks.evaluation_cases.apply_async.call_args
-        kwargs, queue = sent.kwargs["kwargs"], sent.kwargs["queue"]
+        kwargs = sent_of(quiet_tasks, "evaluation_cases")[-1]
+        queue = kwargs.pop("queue")
+        kwargs.pop("countdown")
         assert queue == node.queue and kwargs["placement_id"] == spec_id
         steps += 1
         assert kwargs["step"] == steps

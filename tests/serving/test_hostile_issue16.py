@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from unittest import mock
-
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from adapters.models import Adapter, AdapterRevision
 from serving.models import Alias
+from tests.serving.sent_tasks import NODE_TASKS, recorded
 
 pytestmark = pytest.mark.django_db
 
@@ -17,8 +16,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def sent():
     with (
-        mock.patch("serving.services.placement._send"),
-        mock.patch("serving.services.aliases.tasks.alias_converge"),
+        recorded(*NODE_TASKS, "alias_converge"),
     ):
         yield
 

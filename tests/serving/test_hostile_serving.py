@@ -17,10 +17,11 @@ from django.utils import timezone
 
 from adapters.models import AdapterRevision
 from mint_site.errors import QuotaExceeded
-from serving import selectors, services
+from serving import services
 from serving.gateway import GatewayError, policy
 from serving.gateway.auth import GatewayPlan
 from serving.models import Alias, Placement, Priority
+from serving.selectors import pins
 from serving.services import capacity
 from tenants.access import Actor
 from tests.serving import test_capacity
@@ -35,7 +36,7 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent")]
 
 
 def tenant_pins(tenant_id: int) -> set[int]:
-    return {rid for rid, tid in selectors.pinned_revisions().items() if tid == tenant_id}
+    return {rid for rid, tid in pins.pinned_revisions().items() if tid == tenant_id}
 
 
 # ---------------------------------------------------------------- pinned-revision quota

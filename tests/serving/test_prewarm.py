@@ -14,6 +14,7 @@ from serving.models import Placement, Priority, UsageRecord, lora_name
 from serving.vllm import VllmError
 from tests.adapters.fixtures import uploads_of
 from tests.serving.conftest import place
+from tests.serving.sent_tasks import NODE_TASKS, recorded
 
 pytestmark = pytest.mark.django_db
 
@@ -64,8 +65,8 @@ def test_prewarm_fetches_verifies_loads_and_warms(node, exported, engine):
 def test_each_placement_event_carries_the_change_it_reports_in_order(node, exported, engine):
     """Pages drop a placement event older than what they show (live.js), by the `updated_us` it carries."""
     with (
-        mock.patch("serving.services.placement.live_event") as live_event,
-        mock.patch("serving.services.placement._send"),
+        mock.patch("serving.services.outbox.live_event") as live_event,
+        recorded(*NODE_TASKS),
     ):
         placement = services.placement_request(revision=exported, priority=Priority.ACTIVATION)
         services.admit(node_id=node.id)
@@ -89,7 +90,7 @@ def test_a_refused_load_is_retried_then_fails_with_the_reason(node, exported, en
     settings.MINT_PREWARM_ATTEMPTS = 2
     engine.load_lora.side_effect = VllmError("load t1: rank 64 above --max-lora-rank 16", status=500)
     placement = place(node, exported, "loading", attempts=1)
-    with mock.patch("serving.services.placement._send"):
+    with recorded(*NODE_TASKS):
         tasks.placement_prewarm(placement_id=placement.id)
         placement.refresh_from_db()
         assert placement.state in ("queued", "loading")  # queued again, maybe already re-admitted
@@ -145,7 +146,7 @@ def test_heartbeat_marks_nodes_up_and_down_and_reconciles(node, make_revision, e
 
     make_live(live)
     lost = place(node, live, "ready")
-    with mock.patch("serving.services.placement._send"):
+    with recorded(*NODE_TASKS):
         tasks.nodes_heartbeat()
     node.refresh_from_db()
     assert (node.state, node.engine_version) == ("up", "0.32.0") and node.last_heartbeat_at is not None

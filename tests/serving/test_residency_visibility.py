@@ -19,6 +19,7 @@ from serving.gateway.routes import Resolution, Target
 from serving.models import Alias, ColdStart, NodeCopy, Placement, lora_name
 from serving.residency import stats
 from serving.selectors import residency as residency_selectors
+from serving.services.placement import evict
 from serving.vllm import busy_loras_of
 from tests.frontend.conftest import page_client
 from tests.metrics_scrape import scrape_metrics
@@ -68,9 +69,7 @@ def test_metrics_show_each_nodes_tiers_loads_evictions_and_cold_starts(node, ada
     services.placement_warmed(placement=warming, warm_ms=5.0)  # a load on demand, 1.5 s after it was asked
     services.node_copy_used(placement=warming, size_bytes=4096)
     victim = place(node, approved_revision(adapter_a, 2), "ready")
-    from serving.services.placement import _evict
-
-    _evict(Placement.objects.select_related("node", "revision__adapter__tenant").get(id=victim.id), reason=None)
+    evict(Placement.objects.select_related("node", "revision__adapter__tenant").get(id=victim.id), reason=None)
 
     text = scrape_metrics(client)
     assert 'mint_residency_capacity{node="node-1",tier="cpu"} 3.0' in text
