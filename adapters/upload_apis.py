@@ -11,7 +11,7 @@ from rest_framework import serializers, status
 from rest_framework.parsers import BaseParser, JSONParser
 from rest_framework.response import Response
 
-from adapters import dispatch, uploads
+from adapters import dispatch, upload_parts, uploads
 from adapters.apis import AdapterApiMixin
 from adapters.models import UploadSession
 from adapters.serializers import LineageFields, RevisionNumberField, RevisionSerializer
@@ -72,7 +72,7 @@ class UploadPartSerializer(serializers.Serializer):
 
 class OctetStreamParser(BaseParser):
     """Names the part route's body type for content negotiation and the schema; the view reads the body itself,
-    with a bound (adapters.uploads.upload_part_put), and never through `request.data`."""
+    with a bound (adapters.upload_parts.upload_part_put), and never through `request.data`."""
 
     media_type = "application/octet-stream"
 
@@ -161,7 +161,7 @@ class UploadPartApi(_UploadApi):
         session = self.get_session(name, upload_id)
         declared = request.META.get("CONTENT_LENGTH")
         with dispatch.backlog_priority(tenant_id=session.tenant_id):  # hashing and storing the body
-            part = uploads.upload_part_put(
+            part = upload_parts.upload_part_put(
                 session=session,
                 number=number,
                 body=request._request,  # the raw body, read with a bound; never request.data

@@ -14,7 +14,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
-from adapters import tasks, uploads
+from adapters import tasks, upload_parts, uploads
 from adapters.models import AdapterRevision, UploadPart, UploadSession
 from tenants.access import Actor
 from tenants.models import Tenant
@@ -441,7 +441,7 @@ def b_session(tenant_b, adapter_b) -> UploadSession:
     session = uploads.upload_session_create(
         adapter=adapter_b, by=Actor(user=tenant_b.users["owner"]), size=len(data), sha256=sha(data), filename="b.tar"
     )
-    uploads.upload_part_put(session=session, number=1, body=io.BytesIO(data[:PART]), checksum=sha(data[:PART]))
+    upload_parts.upload_part_put(session=session, number=1, body=io.BytesIO(data[:PART]), checksum=sha(data[:PART]))
     return session
 
 
