@@ -21,21 +21,11 @@ from django.db.models.signals import post_init, post_save, pre_delete
 from tenants import selectors, services
 from tenants.access import Actor
 from tenants.models import Tenant
+from tenants.models.tenant import GATEWAY_PLAN_FIELDS
 
-# Fields whose change alters what a key may do or what a gateway caches about it (serving/gateway/resolve.py).
+# Fields whose change alters what a key may do or what a gateway caches about it (serving/gateway/auth.py).
 _USER_FIELDS = ("is_active",)
-_TENANT_FIELDS = (
-    "is_active",
-    "rate_limit_rpm",
-    "slug",
-    "max_inflight_requests",
-    "max_request_tokens",
-    "max_choices",
-    "max_logprobs",
-    "max_structured_output_bytes",
-    "max_tokens_per_minute",
-    "monthly_token_budget",
-)
+_TENANT_FIELDS = ("is_active", "slug", *GATEWAY_PLAN_FIELDS)
 _SEEN = "_keys_fields_seen"
 
 
@@ -67,7 +57,7 @@ def _user_deleting(sender, instance, **kwargs: Any) -> None:
 
 
 def _tenant_saved(sender, instance: Tenant, created: bool, **kwargs: Any) -> None:
-    """A tenant suspended or resumed, or its gateway rate changed: its keys are authenticated again."""
+    """A tenant suspended or resumed, or its gateway plan changed: its keys are authenticated again."""
     if _changed(instance, _TENANT_FIELDS) and not created:
         services.api_keys_changed(tenant_id=instance.id, reason="tenant")
 

@@ -27,7 +27,7 @@ import asyncio
 import hashlib
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field, make_dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
@@ -39,7 +39,8 @@ from serving.gateway.batches import Full
 from tenants.access import Capability, key_access
 from tenants.auth import FAILURE_CODE, KeyRefused, live_key, live_keys
 from tenants.keys import bearer_token, expiry_refusal
-from tenants.models import Scope
+from tenants.models import Scope, Tenant
+from tenants.models.tenant import GATEWAY_PLAN_FIELDS
 from tenants.throttles import auth_failures_message, client_bucket, failure_buckets
 
 if TYPE_CHECKING:
@@ -61,25 +62,14 @@ class KeyState(Protocol):
     def auth_failures(self) -> AsyncAuthFailures: ...
 
 
-@dataclass(frozen=True)
-class GatewayPlan:
-    """The tenant's plan limits the gateway enforces per request (tenants.models.Tenant has their meaning)."""
-
-    rate_limit_rpm: int = 600
-    max_inflight_requests: int = 16
-    max_request_tokens: int = 4096
-    max_choices: int = 4
-    max_logprobs: int = 5
-    max_structured_output_bytes: int = 4096
-    max_tokens_per_minute: int = 0  # 0: no limit (serving/gateway/budgets.py)
-    monthly_token_budget: int = 0  # 0: no budget
-    max_routed_experts_bytes: int = 16 * 1024 * 1024  # 0: routed experts are never returned (sampling.py)
-    max_cold_wait_s: int = 10  # how long a request may ask to be held for a load (serving/gateway/residency.py)
-    max_held_requests: int = 16  # held at once per gateway process
-
-    @classmethod
-    def of(cls, tenant) -> GatewayPlan:
-        return cls(**{name: getattr(tenant, name) for name in cls.__dataclass_fields__})
+# The tenant's plan limits the gateway enforces per request, copied off the tenant (no ORM object is held across
+# requests): an int for each of tenants' GATEWAY_PLAN_FIELDS, whose meaning and default are the Tenant field's.
+GatewayPlan = make_dataclass(
+    "GatewayPlan",
+    [(name, int, field(default=Tenant._meta.get_field(name).default)) for name in GATEWAY_PLAN_FIELDS],
+    frozen=True,
+    namespace={"of": classmethod(lambda cls, tenant: cls(**{n: getattr(tenant, n) for n in GATEWAY_PLAN_FIELDS}))},
+)
 
 
 @dataclass(frozen=True)
@@ -99,7 +89,7 @@ class Caller:
     expires_at: datetime | None
     tenant_id: int
     tenant_slug: str
-    plan: GatewayPlan = GatewayPlan()
+    plan: GatewayPlan = field(default_factory=GatewayPlan)
     adapters: frozenset[str] = frozenset()
     max_tokens_per_minute: int | None = None
     monthly_token_budget: int | None = None

@@ -9,6 +9,22 @@ from django.utils import timezone
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 
+# The plan fields the gateway enforces on each request. It copies them off the tenant onto every key it caches
+# (serving/gateway/auth.py, `GatewayPlan`), so a change of one drops the tenant's cached keys (tenants/signals.py).
+GATEWAY_PLAN_FIELDS = (
+    "rate_limit_rpm",
+    "max_inflight_requests",
+    "max_request_tokens",
+    "max_choices",
+    "max_logprobs",
+    "max_structured_output_bytes",
+    "max_tokens_per_minute",
+    "monthly_token_budget",
+    "max_routed_experts_bytes",
+    "max_cold_wait_s",
+    "max_held_requests",
+)
+
 
 class Tenant(models.Model):
     """A customer of the platform. Everything a tenant owns is walled off from every other tenant."""

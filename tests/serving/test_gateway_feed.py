@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from unittest import mock
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
@@ -16,7 +17,8 @@ from serving.gateway.resolve import ModelRef
 from serving.models import Alias, NodeState, Placement, PlacementState, ServingNode, lora_name
 from tenants import services as tenant_services
 from tenants.access import Actor
-from tenants.models import Role
+from tenants.models import Role, Tenant
+from tenants.models.tenant import GATEWAY_PLAN_FIELDS
 from tests.serving.gateway_world import FakeVLLM, complete, gateway_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -384,3 +386,13 @@ def test_follow_applies_key_events_committed_by_the_services(world, settings):
 
     latency = async_to_sync(scenario)()
     assert latency is not None and latency < 1.0
+
+
+@pytest.mark.parametrize("field", GATEWAY_PLAN_FIELDS)
+def test_a_change_of_any_plan_field_a_cached_key_carries_drops_the_tenants_keys(world, field):
+    """Each cached key carries its tenant's plan (`GatewayPlan`): a change of any of its fields is announced."""
+    tenant = Tenant.objects.get(id=world.tenant_a.tenant.id)
+    setattr(tenant, field, getattr(tenant, field) + 1)
+    with mock.patch("tenants.services.api_keys_changed") as changed:
+        tenant.save()
+    changed.assert_called_once_with(tenant_id=tenant.id, reason="tenant")
