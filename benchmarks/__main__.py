@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.report import BENCHMARKS
+from benchmarks.report.data import BENCHMARKS
 
 # Arguments a full run (not --quick) gives one benchmark: packing measures live vLLM loads only when asked.
 FULL_RUN_ARGS = {"packing": ["--engine"]}

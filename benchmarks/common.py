@@ -167,16 +167,6 @@ def print_logs(supervisor, *names: str, limit: int = 4000) -> None:
         print(f"--- {name} log\n{text}", file=sys.stderr)
 
 
-def plot_result(path: Path) -> None:
-    """Draw the results file's figure next to it (benchmarks.report.plot); matplotlib is a dev extra."""
-    try:
-        from benchmarks import report
-
-        report.plot(path)
-    except ImportError as exc:
-        print(f"{path.stem}: no plot ({exc})", file=sys.stderr)
-
-
 def manage(*args: str, env: dict[str, str]) -> str:
     return subprocess.run(
         [sys.executable, "manage.py", *args], cwd=BASE_DIR, env=env, check=True, capture_output=True, text=True

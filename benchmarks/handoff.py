@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 
 from benchmarks import handoff_baselines as baselines
-from benchmarks.common import parser, percentile, plot_result, write_result
+from benchmarks.common import parser, percentile, write_result
+from benchmarks.report.plots import plot_result
 from benchmarks.stack import Stack
 
 ADAPTER = "policy"

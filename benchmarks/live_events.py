@@ -31,7 +31,6 @@ from benchmarks.common import (
     bench_database_url,
     bench_env,
     parser,
-    plot_result,
     print_logs,
     recreate_database,
     setup_django,
@@ -39,6 +38,7 @@ from benchmarks.common import (
     wait_http,
     write_result,
 )
+from benchmarks.report.plots import plot_result
 from devtools.launcher import web_argv, worker_argv
 from devtools.supervisor import Supervisor, free_port
 

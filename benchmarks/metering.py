@@ -43,7 +43,8 @@ from dataclasses import dataclass
 
 import openai
 
-from benchmarks.common import bench_env, parser, percentile, plot_result, summary_ms, write_result
+from benchmarks.common import bench_env, parser, percentile, summary_ms, write_result
+from benchmarks.report.plots import plot_result
 from benchmarks.stack import Stack
 
 REDIS_DB = 11

@@ -36,7 +36,6 @@ from benchmarks.common import (
     bootstrap_median,
     parser,
     percentile,
-    plot_result,
     print_logs,
     recreate_database,
     setup_django,
@@ -44,6 +43,7 @@ from benchmarks.common import (
     wait_http,
     write_result,
 )
+from benchmarks.report.plots import plot_result
 from devtools.launcher import web_argv, worker_argv, worker_nice
 from devtools.supervisor import Supervisor, free_port
 

@@ -37,12 +37,12 @@ from benchmarks.common import (
     bench_env,
     manage,
     parser,
-    plot_result,
     print_logs,
     recreate_database,
     wait_http,
     write_result,
 )
+from benchmarks.report.plots import plot_result
 from devtools.launcher import web_argv
 from devtools.supervisor import Supervisor, free_port
 

@@ -27,7 +27,8 @@ from benchmarks.catalog.measure import (
     measure_resolution_queries,
     prepare,
 )
-from benchmarks.common import parser, plot_result, summary_ms, write_result
+from benchmarks.common import parser, summary_ms, write_result
+from benchmarks.report.plots import plot_result
 
 
 def summarize(state: SizeState, plans: list[dict]) -> dict:

@@ -8,7 +8,8 @@ import sys
 import time
 
 import benchmarks.long_tail
-from benchmarks.common import parser, plot_result, write_result
+from benchmarks.common import parser, write_result
+from benchmarks.report.plots import plot_result
 
 _T0 = time.monotonic()
 

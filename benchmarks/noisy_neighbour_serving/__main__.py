@@ -15,7 +15,6 @@ import benchmarks.noisy_neighbour_serving
 from benchmarks.common import (
     bench_redis_url,
     parser,
-    plot_result,
     write_result,
 )
 from benchmarks.noisy_neighbour_serving import (
@@ -32,6 +31,7 @@ from benchmarks.noisy_neighbour_serving import (
 )
 from benchmarks.noisy_neighbour_serving.clients import Clients, answer_code
 from benchmarks.noisy_neighbour_serving.figures import figures
+from benchmarks.report.plots import plot_result
 from benchmarks.stack import Stack
 
 # ---------------------------------------------------------------- the stack: tenants, revisions, settling

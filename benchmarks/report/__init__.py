@@ -9,12 +9,6 @@ generic table (and plot) of its numbers.
 
     python -m benchmarks.report [--out DIR] [--docs PATH]
 
-Modules: `data` (reading results), `verdicts` (figures against targets), `markdown` (docs/benchmarks.md),
-`plots` (the PNGs).
+Modules: `data` (reading results), `verdicts` and `isolation` (figures against targets), `markdown`
+(docs/benchmarks.md), `plots` (the PNGs; `plot_result` draws one as its benchmark finishes).
 """
-
-from benchmarks.report.data import BENCHMARKS, DOCS, TITLES
-from benchmarks.report.markdown import write_markdown
-from benchmarks.report.plots import plot
-
-__all__ = ["BENCHMARKS", "DOCS", "TITLES", "plot", "write_markdown"]

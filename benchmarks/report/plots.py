@@ -378,6 +378,15 @@ PLOTS: dict[str, Callable[[dict, Any], Any]] = {
 OWN_PLOTS = {"packing", "handoff"}
 
 
+def plot_result(path: Path) -> None:
+    """Draw a results file's figure next to it as its benchmark finishes; matplotlib is a dev extra: without it,
+    say so and go on."""
+    try:
+        plot(path)
+    except ImportError as exc:
+        print(f"{path.stem}: no plot ({exc})", file=sys.stderr)
+
+
 def plot(path: Path) -> Path:
     """Draw `<name>.png` next to a results file `<name>.json`. Returns the PNG's path."""
     plt = _pyplot()

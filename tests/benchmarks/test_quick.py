@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.common import BASE_DIR, RESULTS
-from benchmarks.report import BENCHMARKS
+from benchmarks.report.data import BENCHMARKS
 
 # Benchmarks whose `--quick` run is fast (seconds) and needs no vLLM engine, with the keys their
 # results must have. Not here: gateway_overhead and readiness_isolation (they start a vLLM engine,
