@@ -145,28 +145,6 @@ class AuthFailures:
             return None
         return max(waits) if waits else None
 
-    def wait(self, bucket: str) -> float | None:
-        """Seconds until `bucket` may try a key again, or None while it is under the limit."""
-        if self._breaker.open:
-            return None
-        item = failure_limit()
-        try:
-            if self._limiter.test(item, bucket):
-                return None
-            return max(1.0, self._storage.get_expiry(item.key_for(bucket)) - time.time())
-        except _STORAGE_ERRORS as exc:
-            self._breaker.trip(exc)
-            return None
-
-    def record(self, bucket: str) -> None:
-        """Count one failed authentication of `bucket`."""
-        if self._breaker.open:
-            return
-        try:
-            self._limiter.hit(failure_limit(), bucket)
-        except _STORAGE_ERRORS as exc:
-            self._breaker.trip(exc)
-
 
 @cache
 def auth_failures(redis_url: str) -> AuthFailures:
@@ -208,15 +186,6 @@ class AsyncAuthFailures:
         except _STORAGE_ERRORS as exc:
             self._breaker.trip(exc)
             return None
-
-    async def record(self, bucket: str) -> None:
-        """Count one failed authentication of `bucket`."""
-        if self._breaker.open:
-            return
-        try:
-            await self._limiter.hit(failure_limit(), bucket)
-        except _STORAGE_ERRORS as exc:
-            self._breaker.trip(exc)
 
 
 def auth_failures_message(wait: float) -> str:

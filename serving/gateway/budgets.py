@@ -57,12 +57,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
-from prometheus_client import Counter
 from redis.commands.core import AsyncScript
 
 from mint_site.redis_breaker import REDIS_DOWN, RedisBreaker
 from serving import services as serving_services
 from serving.gateway import GatewayError
+from serving.gateway.metrics import TOKENS_REFUSED
 from serving.gateway.token_counts import SYNC_SCRIPT, Count, Reservation
 from serving.services.budgets import (  # the counters' Redis layout, shared with the evaluation runner
     BUDGET_THRESHOLDS,
@@ -82,13 +82,6 @@ log = logging.getLogger(__name__)
 FRESH_S = 1.0  # how old a counter's total may be before a request that checks it asks for it again
 IDLE_S = 600.0  # a counter nobody checked or spent on for this long is forgotten (read again when next needed)
 _SEED_RETRY_S = 5.0  # after a rebuild that failed (the database or Redis), before the next try
-
-# The gateway's metrics module has the request counters; this one is for the token limits only.
-TOKENS_REFUSED = Counter(
-    "mint_gateway_token_limited_total",
-    "Requests refused 429 by a token limit, by tenant and code (tokens_per_minute_exceeded, budget_exhausted).",
-    ["tenant", "code"],
-)
 
 
 class TokenLimits:

@@ -31,6 +31,11 @@ NOT_READY = Counter(
 RATE_LIMITED = Counter(
     "mint_gateway_rate_limited_total", "Requests refused 429 by the tenant's rate limit.", ["tenant"]
 )
+TOKENS_REFUSED = Counter(
+    "mint_gateway_token_limited_total",
+    "Requests refused 429 by a token limit, by tenant and code (tokens_per_minute_exceeded, budget_exhausted).",
+    ["tenant", "code"],
+)
 UPSTREAM_ERRORS = Counter(
     "mint_gateway_upstream_errors_total",
     "Failed calls to a serving node (connection errors, timeouts, 5xx, broken streams), by node name.",
