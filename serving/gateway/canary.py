@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from redis.exceptions import RedisError
 
+from serving import services
 from serving.services import canary as rule
 
 if TYPE_CHECKING:
@@ -179,8 +180,6 @@ class CanaryCounters:
         }
 
         async def abort() -> None:
-            from serving import services
-
             try:
                 done = await self._db.run(
                     lambda: services.canary_abort_auto(
