@@ -56,8 +56,8 @@ from serving.services.residency import (
     placements_touch,
     stray_loras,
 )
-from serving.services.retention import retention_apply, retention_preview, retention_sweep
-from serving.services.retire import adapter_delete, alias_deactivate, naming_aliases, revision_archive
+from serving.services.retention import retention_preview
+from serving.services.retire import adapter_delete, alias_deactivate, revision_archive
 from serving.services.rollout import (
     alias_flip,
     canaries_stranded_abort,
@@ -87,7 +87,6 @@ __all__ = [
     "converge_aliases",
     "drain_step",
     "eviction_victim",
-    "naming_aliases",
     "node_copies_over_budget",
     "node_copy_forget",
     "node_copy_removed",
@@ -106,9 +105,7 @@ __all__ = [
     "placements_retry",
     "placements_touch",
     "prewarm_pacing_delay",
-    "retention_apply",
     "retention_preview",
-    "retention_sweep",
     "revision_activate",
     "revision_archive",
     "revision_rollback",
