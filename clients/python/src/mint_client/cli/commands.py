@@ -13,10 +13,10 @@ from mint_client import errors
 from mint_client.cli.context import (
     EXIT_OK,
     Context,
-    _alias_table,
-    _revision_table,
-    _show_alias,
-    _show_revision,
+    alias_table,
+    revision_table,
+    show_alias,
+    show_revision,
 )
 from mint_client.models import Adapter, Alias, Revision, revision_number
 
@@ -119,9 +119,9 @@ def cmd_push(ctx: Context) -> int:
         ctx.say(f"{a.adapter}:{alias.name} serves {alias.revision or '-'}, wants {alias.desired_revision or '-'}")
 
     def render() -> None:
-        ctx.console.print(_revision_table([Revision.from_json(result["revision"])], title=a.adapter))
+        ctx.console.print(revision_table([Revision.from_json(result["revision"])], title=a.adapter))
         if "alias" in result:
-            ctx.console.print(_alias_table([Alias.from_json(result["alias"])]))
+            ctx.console.print(alias_table([Alias.from_json(result["alias"])]))
 
     ctx.emit(result, render)
     return EXIT_OK
@@ -132,8 +132,8 @@ def cmd_status(ctx: Context) -> int:
 
     def render() -> None:
         ctx.console.print(f"[bold]{adapter.name}[/] on {adapter.base_model}  {escape(adapter.description)}")
-        ctx.console.print(_alias_table(adapter.aliases))
-        ctx.console.print(_revision_table(adapter.latest_revisions, title="latest revisions"))
+        ctx.console.print(alias_table(adapter.aliases))
+        ctx.console.print(revision_table(adapter.latest_revisions, title="latest revisions"))
 
     ctx.emit(adapter.raw, render)
     return EXIT_OK
@@ -175,24 +175,24 @@ def cmd_revisions(ctx: Context) -> int:
         revisions.append(r)
         if a.limit and len(revisions) >= a.limit:
             break
-    ctx.emit([r.raw for r in revisions], lambda: ctx.console.print(_revision_table(revisions, title=a.adapter)))
+    ctx.emit([r.raw for r in revisions], lambda: ctx.console.print(revision_table(revisions, title=a.adapter)))
     return EXIT_OK
 
 
 def cmd_show(ctx: Context) -> int:
-    _show_revision(ctx, ctx.client().revision(ctx.args.adapter, ctx.args.revision))
+    show_revision(ctx, ctx.client().revision(ctx.args.adapter, ctx.args.revision))
     return EXIT_OK
 
 
 def cmd_wait(ctx: Context) -> int:
     a = ctx.args
     revision = ctx.client().wait_for(a.adapter, a.revision, a.state, timeout=a.timeout, show_progress=not ctx.json)
-    _show_revision(ctx, revision)
+    show_revision(ctx, revision)
     return EXIT_OK
 
 
 def cmd_request_approval(ctx: Context) -> int:
-    _show_revision(ctx, ctx.client().request_approval(ctx.args.adapter, ctx.args.revision))
+    show_revision(ctx, ctx.client().request_approval(ctx.args.adapter, ctx.args.revision))
     return EXIT_OK
 
 
@@ -209,17 +209,17 @@ def cmd_approve(ctx: Context) -> int:
             status=exc.status,
             detail=exc.detail,
         ) from exc
-    _show_revision(ctx, revision)
+    show_revision(ctx, revision)
     return EXIT_OK
 
 
 def cmd_reject(ctx: Context) -> int:
-    _show_revision(ctx, ctx.client().reject(ctx.args.adapter, ctx.args.revision, ctx.args.comment))
+    show_revision(ctx, ctx.client().reject(ctx.args.adapter, ctx.args.revision, ctx.args.comment))
     return EXIT_OK
 
 
 def cmd_retry(ctx: Context) -> int:
-    _show_revision(ctx, ctx.client().retry(ctx.args.adapter, ctx.args.revision))
+    show_revision(ctx, ctx.client().retry(ctx.args.adapter, ctx.args.revision))
     return EXIT_OK
 
 
@@ -236,7 +236,7 @@ def cmd_activate(ctx: Context) -> int:
             timeout=a.timeout,
             show_progress=not ctx.json,
         )
-    _show_alias(ctx, a.adapter, alias)
+    show_alias(ctx, a.adapter, alias)
     return EXIT_OK
 
 
@@ -252,23 +252,23 @@ def cmd_rollback(ctx: Context) -> int:
             timeout=a.timeout,
             show_progress=not ctx.json,
         )
-    _show_alias(ctx, a.adapter, alias)
+    show_alias(ctx, a.adapter, alias)
     return EXIT_OK
 
 
 def cmd_promote(ctx: Context) -> int:
-    _show_alias(ctx, ctx.args.adapter, ctx.client().promote(ctx.args.adapter, alias=ctx.args.alias))
+    show_alias(ctx, ctx.args.adapter, ctx.client().promote(ctx.args.adapter, alias=ctx.args.alias))
     return EXIT_OK
 
 
 def cmd_abort(ctx: Context) -> int:
     a = ctx.args
-    _show_alias(ctx, a.adapter, ctx.client().abort(a.adapter, alias=a.alias, reason=a.reason))
+    show_alias(ctx, a.adapter, ctx.client().abort(a.adapter, alias=a.alias, reason=a.reason))
     return EXIT_OK
 
 
 def cmd_cancel(ctx: Context) -> int:
-    _show_alias(ctx, ctx.args.adapter, ctx.client().cancel(ctx.args.adapter, alias=ctx.args.alias))
+    show_alias(ctx, ctx.args.adapter, ctx.client().cancel(ctx.args.adapter, alias=ctx.args.alias))
     return EXIT_OK
 
 

@@ -127,7 +127,7 @@ class _Null:
 # ---------------------------------------------------------------------- rendering
 
 
-def _revision_table(revisions: list[Revision], title: str | None = None) -> Table:
+def revision_table(revisions: list[Revision], title: str | None = None) -> Table:
     table = Table(title=title)
     for column in ("rev", "state", "step", "parent", "rank", "registered by", "created", "failure"):
         table.add_column(column)
@@ -153,7 +153,7 @@ def _revision_table(revisions: list[Revision], title: str | None = None) -> Tabl
     return table
 
 
-def _alias_table(aliases: list[Alias]) -> Table:
+def alias_table(aliases: list[Alias]) -> Table:
     table = Table(title="aliases")
     for column in ("alias", "serves", "desired", "pending", "canary"):
         table.add_column(column)
@@ -169,17 +169,17 @@ def _alias_table(aliases: list[Alias]) -> Table:
     return table
 
 
-def _show_revision(ctx: Context, r: Revision) -> None:
+def show_revision(ctx: Context, r: Revision) -> None:
     def render() -> None:
-        ctx.console.print(_revision_table([r], title=f"{r.adapter} {r.label}"))
+        ctx.console.print(revision_table([r], title=f"{r.adapter} {r.label}"))
         if r.failure:
             ctx.console.print(f"[red]failed[/] {escape(r.failure_code)}: {escape(r.failure_reason)}")
 
     ctx.emit(r.raw, render)
 
 
-def _show_alias(ctx: Context, adapter: str, alias: Alias) -> None:
+def show_alias(ctx: Context, adapter: str, alias: Alias) -> None:
     def render() -> None:
-        ctx.console.print(_alias_table([alias]))
+        ctx.console.print(alias_table([alias]))
 
     ctx.emit({"adapter": adapter, **alias.raw}, render)

@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from mint_client import errors
-from mint_client.cli.context import EXIT_OK, EXIT_USAGE, Context, _show_revision
+from mint_client.cli.context import EXIT_OK, EXIT_USAGE, Context, show_revision
 
 
 def cmd_deactivate(ctx: Context) -> int:
@@ -31,7 +31,7 @@ def cmd_archive(ctx: Context) -> int:
         f"{a.adapter} {revision.label} archived"
         + ("; its source is kept, `mint restore` can bring it back" if a.keep_source else "; its files are removed")
     )
-    _show_revision(ctx, revision)
+    show_revision(ctx, revision)
     return EXIT_OK
 
 
@@ -39,7 +39,7 @@ def cmd_restore(ctx: Context) -> int:
     a = ctx.args
     revision = ctx.client().restore(a.adapter, a.revision)
     ctx.say(f"{a.adapter} {revision.label} is {revision.state} again; its export is being written from its source")
-    _show_revision(ctx, revision)
+    show_revision(ctx, revision)
     return EXIT_OK
 
 
@@ -49,7 +49,7 @@ def cmd_keep(ctx: Context) -> int:
     ctx.say(
         f"{a.adapter} {revision.label} " + ("is no longer kept" if a.off else "is kept: retention never archives it")
     )
-    _show_revision(ctx, revision)
+    show_revision(ctx, revision)
     return EXIT_OK
 
 
