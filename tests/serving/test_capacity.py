@@ -247,6 +247,7 @@ def test_a_load_on_demand_past_the_tenants_share_spares_anothers_recurring_entry
     mine = revisions_of("a", 3)
     place(node, mine[0], "ready", last_used_at=now - timedelta(minutes=2))
     place(node, mine[1], "ready", last_used_at=now - timedelta(minutes=1))
+    record_requests({mine[0].id: 3, mine[1].id: 3})  # A's are asked for more often than B's
     placement = services.placement_request(revision=mine[2], priority=Priority.COLD_REQUEST)
     assert placement is not None and placement.state == "queued"
     evicting = [p.revision_id for p in Placement.objects.filter(state="evicting")]
