@@ -53,7 +53,6 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
@@ -334,8 +333,11 @@ class TokenLimits:
     async def _seed(self, count: Count) -> None:
         """Rebuild an absent month counter from the database (on a database thread), unless another process has."""
         try:
+            start, end = count.period.month_start, count.period.month_end
             used = await self._db.run(
-                _month_tokens, count.tenant_id, count.key_id, count.period.month_start, count.period.month_end
+                lambda: serving_services.usage_month_tokens(
+                    tenant_id=count.tenant_id, key_id=count.key_id, start=start, end=end
+                )
             )
             await self._client().set(count.redis_key, used, nx=True, ex=count.ttl(self.clock()))
         except Exception as exc:
@@ -378,10 +380,6 @@ def _holder(caller: Caller, count: Count) -> str:
     if count.key_id is not None:
         return f"Key mint_{caller.key_prefix}_…"
     return f"Tenant {caller.tenant_slug}"
-
-
-def _month_tokens(tenant_id: int, key_id: int | None, start: datetime, end: datetime) -> int:
-    return serving_services.usage_month_tokens(tenant_id=tenant_id, key_id=key_id, start=start, end=end)
 
 
 def _budget_crossed(count: Count, threshold: int, used: int, budget: int) -> bool:

@@ -79,7 +79,7 @@ class GatewayState:
         # Shared out per tenant (serving/gateway/caches.py): no tenant's entries or misses evict another's.
         self.keys = RefreshingCache(
             self.background,
-            ttl=self.key_cache_ttl,
+            ttl=lambda: float(settings.MINT_GATEWAY_KEY_CACHE_S),
             share=auth.key_share,  # a tenant's keys; refusals of tokens and of genuine keys apart
             per_owner=TENANT_SHARE,
             misses_per_owner=SHARED_MISSES,
@@ -101,7 +101,7 @@ class GatewayState:
         )
         self.cold = ColdStarts(self.background, self.db, self.prewarmed)
         self.inflight_cap = InflightCap(self.background, self.rate_limit.client)
-        self.node_slots = FairSlots(capacity=self.node_slot_count)
+        self.node_slots = FairSlots(capacity=lambda: int(settings.MINT_GATEWAY_NODE_SLOTS))
         self.nodes = NodeHealth(self._report_unreachable)
         self.tokens = TokenLimits(self.background, self.rate_limit.client, self.db)
         self.canary = CanaryCounters(self.background, self.rate_limit.client, self.db, self._canary_aborted)
@@ -154,14 +154,6 @@ class GatewayState:
         of a large catalog) then costs its next request no database round trip.
         """
         return float(settings.MINT_GATEWAY_FOLLOWED_STALE_S) if self.following else 0.0
-
-    @staticmethod
-    def key_cache_ttl() -> float:
-        return float(settings.MINT_GATEWAY_KEY_CACHE_S)
-
-    @staticmethod
-    def node_slot_count() -> int:
-        return int(settings.MINT_GATEWAY_NODE_SLOTS)
 
     def auth_failures(self) -> AsyncAuthFailures:
         """The failed-authentication counter (tenants/throttles.py), on the rate limiter's Redis connections."""
