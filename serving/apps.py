@@ -29,3 +29,7 @@ class ServingConfig(AppConfig):
         # A revision registered to be sampled at once (`prewarm`) is placed as soon as it is exported.
         revision_exported.connect(prewarm_on_export, dispatch_uid="serving.prewarm_on_export")
         storage_needed.connect(on_storage_needed, dispatch_uid="serving.retention_make_room")
+
+        # Services send tasks by name (serving/services/outbox.py): registered in every process, a name sent
+        # where tasks run at once (MINT_TASKS_EAGER, the tests) runs rather than waiting on the broker.
+        import serving.tasks  # noqa: F401

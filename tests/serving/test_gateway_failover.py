@@ -16,6 +16,7 @@ from serving.gateway.proxy import pick
 from serving.gateway.routes import Target
 from serving.models import NodeState, Placement, PlacementState, ServingNode
 from tests.serving.gateway_world import FakeAnswer, complete, gw_node, metric
+from tests.serving.sent_tasks import recorded, sent_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -166,14 +167,12 @@ def test_a_report_probes_a_dead_node_once_and_takes_it_out_of_routing(
     assert services.nodes.node_report_unreachable(name="node-b") is False
 
 
-def test_reports_within_the_window_send_one_probe(world, dead_node, monkeypatch):
-    sent = []
-    monkeypatch.setattr("serving.tasks.node_probe.apply_async", lambda **kw: sent.append(kw))
-
-    assert services.nodes.node_report_unreachable(name="node-b") is True
-    assert services.nodes.node_report_unreachable(name="node-b") is False
-    assert sent == [{"kwargs": {"node_id": dead_node.id}}]
-    assert services.nodes.node_report_unreachable(name="no-such-node") is False
+def test_reports_within_the_window_send_one_probe(world, dead_node):
+    with recorded("node_probe") as calls:
+        assert services.nodes.node_report_unreachable(name="node-b") is True
+        assert services.nodes.node_report_unreachable(name="node-b") is False
+        assert services.nodes.node_report_unreachable(name="no-such-node") is False
+    assert sent_of(calls, "node_probe") == [{"node_id": dead_node.id}]
 
 
 def test_a_probe_of_a_node_that_answers_changes_nothing(world, monkeypatch):
