@@ -222,15 +222,6 @@ def evaluation_case_results(evaluation: Evaluation, *, answers: bool) -> list[di
     return [{name: value for name, value in case.items() if name != "answer"} for case in results]
 
 
-def revision_evaluations(*, revision: AdapterRevision) -> QuerySet[Evaluation]:
-    """Every evaluation of the revision, newest suite first."""
-    return (
-        Evaluation.objects.filter(revision=revision)
-        .select_related("suite", "baseline_revision", "revision__adapter")
-        .order_by("-suite__version")
-    )
-
-
 def evaluation_by_id(evaluation_id: int) -> Evaluation | None:
     """For the runner (serving): the evaluation with its revision, adapter, tenant and suite."""
     return (

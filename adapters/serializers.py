@@ -163,26 +163,6 @@ class AdapterDetailSerializer(AdapterSerializer):
         return RevisionSerializer(self.context["latest_revisions"], many=True).data
 
 
-class AdapterReplicasSerializer(serializers.Serializer):
-    """`PATCH adapters/<name>/`: the adapter's replica override, the only field it changes."""
-
-    replicas = serializers.IntegerField(
-        min_value=1,
-        allow_null=True,
-        help_text=(
-            "Distinct nodes each revision its aliases serve is loaded on, and its desired revision must be ready on "
-            "before a flip; null: the platform default (MINT_ALIAS_READY_REPLICAS). At most the plan's max_replicas "
-            "(429 replicas_above_plan)."
-        ),
-    )
-
-    def validate(self, attrs: dict) -> dict:
-        extra = sorted(set(self.initial_data) - set(self.fields)) if hasattr(self.initial_data, "keys") else []
-        if extra:
-            raise serializers.ValidationError({name: ["Cannot be changed here; only replicas can."] for name in extra})
-        return attrs
-
-
 @extend_schema_field({"type": "object", "additionalProperties": True})
 class MetricsField(serializers.Field):
     """A revision's metrics: a JSON object, or its text (a multipart field); bounded by adapters/runs.py."""
