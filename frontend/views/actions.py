@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.views.decorators.http import require_POST
@@ -29,10 +29,19 @@ from frontend.forms import (
     RegisterForm,
     RejectForm,
     RollbackForm,
-    form_errors,
 )
 from frontend.selectors import detail
-from frontend.views.base import act, page, safe_next
+from frontend.views.base import (
+    act,
+    adapter_or_404,
+    adapter_url,
+    cleaned,
+    found,
+    page,
+    revision_or_404,
+    revision_url,
+    safe_next,
+)
 from mint_site.errors import Conflict, MintError
 from serving import selectors as serving_selectors
 from serving import services as serving_services
@@ -40,44 +49,15 @@ from serving.models import Alias, NodeState, ServingNode
 from tenants.access import Actor, Capability
 
 
-def _adapter(request: HttpRequest, name: str) -> Adapter:
-    adapter = detail.adapter_get(tenant=request.viewer.tenant, name=name)
-    if adapter is None:
-        raise Http404("No such adapter.")
-    return adapter
-
-
-def _revision(adapter: Adapter, number: int) -> AdapterRevision:
-    revision = detail.revision_get(adapter=adapter, number=number)
-    if revision is None:
-        raise Http404("No such revision.")
-    return revision
-
-
-def _back(adapter: Adapter) -> str:
-    return reverse("frontend:adapter", kwargs={"name": adapter.name})
-
-
-def _revision_url(adapter: Adapter, number: int) -> str:
-    return reverse("frontend:revision", kwargs={"name": adapter.name, "number": number})
-
-
-def _cleaned(form) -> dict:
-    """The form's cleaned data, or a MintError naming each invalid field by its label (shown next to the form)."""
-    if form.is_valid():
-        return form.cleaned_data
-    raise MintError(form_errors(form), code="invalid_form")
-
-
 @require_POST
 @page(post=Capability.DECIDE)
 def revision_decide(request: HttpRequest, name: str, number: int, decision: str) -> HttpResponse:
-    adapter = _adapter(request, name)
-    revision = _revision(adapter, number)
+    adapter = adapter_or_404(request, name)
+    revision = revision_or_404(adapter, number)
     approve = decision == "approve"
 
     def run() -> str:
-        data = _cleaned(DecisionForm(request.POST) if approve else RejectForm(request.POST))
+        data = cleaned(DecisionForm(request.POST) if approve else RejectForm(request.POST))
         actor = request.viewer.access.actor
         if approve:
             services.revision_approve(
@@ -87,7 +67,7 @@ def revision_decide(request: HttpRequest, name: str, number: int, decision: str)
             services.revision_reject(revision=revision, by=actor, comment=data["comment"])
         return f"r{number} of {adapter.name} {'approved' if approve else 'rejected'}."
 
-    return act(request, _revision_url(adapter, number), run, anchor=f"r{number}")
+    return act(request, revision_url(adapter, number), run, anchor=f"r{number}")
 
 
 @require_POST
@@ -100,11 +80,11 @@ def revision_request_approval(request: HttpRequest, name: str, number: int) -> H
 @page(post=Capability.REGISTER)
 def revision_register(request: HttpRequest, name: str) -> HttpResponse:
     """Upload a revision (PEFT files or one archive); validation and export follow in the background."""
-    adapter = _adapter(request, name)
+    adapter = adapter_or_404(request, name)
 
     def run() -> str:
         with dispatch.backlog_priority(tenant_id=adapter.tenant_id):  # parsing and storing the body
-            data = _cleaned(RegisterForm(request.POST, request.FILES))
+            data = cleaned(RegisterForm(request.POST, request.FILES))
             files = request.FILES.getlist("files") + request.FILES.getlist("archive")
             if not files:
                 raise MintError("Choose the adapter's files (or one archive) to upload.")
@@ -126,14 +106,14 @@ def revision_register(request: HttpRequest, name: str) -> HttpResponse:
                 ) from exc
         return f"r{revision.number} registered; validation is under way."
 
-    return act(request, _back(adapter), run, anchor="register")
+    return act(request, adapter_url(adapter), run, anchor="register")
 
 
 @require_POST
 @page(post=Capability.REGISTER)
 def suite_upload(request: HttpRequest, name: str) -> HttpResponse:
     """Upload the adapter's next evaluation suite (one JSONL file); a bad line is named in the message."""
-    adapter = _adapter(request, name)
+    adapter = adapter_or_404(request, name)
 
     def run() -> str:
         files = request.FILES.getlist("file")
@@ -149,17 +129,17 @@ def suite_upload(request: HttpRequest, name: str) -> HttpResponse:
             "exported from now on are scored on it."
         )
 
-    return act(request, _back(adapter), run, anchor="evaluation")
+    return act(request, adapter_url(adapter), run, anchor="evaluation")
 
 
 @require_POST
 @page(post=Capability.DECIDE)
 def evaluation_policy(request: HttpRequest, name: str) -> HttpResponse:
     """Set the adapter's gate: a minimum score and/or no regression against the live revision."""
-    adapter = _adapter(request, name)
+    adapter = adapter_or_404(request, name)
 
     def run() -> str:
-        data = _cleaned(EvaluationPolicyForm(request.POST))
+        data = cleaned(EvaluationPolicyForm(request.POST))
         services.adapter_set_evaluation_policy(
             adapter=adapter,
             min_score=data.get("min_score"),
@@ -168,7 +148,7 @@ def evaluation_policy(request: HttpRequest, name: str) -> HttpResponse:
         )
         return "Evaluation policy saved."
 
-    return act(request, _back(adapter), run, anchor="evaluation")
+    return act(request, adapter_url(adapter), run, anchor="evaluation")
 
 
 @require_POST
@@ -180,14 +160,14 @@ def revision_retry(request: HttpRequest, name: str, number: int) -> HttpResponse
 
 def _revision_step(request: HttpRequest, name: str, number: int, service, done: str) -> HttpResponse:
     """A transition of one revision by `service(revision=…, by=…)`; `done` ("…r{n}…") says it happened."""
-    adapter = _adapter(request, name)
-    revision = _revision(adapter, number)
+    adapter = adapter_or_404(request, name)
+    revision = revision_or_404(adapter, number)
 
     def run() -> str:
         service(revision=revision, by=request.viewer.access.actor)
         return done.format(n=number)
 
-    return act(request, _revision_url(adapter, number), run, anchor=f"r{number}")
+    return act(request, revision_url(adapter, number), run, anchor=f"r{number}")
 
 
 @require_POST
@@ -235,12 +215,12 @@ def canary_abort(request: HttpRequest, name: str) -> HttpResponse:
 
 def _alias_action(request: HttpRequest, name: str, form, run: Callable[[Adapter, str, dict], str]) -> HttpResponse:
     """An action on one alias (the form's `alias`, production when none), its result shown next to that alias."""
-    adapter = _adapter(request, name)
+    adapter = adapter_or_404(request, name)
     alias_name = (form.cleaned_data.get("alias") if form.is_valid() else "") or Alias.PRODUCTION
     return act(
         request,
-        safe_next(request, _back(adapter)),
-        lambda: run(adapter, alias_name, _cleaned(form)),
+        safe_next(request, adapter_url(adapter)),
+        lambda: run(adapter, alias_name, cleaned(form)),
         anchor=f"alias-{alias_name}",
     )
 
@@ -252,12 +232,12 @@ def _alias_named(adapter: Adapter, name: str) -> Alias | None:
 @require_POST
 @page(post=Capability.DECIDE)
 def adapter_activate(request: HttpRequest, name: str) -> HttpResponse:
-    adapter = _adapter(request, name)
+    adapter = adapter_or_404(request, name)
     form = ActivateForm(request.POST)
     number = form.cleaned_data["revision"] if form.is_valid() else None
 
     def run() -> str:
-        data = _cleaned(form)
+        data = cleaned(form)
         alias_name = data.get("alias") or Alias.PRODUCTION
         revision = _revision_or_error(adapter, data["revision"])
         before = _alias_named(adapter, alias_name)
@@ -277,19 +257,19 @@ def adapter_activate(request: HttpRequest, name: str) -> HttpResponse:
             )
         return f"r{revision.number} activated on {alias_name}: it flips once r{revision.number} is ready on a node."
 
-    back = _revision_url(adapter, number) if number else _back(adapter)
+    back = revision_url(adapter, number) if number else adapter_url(adapter)
     return act(request, back, run, anchor=f"r{number}" if number else "aliases")
 
 
 @require_POST
 @page(post=Capability.DECIDE)
 def adapter_rollback(request: HttpRequest, name: str) -> HttpResponse:
-    adapter = _adapter(request, name)
+    adapter = adapter_or_404(request, name)
     form = RollbackForm(request.POST)
     alias_name = (form.cleaned_data.get("alias") if form.is_valid() else "") or Alias.PRODUCTION
 
     def run() -> str:
-        data = _cleaned(form)
+        data = cleaned(form)
         number = data.get("revision")
         revision = _revision_or_error(adapter, number) if number else None
         alias = serving_services.revision_rollback(
@@ -297,7 +277,7 @@ def adapter_rollback(request: HttpRequest, name: str) -> HttpResponse:
         )
         return f"Rolling back {alias_name} to r{alias.desired_revision.number}."
 
-    return act(request, safe_next(request, _back(adapter)), run, anchor=f"alias-{alias_name}")
+    return act(request, safe_next(request, adapter_url(adapter)), run, anchor=f"alias-{alias_name}")
 
 
 def _revision_or_error(adapter: Adapter, number: int) -> AdapterRevision:
@@ -345,7 +325,4 @@ def node_undrain(request: HttpRequest, name: str) -> HttpResponse:
 def _staff_node(request: HttpRequest, name: str) -> ServingNode:
     if not request.user.is_staff:
         raise PermissionDenied("Only platform staff drain nodes.")
-    node = serving_selectors.node_by_name(name)
-    if node is None:
-        raise Http404(f"No node {name!r}.")
-    return node
+    return found(serving_selectors.node_by_name(name), f"No node {name!r}.")

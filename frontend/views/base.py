@@ -13,12 +13,17 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from django import forms
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from adapters.models import Adapter, AdapterRevision
+from frontend.forms import form_errors
+from frontend.selectors import detail
 from mint_site.errors import MintError, QuotaExceeded
 from tenants import selectors as tenant_selectors
 from tenants.access import Access, Capability, member_access
@@ -106,6 +111,36 @@ def page(
         return wrapper
 
     return decorate
+
+
+def found(obj, message: str):
+    """`obj`, or the not-found page saying `message` where it is None (missing, or another tenant's: the same)."""
+    if obj is None:
+        raise Http404(message)
+    return obj
+
+
+def adapter_or_404(request: HttpRequest, name: str) -> Adapter:
+    return found(detail.adapter_get(tenant=request.viewer.tenant, name=name), "No such adapter.")
+
+
+def revision_or_404(adapter: Adapter, number: int) -> AdapterRevision:
+    return found(detail.revision_get(adapter=adapter, number=number), "No such revision.")
+
+
+def adapter_url(adapter: Adapter) -> str:
+    return reverse("frontend:adapter", kwargs={"name": adapter.name})
+
+
+def revision_url(adapter: Adapter, number: int) -> str:
+    return reverse("frontend:revision", kwargs={"name": adapter.name, "number": number})
+
+
+def cleaned(form: forms.Form, *, code: str = "invalid_form") -> dict:
+    """The form's cleaned data, or a MintError naming each invalid field by its label (shown next to the form)."""
+    if form.is_valid():
+        return form.cleaned_data
+    raise MintError(form_errors(form), code=code)
 
 
 def check_write_rate(request: HttpRequest) -> None:

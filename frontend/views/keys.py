@@ -12,7 +12,7 @@ from adapters.serializers import ADAPTER_NAME
 from frontend.forms import ApiKeyCreateForm, form_errors
 from frontend.selectors import keys as key_selectors
 from frontend.selectors import lifecycle
-from frontend.views.base import act, anchor_tag, check_tenant_field, check_write_rate, page, safe_next
+from frontend.views.base import act, anchor_tag, check_tenant_field, check_write_rate, found, page, safe_next
 from mint_site.errors import MintError
 from tenants import services
 from tenants.access import Capability
@@ -89,9 +89,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
 @require_POST
 @page(Capability.MANAGE_KEYS)
 def api_key_revoke(request: HttpRequest, prefix: str) -> HttpResponse:
-    key = key_selectors.api_key_get(tenant=request.viewer.tenant, prefix=prefix)
-    if key is None:
-        raise Http404("No such key.")
+    key = found(key_selectors.api_key_get(tenant=request.viewer.tenant, prefix=prefix), "No such key.")
 
     def run() -> str:
         services.api_key_revoke(key=key, by=request.viewer.access.actor)

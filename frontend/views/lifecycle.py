@@ -18,11 +18,22 @@ from django.views.decorators.http import require_GET, require_POST
 
 from adapters import downloads
 from adapters import services as adapter_services
-from adapters.models import Adapter, AdapterRevision
 from adapters.serializers import ADAPTER_NAME, ALIAS_NAME
-from frontend.forms import form_errors
 from frontend.selectors import detail, lifecycle
-from frontend.views.base import act, anchor_tag, check_tenant_field, check_write_rate, page, safe_next
+from frontend.views.base import (
+    act,
+    adapter_or_404,
+    adapter_url,
+    anchor_tag,
+    check_tenant_field,
+    check_write_rate,
+    cleaned,
+    found,
+    page,
+    revision_or_404,
+    revision_url,
+    safe_next,
+)
 from mint_site.errors import MintError
 from serving import services as serving_services
 from serving.models import Alias
@@ -71,34 +82,6 @@ class PlaygroundForm(forms.Form):
     )
 
 
-def _cleaned(form: forms.Form) -> dict:
-    if form.is_valid():
-        return form.cleaned_data
-    raise MintError(form_errors(form), code="invalid_form")
-
-
-def _adapter(request: HttpRequest, name: str) -> Adapter:
-    adapter = detail.adapter_get(tenant=request.viewer.tenant, name=name)
-    if adapter is None:
-        raise Http404("No such adapter.")
-    return adapter
-
-
-def _revision(adapter: Adapter, number: int) -> AdapterRevision:
-    revision = detail.revision_get(adapter=adapter, number=number)
-    if revision is None:
-        raise Http404("No such revision.")
-    return revision
-
-
-def _adapter_url(adapter: Adapter | str) -> str:
-    return reverse("frontend:adapter", kwargs={"name": adapter if isinstance(adapter, str) else adapter.name})
-
-
-def _revision_url(adapter: Adapter, number: int) -> str:
-    return reverse("frontend:revision", kwargs={"name": adapter.name, "number": number})
-
-
 # ---------------------------------------------------------------- adapters
 
 
@@ -110,7 +93,7 @@ def adapter_create(request: HttpRequest) -> HttpResponse:
     try:
         check_tenant_field(request)
         check_write_rate(request)
-        data = _cleaned(AdapterCreateForm(request.POST))
+        data = cleaned(AdapterCreateForm(request.POST))
         base = lifecycle.base_models().filter(name=data["base_model"]).first()
         if base is None:
             raise MintError(f"Base model: no base model named {data['base_model']!r}.", code="unknown_base_model")
@@ -129,33 +112,33 @@ def adapter_create(request: HttpRequest) -> HttpResponse:
         f"Adapter {adapter.name} created on {base.name}. Register its first revision below.",
         extra_tags=anchor_tag("register"),
     )
-    return redirect(f"{_adapter_url(adapter)}#register")
+    return redirect(f"{adapter_url(adapter)}#register")
 
 
 @require_POST
 @page(post=Capability.REGISTER)
 def adapter_edit(request: HttpRequest, name: str) -> HttpResponse:
-    adapter = _adapter(request, name)
+    adapter = adapter_or_404(request, name)
 
     def run() -> str:
-        data = _cleaned(AdapterEditForm(request.POST))
+        data = cleaned(AdapterEditForm(request.POST))
         adapter_services.adapter_update(
             adapter=adapter, by=request.viewer.access.actor, description=data["description"], tags=data["tags"]
         )
         return "Description and tags saved."
 
-    return act(request, _adapter_url(adapter), run, anchor="settings")
+    return act(request, adapter_url(adapter), run, anchor="settings")
 
 
 @require_POST
 @page(post=Capability.DECIDE)
 def adapter_retention(request: HttpRequest, name: str) -> HttpResponse:
-    adapter = _adapter(request, name)
+    adapter = adapter_or_404(request, name)
 
     def run() -> str:
-        data = _cleaned(RetentionForm(request.POST))
+        data = cleaned(RetentionForm(request.POST))
         adapter = adapter_services.adapter_set_retention(
-            adapter=_adapter(request, name),
+            adapter=adapter_or_404(request, name),
             keep_last=data["keep_last"],
             grace_days=data["grace_days"],
             by=request.viewer.access.actor,
@@ -170,26 +153,26 @@ def adapter_retention(request: HttpRequest, name: str) -> HttpResponse:
             f"the kept and the pending; {count} revision{'s' if count != 1 else ''} will be archived by its next run."
         )
 
-    return act(request, _adapter_url(adapter), run, anchor="retention")
+    return act(request, adapter_url(adapter), run, anchor="retention")
 
 
 @require_POST
 @page(post=Capability.DECIDE)
 def adapter_delete(request: HttpRequest, name: str) -> HttpResponse:
     """Delete the adapter (the confirmation asks for its name typed again); the overview opens on success."""
-    adapter = _adapter(request, name)
+    adapter = adapter_or_404(request, name)
     if request.POST.get("confirm_name", "").strip() != adapter.name:
         messages.error(
             request, f"Type the adapter's name, {adapter.name}, to delete it.", extra_tags=anchor_tag("delete")
         )
-        return redirect(f"{_adapter_url(adapter)}#result-delete")
+        return redirect(f"{adapter_url(adapter)}#result-delete")
     try:
         check_tenant_field(request)
         check_write_rate(request)
         deleted = serving_services.adapter_delete(adapter=adapter, by=request.viewer.access.actor)
     except MintError as exc:
         messages.error(request, exc.message, extra_tags=anchor_tag("delete"))
-        return redirect(f"{_adapter_url(adapter)}#result-delete")
+        return redirect(f"{adapter_url(adapter)}#result-delete")
     archived = len(deleted.archived)
     with_it = f"{archived} revision{'s' if archived != 1 else ''} archived with it"
     if not archived:
@@ -205,18 +188,18 @@ def adapter_delete(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 @page(post=Capability.DECIDE)
 def alias_deactivate(request: HttpRequest, name: str) -> HttpResponse:
-    adapter = _adapter(request, name)
+    adapter = adapter_or_404(request, name)
     form = AliasForm(request.POST)
     alias = (form.cleaned_data.get("alias") if form.is_valid() else "") or Alias.PRODUCTION
 
     def run() -> str:
-        _cleaned(form)
+        cleaned(form)
         named = serving_services.alias_deactivate(adapter=adapter, alias_name=alias, by=request.viewer.access.actor)
         model = adapter.name if alias == Alias.PRODUCTION else f"{adapter.name}:{alias}"
         released = f" {', '.join(named)} leave the nodes unless another alias names them." if named else ""
         return f"{alias} deactivated: requests for {model} now answer 404 model_not_found.{released}"
 
-    return act(request, safe_next(request, _adapter_url(adapter)), run, anchor="aliases")
+    return act(request, safe_next(request, adapter_url(adapter)), run, anchor="aliases")
 
 
 # ---------------------------------------------------------------- revisions
@@ -225,57 +208,55 @@ def alias_deactivate(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 @page(post=Capability.DECIDE)
 def revision_archive(request: HttpRequest, name: str, number: int) -> HttpResponse:
-    adapter = _adapter(request, name)
-    revision = _revision(adapter, number)
+    adapter = adapter_or_404(request, name)
+    revision = revision_or_404(adapter, number)
 
     def run() -> str:
-        keep_source = _cleaned(ArchiveForm(request.POST))["keep_source"]
+        keep_source = cleaned(ArchiveForm(request.POST))["keep_source"]
         serving_services.revision_archive(revision=revision, by=request.viewer.access.actor, keep_source=keep_source)
         kept = "its source is kept, so it can be restored" if keep_source else "its files are removed"
         return f"r{number} archived: {kept}; its record, audit trail and usage stay."
 
-    return act(request, _revision_url(adapter, number), run, anchor=f"r{number}")
+    return act(request, revision_url(adapter, number), run, anchor=f"r{number}")
 
 
 @require_POST
 @page(post=Capability.DECIDE)
 def revision_restore(request: HttpRequest, name: str, number: int) -> HttpResponse:
-    adapter = _adapter(request, name)
-    revision = _revision(adapter, number)
+    adapter = adapter_or_404(request, name)
+    revision = revision_or_404(adapter, number)
 
     def run() -> str:
         restored = adapter_services.revision_restore(revision=revision, by=request.viewer.access.actor)
         return f"r{number} restored ({restored.state}); its export is being written again from its source."
 
-    return act(request, _revision_url(adapter, number), run, anchor=f"r{number}")
+    return act(request, revision_url(adapter, number), run, anchor=f"r{number}")
 
 
 @require_POST
 @page(post=Capability.REGISTER)
 def revision_keep(request: HttpRequest, name: str, number: int) -> HttpResponse:
-    adapter = _adapter(request, name)
-    revision = _revision(adapter, number)
+    adapter = adapter_or_404(request, name)
+    revision = revision_or_404(adapter, number)
     keep = request.POST.get("keep") == "on"
 
     def run() -> str:
         adapter_services.revision_set_keep(revision=revision, keep=keep, by=request.viewer.access.actor)
         return f"r{number} is marked keep: retention never archives it." if keep else f"r{number} is no longer kept."
 
-    return act(request, _revision_url(adapter, number), run, anchor=f"r{number}")
+    return act(request, revision_url(adapter, number), run, anchor=f"r{number}")
 
 
 @require_GET
 @page()
 def revision_download(request: HttpRequest, name: str, number: int, filename: str) -> HttpResponse:
     """A fresh expiring link to one exported file (signed, or the store's presigned URL), followed at once."""
-    revision = _revision(_adapter(request, name), number)
+    revision = revision_or_404(adapter_or_404(request, name), number)
     try:
         links = downloads.download_links(revision=revision, request=request)
     except MintError as exc:
         raise Http404(exc.message) from None
-    link = next((x for x in links if x.name == filename), None)
-    if link is None:
-        raise Http404("No such file.")
+    link = found(next((x for x in links if x.name == filename), None), "No such file.")
     return HttpResponseRedirect(link.url)
 
 
@@ -283,11 +264,11 @@ def revision_download(request: HttpRequest, name: str, number: int, filename: st
 @page(post=Capability.INFERENCE)
 def revision_playground(request: HttpRequest, name: str, number: int) -> HttpResponse:
     """Send a prompt to this revision; the completion is the result shown in the playground."""
-    adapter = _adapter(request, name)
-    revision = _revision(adapter, number)
+    adapter = adapter_or_404(request, name)
+    revision = revision_or_404(adapter, number)
 
     def run() -> str:
-        data = _cleaned(PlaygroundForm(request.POST))
+        data = cleaned(PlaygroundForm(request.POST))
         answer = playground.playground_complete(
             revision=revision, prompt=data["prompt"], max_tokens=data["max_tokens"] or 64
         )
@@ -296,14 +277,14 @@ def revision_playground(request: HttpRequest, name: str, number: int) -> HttpRes
             f"{answer.ms:.0f} ms, metered as your inference): {answer.text}"
         )
 
-    return act(request, f"{_revision_url(adapter, number)}#playground", run, anchor="playground")
+    return act(request, f"{revision_url(adapter, number)}#playground", run, anchor="playground")
 
 
 @require_GET
 @page()
 def adapter_diff(request: HttpRequest, name: str) -> HttpResponse:
     """Two revisions side by side (`?a=3&b=5`): config, each module's shapes and norms, evaluation scores."""
-    adapter = _adapter(request, name)
+    adapter = adapter_or_404(request, name)
     pair = []
     for side in ("a", "b"):
         raw = (request.GET.get(side) or "").strip().removeprefix("r")

@@ -4,14 +4,14 @@ member: the plan with its use, four-eyes, single sign-on). The same services as 
 from __future__ import annotations
 
 from django.contrib import messages
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from frontend.forms import InviteForm, MemberRoleForm, form_errors
 from frontend.selectors import plan as plan_selectors
-from frontend.views.base import act, anchor_tag, check_tenant_field, check_write_rate, page
+from frontend.views.base import act, anchor_tag, check_tenant_field, check_write_rate, cleaned, found, page
 from mint_site.errors import MintError
 from tenants import invitation_links, members, selectors, services
 from tenants.access import Capability
@@ -66,10 +66,7 @@ def member_list(request: HttpRequest) -> HttpResponse:
 
 
 def _member(request: HttpRequest, username: str) -> Membership:
-    membership = selectors.member_get(tenant=request.viewer.tenant, username=username)
-    if membership is None:
-        raise Http404("No such member.")
-    return membership
+    return found(selectors.member_get(tenant=request.viewer.tenant, username=username), "No such member.")
 
 
 @require_POST
@@ -78,10 +75,7 @@ def member_role(request: HttpRequest, username: str) -> HttpResponse:
     membership = _member(request, username)
 
     def run() -> str:
-        form = MemberRoleForm(request.POST)
-        if not form.is_valid():
-            raise MintError(form_errors(form), code="invalid_request")
-        role = form.cleaned_data["role"]
+        role = cleaned(MemberRoleForm(request.POST), code="invalid_request")["role"]
         members.member_role_change(
             tenant=membership.tenant, user=membership.user, role=role, by=request.viewer.access.actor
         )
@@ -124,11 +118,8 @@ def member_transfer(request: HttpRequest, username: str) -> HttpResponse:
 @require_POST
 @page(Capability.MANAGE_MEMBERS)
 def invitation_revoke(request: HttpRequest, invitation_id: int) -> HttpResponse:
-    invitation = (
-        selectors.invitation_list(tenant=request.viewer.tenant, pending_only=False).filter(id=invitation_id).first()
-    )
-    if invitation is None:
-        raise Http404("No such invitation.")
+    invitations = selectors.invitation_list(tenant=request.viewer.tenant, pending_only=False)
+    invitation = found(invitations.filter(id=invitation_id).first(), "No such invitation.")
 
     def run() -> str:
         members.invitation_revoke(invitation=invitation, by=request.viewer.access.actor)

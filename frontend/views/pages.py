@@ -34,7 +34,7 @@ from frontend.selectors import nodes as node_selectors
 from frontend.selectors import overview as overview_selectors
 from frontend.selectors import runs as runs_selectors
 from frontend.selectors import usage as usage_selectors
-from frontend.views.base import page
+from frontend.views.base import adapter_or_404, page
 from mint_site.csv_cells import csv_cell
 from serving.models import Alias
 from serving.selectors.usage import COUNT_COLUMNS
@@ -185,9 +185,7 @@ def adapter_detail(request: HttpRequest, name: str, number: int | None = None) -
     the page of that one revision (what every link to a revision opens, whatever list page it is on).
     """
     viewer = request.viewer
-    adapter = detail_selectors.adapter_get(tenant=viewer.tenant, name=name)
-    if adapter is None:
-        raise Http404("No such adapter.")
+    adapter = adapter_or_404(request, name)
     if request.GET.get("fragment") == "usage":
         # The usage panel, fetched by the page's script (so the page itself costs no usage query).
         usage = usage_selectors.usage_view(tenant=viewer.tenant, range_name="day", adapter=adapter.name)
@@ -332,14 +330,8 @@ def audit_export(request: HttpRequest) -> HttpResponse:
     def lines() -> Iterator[str]:
         yield writer.writerow(["at_utc", "actor", "action", "target", "before", "after"])
         for event in rows:
-            yield writer.writerow(
-                [
-                    event.at.isoformat(),
-                    *(csv_cell(v) for v in (event.actor, event.action, event.target)),
-                    csv_cell(event.before),
-                    csv_cell(event.after),
-                ]
-            )
+            cells = (event.actor, event.action, event.target, event.before, event.after)
+            yield writer.writerow([event.at.isoformat(), *map(csv_cell, cells)])
 
     stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
     # Under ASGI a synchronous iterator would be read whole into memory before a byte is sent; hand it over as an

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import messages
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from frontend.forms import form_errors
-from frontend.views.base import act, anchor_tag, check_tenant_field, check_write_rate, page
+from frontend.views.base import act, anchor_tag, check_tenant_field, check_write_rate, found, page
 from mint_site.errors import MintError
 from tenants.access import Capability
 from webhooks import selectors, services
@@ -77,10 +77,7 @@ def webhooks(request: HttpRequest) -> HttpResponse:
 
 
 def _endpoint(request: HttpRequest, webhook_id: int):
-    endpoint = selectors.endpoint_get(tenant=request.viewer.tenant, endpoint_id=webhook_id)
-    if endpoint is None:
-        raise Http404("No such webhook.")
-    return endpoint
+    return found(selectors.endpoint_get(tenant=request.viewer.tenant, endpoint_id=webhook_id), "No such webhook.")
 
 
 @require_POST
@@ -110,9 +107,10 @@ def webhook_delete(request: HttpRequest, webhook_id: int) -> HttpResponse:
 @require_POST
 @page(Capability.MANAGE_WEBHOOKS)
 def webhook_redeliver(request: HttpRequest, webhook_id: int, delivery_id: int) -> HttpResponse:
-    delivery = selectors.delivery_get(tenant=request.viewer.tenant, endpoint_id=webhook_id, delivery_id=delivery_id)
-    if delivery is None:
-        raise Http404("No such delivery.")
+    delivery = found(
+        selectors.delivery_get(tenant=request.viewer.tenant, endpoint_id=webhook_id, delivery_id=delivery_id),
+        "No such delivery.",
+    )
 
     def run() -> str:
         services.delivery_redeliver(delivery=delivery, by=request.viewer.access.actor)
