@@ -219,11 +219,17 @@ def _session_insert(
 # ---------------------------------------------------------------- complete and abort
 
 
+def _unclaimed(now) -> Q:
+    """Sessions no `complete` is at: never claimed, or claimed longer than COMPLETE_CLAIM_S ago (its claimer died)."""
+    return Q(completing_since__isnull=True) | Q(completing_since__lt=now - timedelta(seconds=COMPLETE_CLAIM_S))
+
+
 def _claim(session: UploadSession) -> None:
     """Mark the session as being completed (a conditional update on its row), or 409 if another is at it."""
     now = timezone.now()
-    free = Q(completing_since__isnull=True) | Q(completing_since__lt=now - timedelta(seconds=COMPLETE_CLAIM_S))
-    if UploadSession.objects.filter(Q(id=session.id, state=UploadState.OPEN) & free).update(completing_since=now):
+    if UploadSession.objects.filter(Q(id=session.id, state=UploadState.OPEN) & _unclaimed(now)).update(
+        completing_since=now
+    ):
         return
     current = UploadSession.objects.filter(id=session.id).first()
     if current is None:
@@ -322,12 +328,10 @@ def upload_session_complete(
 def upload_session_abort(*, session: UploadSession, by: Actor) -> None:
     """Abort a session and remove its parts. An aborted or completed one is left as it is (its parts are gone);
     one being completed right now is 409 `upload_completing`."""
-    now = timezone.now()
-    free = Q(completing_since__isnull=True) | Q(completing_since__lt=now - timedelta(seconds=COMPLETE_CLAIM_S))
     with transaction.atomic():
-        aborted = UploadSession.objects.filter(Q(id=session.id, state=UploadState.OPEN) & free).update(
-            state=UploadState.ABORTED, completing_since=None
-        )
+        aborted = UploadSession.objects.filter(
+            Q(id=session.id, state=UploadState.OPEN) & _unclaimed(timezone.now())
+        ).update(state=UploadState.ABORTED, completing_since=None)
         if not aborted and UploadSession.objects.filter(id=session.id, state=UploadState.OPEN).exists():
             raise Conflict(
                 f"Upload session {session.id} is being completed; it cannot be deleted now.", code="upload_completing"
@@ -353,12 +357,7 @@ def upload_sessions_collect(*, now=None, batch: int = COLLECT_BATCH) -> int:
     An open one that is being completed is left until its claim is stale: its file may be being registered.
     """
     now = now or timezone.now()
-    stale_claim = now - timedelta(seconds=COMPLETE_CLAIM_S)
-    due = list(
-        UploadSession.objects.filter(expires_at__lte=now)
-        .filter(Q(completing_since__isnull=True) | Q(completing_since__lt=stale_claim))
-        .order_by("expires_at")[:batch]
-    )
+    due = list(UploadSession.objects.filter(Q(expires_at__lte=now) & _unclaimed(now)).order_by("expires_at")[:batch])
     collected = 0
     bucket = store.s3_bucket()
     for session in due:
