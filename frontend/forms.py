@@ -47,6 +47,16 @@ def form_errors(form: forms.Form) -> str:
     return " ".join(lines) or "The form is not valid."
 
 
+def _alias_field(*, required: bool = True) -> forms.RegexField:
+    return forms.RegexField(
+        ALIAS_NAME,
+        label="Alias",
+        max_length=32,
+        required=required,
+        error_messages={"invalid": "Lower-case letters, digits, - and _, starting with a letter (at most 32)."},
+    )
+
+
 class DecisionForm(forms.Form):
     comment = forms.CharField(label="Comment", required=False, max_length=2000, widget=forms.TextInput)
     override_reason = forms.CharField(label="Override reason", required=False, max_length=2000)
@@ -65,53 +75,25 @@ class RejectForm(forms.Form):
         error_messages={"required": "Say why the revision is rejected; the registrant reads it."},
     )
 
-    def clean_comment(self) -> str:
-        comment = self.cleaned_data["comment"].strip()
-        if not comment:
-            raise forms.ValidationError("Say why the revision is rejected; the registrant reads it.")
-        return comment
-
 
 class ActivateForm(forms.Form):
     revision = forms.IntegerField(label="Revision", min_value=1)
     canary_percent = forms.IntegerField(label="Canary percent", min_value=1, max_value=50, required=False)
-    alias = forms.RegexField(
-        ALIAS_NAME,
-        label="Alias",
-        max_length=32,
-        required=False,
-        error_messages={"invalid": "Lower-case letters, digits, - and _, starting with a letter (at most 32)."},
-    )
+    alias = _alias_field(required=False)
 
 
 class CanaryForm(forms.Form):
-    alias = forms.RegexField(
-        ALIAS_NAME,
-        label="Alias",
-        max_length=32,
-        error_messages={"invalid": "Lower-case letters, digits, - and _, starting with a letter (at most 32)."},
-    )
+    alias = _alias_field()
     reason = forms.CharField(label="Reason", max_length=500, required=False)
 
 
 class RollbackForm(forms.Form):
     revision = forms.IntegerField(label="Revision", min_value=1, required=False)
-    alias = forms.RegexField(
-        ALIAS_NAME,
-        label="Alias",
-        max_length=32,
-        required=False,
-        error_messages={"invalid": "Lower-case letters, digits, - and _, starting with a letter (at most 32)."},
-    )
+    alias = _alias_field(required=False)
 
 
 class CancelForm(forms.Form):
-    alias = forms.RegexField(
-        ALIAS_NAME,
-        label="Alias",
-        max_length=32,
-        error_messages={"invalid": "Lower-case letters, digits, - and _, starting with a letter (at most 32)."},
-    )
+    alias = _alias_field()
 
 
 class RegisterForm(forms.Form):
@@ -228,9 +210,6 @@ class InviteForm(forms.Form):
         help_text="An email address (the person may have no account yet), or the username of an existing account.",
     )
     role = forms.ChoiceField(label="Role", choices=Role.choices, initial=Role.DEVELOPER)
-
-    def clean_who(self) -> str:
-        return self.cleaned_data["who"].strip()
 
 
 class MemberRoleForm(forms.Form):
