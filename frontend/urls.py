@@ -1,11 +1,39 @@
 """Dashboard routes, mounted at the site root (the API stays under /api/ and /v1/)."""
 
-from django.urls import path
+from django.urls import include, path
 
 from frontend import apis
 from frontend.views import accounts, actions, auth, keys, lifecycle, members, pages, sso, webhooks
 
 app_name = "frontend"
+
+# An adapter's pages and forms, below adapters/<name>/; the rest of its life is in frontend/views/lifecycle.py.
+adapter_patterns = [
+    path("", pages.adapter_detail, name="adapter"),
+    path("edit/", lifecycle.adapter_edit, name="adapter-edit"),
+    path("retention/", lifecycle.adapter_retention, name="adapter-retention"),
+    path("delete/", lifecycle.adapter_delete, name="adapter-delete"),
+    path("deactivate/", lifecycle.alias_deactivate, name="deactivate"),
+    path("diff/", lifecycle.adapter_diff, name="diff"),
+    path("register/", actions.revision_register, name="register"),
+    path("activate/", actions.adapter_activate, name="activate"),
+    path("rollback/", actions.adapter_rollback, name="rollback"),
+    path("cancel/", actions.activation_cancel, name="cancel"),
+    path("evaluation-suite/", actions.suite_upload, name="suite-upload"),
+    path("evaluation-policy/", actions.evaluation_policy, name="evaluation-policy"),
+    path("promote/", actions.canary_promote, name="canary-promote"),
+    path("abort/", actions.canary_abort, name="canary-abort"),
+    path("revisions/<int:number>/", pages.adapter_detail, name="revision"),
+    path("revisions/<int:number>/archive/", lifecycle.revision_archive, name="archive"),
+    path("revisions/<int:number>/restore/", lifecycle.revision_restore, name="restore"),
+    path("revisions/<int:number>/keep/", lifecycle.revision_keep, name="keep"),
+    path("revisions/<int:number>/playground/", lifecycle.revision_playground, name="playground"),
+    path("revisions/<int:number>/files/<str:filename>", lifecycle.revision_download, name="download"),
+    path("revisions/<int:number>/approve/", actions.revision_decide, {"decision": "approve"}, name="approve"),
+    path("revisions/<int:number>/reject/", actions.revision_decide, {"decision": "reject"}, name="reject"),
+    path("revisions/<int:number>/retry/", actions.revision_retry, name="retry"),
+    path("revisions/<int:number>/request-approval/", actions.revision_request_approval, name="request-approval"),
+]
 
 urlpatterns = [
     path("", pages.overview, name="overview"),
@@ -50,48 +78,6 @@ urlpatterns = [
         webhooks.webhook_redeliver,
         name="webhook-redeliver",
     ),
-    # The rest of an adapter's life (frontend/views/lifecycle.py).
     path("create-adapter/", lifecycle.adapter_create, name="adapter-create"),
-    path("adapters/<str:name>/edit/", lifecycle.adapter_edit, name="adapter-edit"),
-    path("adapters/<str:name>/retention/", lifecycle.adapter_retention, name="adapter-retention"),
-    path("adapters/<str:name>/delete/", lifecycle.adapter_delete, name="adapter-delete"),
-    path("adapters/<str:name>/deactivate/", lifecycle.alias_deactivate, name="deactivate"),
-    path("adapters/<str:name>/diff/", lifecycle.adapter_diff, name="diff"),
-    path("adapters/<str:name>/revisions/<int:number>/archive/", lifecycle.revision_archive, name="archive"),
-    path("adapters/<str:name>/revisions/<int:number>/restore/", lifecycle.revision_restore, name="restore"),
-    path("adapters/<str:name>/revisions/<int:number>/keep/", lifecycle.revision_keep, name="keep"),
-    path("adapters/<str:name>/revisions/<int:number>/playground/", lifecycle.revision_playground, name="playground"),
-    path(
-        "adapters/<str:name>/revisions/<int:number>/files/<str:filename>",
-        lifecycle.revision_download,
-        name="download",
-    ),
-    path("adapters/<str:name>/", pages.adapter_detail, name="adapter"),
-    path("adapters/<str:name>/register/", actions.revision_register, name="register"),
-    path("adapters/<str:name>/activate/", actions.adapter_activate, name="activate"),
-    path("adapters/<str:name>/rollback/", actions.adapter_rollback, name="rollback"),
-    path("adapters/<str:name>/cancel/", actions.activation_cancel, name="cancel"),
-    path("adapters/<str:name>/evaluation-suite/", actions.suite_upload, name="suite-upload"),
-    path("adapters/<str:name>/evaluation-policy/", actions.evaluation_policy, name="evaluation-policy"),
-    path("adapters/<str:name>/promote/", actions.canary_promote, name="canary-promote"),
-    path("adapters/<str:name>/abort/", actions.canary_abort, name="canary-abort"),
-    path("adapters/<str:name>/revisions/<int:number>/", pages.adapter_detail, name="revision"),
-    path(
-        "adapters/<str:name>/revisions/<int:number>/approve/",
-        actions.revision_decide,
-        {"decision": "approve"},
-        name="approve",
-    ),
-    path(
-        "adapters/<str:name>/revisions/<int:number>/reject/",
-        actions.revision_decide,
-        {"decision": "reject"},
-        name="reject",
-    ),
-    path("adapters/<str:name>/revisions/<int:number>/retry/", actions.revision_retry, name="retry"),
-    path(
-        "adapters/<str:name>/revisions/<int:number>/request-approval/",
-        actions.revision_request_approval,
-        name="request-approval",
-    ),
+    path("adapters/<str:name>/", include(adapter_patterns)),
 ]

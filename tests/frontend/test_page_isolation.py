@@ -99,7 +99,8 @@ FILE = {"filename": "adapter_model.safetensors"}
 def test_every_dashboard_route_is_covered():
     routes = set(dashboard_routes())
     assert "/" in routes and "/adapters/<str:name>/revisions/<int:number>/approve/" in routes
-    assert len(routes) == len(frontend_urls.urlpatterns)
+    # Each route once: the top level's, less the one that includes the adapter's, and the adapter's.
+    assert len(routes) == len(frontend_urls.urlpatterns) - 1 + len(frontend_urls.adapter_patterns)
 
 
 @pytest.mark.parametrize("role", ["owner", "approver", "developer", "viewer"])
