@@ -26,6 +26,13 @@ GATEWAY_PLAN_FIELDS = (
 )
 
 
+def _limit(default: int, help_text: str, *, big: bool = False, **options) -> models.Field:
+    """A plan limit added after the first release: it carries its default into the database too, so rows written
+    in SQL (bulk loads) get the same plan as rows made through the ORM."""
+    kind = models.PositiveBigIntegerField if big else models.PositiveIntegerField
+    return kind(default=default, db_default=default, help_text=help_text, **options)
+
+
 class Tenant(models.Model):
     """A customer of the platform. Everything a tenant owns is walled off from every other tenant."""
 
@@ -43,146 +50,87 @@ class Tenant(models.Model):
     )
     # Residency (serving/residency/, serving/services/residency.py): live aliases that are not reserved are served
     # on demand from the nodes' caches, so the catalog of live aliases is bounded apart from the slots.
-    max_live_aliases = models.PositiveIntegerField(
-        default=1000,
-        db_default=1000,
-        help_text="Live aliases per base model (reserved or on demand).",
+    max_live_aliases = _limit(1000, "Live aliases per base model (reserved or on demand).")
+    max_cold_wait_s = _limit(
+        10,
+        "Longest a request for a revision loading on demand may be held until it is ready, when it asks with "
+        "X-Mint-Wait (otherwise it gets 503 adapter_not_ready with Retry-After at once); 0: never held.",
     )
-    max_cold_wait_s = models.PositiveIntegerField(
-        default=10,
-        db_default=10,
-        help_text=(
-            "Longest a request for a revision loading on demand may be held until it is ready, when it asks with "
-            "X-Mint-Wait (otherwise it gets 503 adapter_not_ready with Retry-After at once); 0: never held."
-        ),
-    )
-    max_held_requests = models.PositiveIntegerField(
-        default=16,
-        db_default=16,
-        help_text="Requests of this tenant held for a load at once, per gateway process (429 past it).",
+    max_held_requests = _limit(
+        16, "Requests of this tenant held for a load at once, per gateway process (429 past it)."
     )
     rate_limit_rpm = models.PositiveIntegerField(default=600, help_text="Gateway requests per minute.")
     max_upload_bytes = models.PositiveBigIntegerField(default=512 * MiB, help_text="Largest adapter upload.")
-    # Plan limits added after the first release carry database defaults too, so rows written in SQL (bulk loads)
-    # get the same plan as rows made through the ORM.
-    max_storage_bytes = models.PositiveBigIntegerField(
-        default=50 * GiB,
-        db_default=50 * GiB,
-        help_text="Bytes of uploads and exports this tenant may keep in the artifact store.",
+    max_storage_bytes = _limit(
+        50 * GiB, "Bytes of uploads and exports this tenant may keep in the artifact store.", big=True
     )
-    max_revisions = models.PositiveIntegerField(
-        default=1000,
-        db_default=1000,
-        help_text="Revisions whose files this tenant may keep (failed and rejected ones count until collected).",
+    max_revisions = _limit(
+        1000, "Revisions whose files this tenant may keep (failed and rejected ones count until collected)."
     )
-    max_concurrent_tasks = models.PositiveIntegerField(
-        default=1,
-        db_default=1,
-        help_text="Validations and exports of this tenant running at once on the control workers.",
-    )
-    api_read_rpm = models.PositiveIntegerField(
-        default=600, db_default=600, help_text="REST API reads per minute, per key or person."
-    )
-    api_write_rpm = models.PositiveIntegerField(
-        default=60, db_default=60, help_text="REST API writes per minute, per key or person."
-    )
+    max_concurrent_tasks = _limit(1, "Validations and exports of this tenant running at once on the control workers.")
+    api_read_rpm = _limit(600, "REST API reads per minute, per key or person.")
+    api_write_rpm = _limit(60, "REST API writes per minute, per key or person.")
     # Beside the per-key rate: otherwise each key a tenant creates (up to max_api_keys) adds another api_write_rpm.
-    api_tenant_write_rpm = models.PositiveIntegerField(
-        default=240,
-        db_default=240,
-        help_text="REST API writes per minute of the whole tenant, all its keys and people together.",
+    api_tenant_write_rpm = _limit(
+        240, "REST API writes per minute of the whole tenant, all its keys and people together."
     )
     # What the tenant keeps now, counted against max_storage_bytes and max_revisions. Kept up to date by the
     # services that store and collect files (adapters.services, adapters.collect), under this row's lock.
     stored_bytes = models.PositiveBigIntegerField(default=0, db_default=0, editable=False)
     stored_revisions = models.PositiveIntegerField(default=0, db_default=0, editable=False)
     # Serving capacity (serving/services/capacity.py) and the gateway (serving/gateway/).
-    max_aliases_per_adapter = models.PositiveIntegerField(
-        default=8, db_default=8, help_text="Aliases (production, candidate, …) one adapter may have."
+    max_aliases_per_adapter = _limit(8, "Aliases (production, candidate, …) one adapter may have.")
+    max_inflight_requests = _limit(
+        16, "Gateway requests and streams of this tenant in flight at once, across gateway processes."
     )
-    max_inflight_requests = models.PositiveIntegerField(
-        default=16,
-        db_default=16,
-        help_text="Gateway requests and streams of this tenant in flight at once, across gateway processes.",
-    )
-    max_request_tokens = models.PositiveIntegerField(
-        default=4096, db_default=4096, help_text="Largest max_tokens (or max_completion_tokens) one request may ask."
-    )
-    max_choices = models.PositiveIntegerField(
-        default=4, db_default=4, help_text="Largest n (and best_of) one request may ask."
-    )
-    max_logprobs = models.PositiveIntegerField(
-        default=5, db_default=5, help_text="Largest logprobs / top_logprobs / prompt_logprobs one request may ask."
-    )
-    max_structured_output_bytes = models.PositiveIntegerField(
-        default=4096,
-        db_default=4096,
-        help_text="Largest structured-output constraint (schema, regex, grammar, choices), bytes; 0 refuses them.",
+    max_request_tokens = _limit(4096, "Largest max_tokens (or max_completion_tokens) one request may ask.")
+    max_choices = _limit(4, "Largest n (and best_of) one request may ask.")
+    max_logprobs = _limit(5, "Largest logprobs / top_logprobs / prompt_logprobs one request may ask.")
+    max_structured_output_bytes = _limit(
+        4096, "Largest structured-output constraint (schema, regex, grammar, choices), bytes; 0 refuses them."
     )
     # Replicas (serving/services/aliases.py): the most distinct nodes one adapter of this tenant may ask each
     # revision it serves to be loaded on (`Adapter.replicas`, else MINT_ALIAS_READY_REPLICAS), clamped to it.
-    max_replicas = models.PositiveIntegerField(
-        default=2,
-        db_default=2,
+    max_replicas = _limit(
+        2,
+        "Most replicas (distinct nodes) an adapter's served revisions are placed on; an adapter's override, "
+        "and the platform default, are clamped to it.",
         validators=[MinValueValidator(1)],
-        help_text=(
-            "Most replicas (distinct nodes) an adapter's served revisions are placed on; an adapter's override, "
-            "and the platform default, are clamped to it."
-        ),
     )
     # Tokens (serving/gateway/budgets.py): counted after the fact from what the nodes report, so a limit is checked
     # when a request arrives against the tokens of the requests already answered.
-    max_tokens_per_minute = models.PositiveIntegerField(
-        default=0,
-        db_default=0,
-        help_text=(
-            "Gateway tokens (prompt + completion) per minute, across gateway processes; 0: no limit "
-            "(rate_limit_rpm and max_request_tokens still bound them)."
-        ),
+    max_tokens_per_minute = _limit(
+        0,
+        "Gateway tokens (prompt + completion) per minute, across gateway processes; 0: no limit "
+        "(rate_limit_rpm and max_request_tokens still bound them).",
     )
-    monthly_token_budget = models.PositiveBigIntegerField(
-        default=0,
-        db_default=0,
-        help_text="Gateway tokens (prompt + completion) per calendar month (UTC); 0: no budget.",
+    monthly_token_budget = _limit(
+        0, "Gateway tokens (prompt + completion) per calendar month (UTC); 0: no budget.", big=True
     )
     # Every gateway request is metered per key (serving/gateway/metering.py), so live keys bound the usage rows a
     # minute one tenant can write into the table every tenant shares.
-    max_api_keys = models.PositiveIntegerField(
-        default=100, db_default=100, help_text="API keys this tenant may hold live (not revoked, not expired)."
-    )
+    max_api_keys = _limit(100, "API keys this tenant may hold live (not revoked, not expired).")
     # Evaluation suites (adapters: suites, results, the approve gate; serving: the runner).
-    max_evaluation_cases = models.PositiveIntegerField(
-        default=200, db_default=200, help_text="Cases one evaluation suite of this tenant may hold."
-    )
-    max_evaluation_tokens = models.PositiveIntegerField(
-        default=128, db_default=128, help_text="Largest max_tokens one evaluation case may ask."
-    )
-    max_evaluation_requests = models.PositiveIntegerField(
-        default=1,
-        db_default=1,
+    max_evaluation_cases = _limit(200, "Cases one evaluation suite of this tenant may hold.")
+    max_evaluation_tokens = _limit(128, "Largest max_tokens one evaluation case may ask.")
+    max_evaluation_requests = _limit(
+        1,
+        "Evaluation cases of this tenant sent to the nodes at once (below every tenant's inference).",
         validators=[MinValueValidator(1)],
-        help_text="Evaluation cases of this tenant sent to the nodes at once (below every tenant's inference).",
     )
     # Webhooks: endpoints subscribed to lifecycle events, delivered by the control workers.
-    max_webhook_endpoints = models.PositiveIntegerField(
-        default=10, db_default=10, help_text="Webhook endpoints this tenant may have."
-    )
+    max_webhook_endpoints = _limit(10, "Webhook endpoints this tenant may have.")
     # Sampling (serving/gateway/sampling.py): what one answer may carry of the experts each token was routed to.
-    max_routed_experts_bytes = models.PositiveIntegerField(
-        default=16 * MiB,
-        db_default=16 * MiB,
-        help_text="Bytes of routed experts (R3) one sampling answer may carry, over its choices; 0: none returned.",
+    max_routed_experts_bytes = _limit(
+        16 * MiB, "Bytes of routed experts (R3) one sampling answer may carry, over its choices; 0: none returned."
     )
     # Retention (serving/services/retention.py): an adapter without its own policy follows these.
-    retention_keep_last = models.PositiveIntegerField(
-        default=0,
-        db_default=0,
-        help_text="Keep this many newest exported revisions per adapter (and every named or kept one), archive "
+    retention_keep_last = _limit(
+        0,
+        "Keep this many newest exported revisions per adapter (and every named or kept one), archive "
         "the rest; 0: no retention unless an adapter sets its own.",
     )
-    retention_grace_days = models.PositiveIntegerField(
-        default=7, db_default=7, help_text="Retention keeps a revision an alias named within this many days."
-    )
+    retention_grace_days = _limit(7, "Retention keeps a revision an alias named within this many days.")
     four_eyes = models.BooleanField(
         default=True, help_text="Nobody approves a revision they registered (or that a key they created registered)."
     )
