@@ -42,7 +42,7 @@ from adapters.models import AdapterRevision, Evaluation, EvaluationState
 from adapters.suites import grade
 from mint_site.errors import InvalidTransition
 from serving import selectors
-from serving.models import Alias, NodeState, Placement, PlacementState, Priority, ServingNode, lora_name
+from serving.models import Alias, NodeState, Placement, PlacementState, Priority, ServingNode, UsageKind, lora_name
 from serving.services import outbox
 from serving.services.evaluation_tokens import (
     TokenLimitHit,
@@ -51,7 +51,7 @@ from serving.services.evaluation_tokens import (
     seconds_until,
 )
 from serving.services.placement import placement_release_speculative, placement_request
-from serving.services.usage import usage_of_evaluation
+from serving.services.usage import usage_of_revision
 from serving.vllm import VllmClient, VllmError
 from tenants.models import Tenant
 
@@ -271,7 +271,7 @@ def _answers(
 
 def _meter(revision: AdapterRevision, node: ServingNode, meter: dict[str, Any]) -> None:
     if meter["requests"]:
-        usage_of_evaluation(revision=revision, node=node.name, **meter)
+        usage_of_revision(kind=UsageKind.EVALUATION, revision=revision, node=node.name, **meter)
 
 
 SLICED = "sliced"  # `_baseline`'s reason when it ran one slice of the live revision's cases and queued the next

@@ -9,19 +9,17 @@ context window, PLAYGROUND_MAX_TOKENS at most, MINT_PLAYGROUND_TIMEOUT_S to answ
 
 from __future__ import annotations
 
-import bisect
 import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.utils import timezone
 
 from adapters.models import AdapterRevision, RevisionState
 from mint_site.errors import Conflict, MintError
 from serving import selectors
-from serving.models import LATENCY_BOUNDS_MS, USAGE_COUNTS, Priority, UsageKind, lora_name
+from serving.models import Priority, UsageKind, lora_name
 from serving.services.placement import placement_request
-from serving.services.usage import minute_of, usage_add
+from serving.services.usage import usage_of_revision
 from serving.vllm import VllmClient, VllmError
 
 PLAYGROUND_MAX_TOKENS = 256
@@ -48,22 +46,17 @@ class Completion:
 
 
 def _meter(revision: AdapterRevision, *, node: str, status: int, usage: dict, ms: float) -> None:
-    values = [0.0] * len(USAGE_COUNTS)
-    values[0], values[3] = 1, ms
-    values[1], values[2] = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    values[USAGE_COUNTS.index("lat_0") + bisect.bisect_left(LATENCY_BOUNDS_MS, ms)] = 1
-    key = (
-        minute_of(timezone.now()),
-        UsageKind.INFERENCE,
-        revision.adapter.tenant_id,
-        0,
-        revision.adapter_id,
-        revision.adapter.name,
-        revision.number,
-        node,
-        status,
+    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    usage_of_revision(
+        kind=UsageKind.INFERENCE,
+        revision=revision,
+        node=node,
+        status=status,
+        requests=1,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        latencies_ms=[ms],
     )
-    usage_add(counts={key: values})
 
 
 def playground_complete(*, revision: AdapterRevision, prompt: str, max_tokens: int) -> Completion:

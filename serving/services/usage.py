@@ -107,42 +107,43 @@ def usage_of_warmup(*, placement: Placement, answer: dict, ms: float) -> int:
     """Meter a prewarm's warm-up completion as MinT's own traffic (`warmup`: never billed to the tenant)."""
     usage = answer.get("usage") if isinstance(answer, dict) else None
     usage = usage if isinstance(usage, dict) else {}
-    revision = placement.revision
-    values = [0.0] * len(USAGE_COUNTS)
-    values[0], values[3] = 1, ms
-    values[1], values[2] = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    values[USAGE_COUNTS.index("lat_0") + bisect.bisect_left(LATENCY_BOUNDS_MS, ms)] = 1
-    key = (
-        minute_of(timezone.now()),
-        UsageKind.WARMUP,
-        revision.adapter.tenant_id,
-        0,
-        revision.adapter_id,
-        revision.adapter.name,
-        revision.number,
-        placement.node.name,
-        200,
+    return usage_of_revision(
+        kind=UsageKind.WARMUP,
+        revision=placement.revision,
+        node=placement.node.name,
+        requests=1,
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        latencies_ms=[ms],
     )
-    return usage_add(counts={key: values})
 
 
-def usage_of_evaluation(
-    *, revision, node: str, requests: int, prompt_tokens: int, completion_tokens: int, latencies_ms: Sequence[float]
+def usage_of_revision(
+    *,
+    kind: str,
+    revision,
+    node: str,
+    requests: int,
+    prompt_tokens: int,
+    completion_tokens: int,
+    latencies_ms: Sequence[float],
+    status: int = 200,
 ) -> int:
-    """Meter an evaluation's completions as MinT's own traffic (`evaluation`: never billed to the tenant)."""
+    """Meter completions of `revision` on `node` sent by no key: the playground's (the tenant's inference), an
+    evaluation's or a prewarm's (MinT's own traffic, never billed to the tenant)."""
     values = [0.0] * len(USAGE_COUNTS)
     values[0], values[1], values[2], values[3] = requests, prompt_tokens, completion_tokens, sum(latencies_ms)
     for ms in latencies_ms:
         values[USAGE_COUNTS.index("lat_0") + bisect.bisect_left(LATENCY_BOUNDS_MS, ms)] += 1
     key = (
         minute_of(timezone.now()),
-        UsageKind.EVALUATION,
+        kind,
         revision.adapter.tenant_id,
         0,
         revision.adapter_id,
         revision.adapter.name,
         revision.number,
         node,
-        200,
+        status,
     )
     return usage_add(counts={key: values})
