@@ -35,6 +35,7 @@ from prometheus_client import (
 from prometheus_client.registry import Collector
 
 from mint_site.errors import error_body
+from tenants.keys import bearer_token
 
 HTTP_REQUESTS = Counter(
     "mint_http_requests_total", "HTTP requests handled, by route and status.", ["route", "method", "status"]
@@ -115,11 +116,6 @@ def RequestMetricsMiddleware(get_response):
     return middleware
 
 
-def _bearer_token(request: HttpRequest) -> str | None:
-    kind, _, token = request.headers.get("Authorization", "").strip().partition(" ")
-    return token.strip() if kind.lower() == "bearer" and token.strip() else None
-
-
 def _token_matches(supplied: str) -> bool:
     expected = settings.MINT_METRICS_TOKEN
     # Constant time, so the token cannot be guessed a character at a time from response times.
@@ -132,7 +128,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     The series name every tenant and adapter, so nobody else may read them: anonymous callers get 401,
     signed-in people who are not staff 403.
     """
-    token = _bearer_token(request)
+    token = bearer_token(request.headers.get("Authorization", "")) or None  # "Bearer" alone: no token
     if token is not None and _token_matches(token):
         return HttpResponse(exposition(), content_type=CONTENT_TYPE_LATEST)
     user = request.user
