@@ -187,33 +187,6 @@ def suite_cases(count: int, max_tokens: int) -> list[dict]:
     ]
 
 
-def pending_revision(stack, tenant, name: str, *, seed: int):
-    """An adapter whose r1 the worker validated and exported, awaiting approval (as in the report: a revision
-    under four-eyes that nobody may call yet)."""
-    from adapters import services
-    from adapters.models import Adapter, AdapterRevision
-    from devtools.tiny import make_tiny_lora
-    from tenants.access import Actor
-
-    adapter = Adapter.objects.filter(tenant=tenant, name=name).first() or services.adapter_create(
-        tenant=tenant, name=name, base_model=stack.base, description="", by=Actor.system()
-    )
-    incoming = stack.work / "artifacts" / f"t/{tenant.id}/incoming/{name}-{seed}"
-    make_tiny_lora(stack.base.spec, incoming, rank=8, seed=seed)
-    revision = services.revision_register(
-        adapter=adapter, by=Actor.system(), source_uri=f"t/{tenant.id}/incoming/{name}-{seed}/"
-    )
-    stack.wait(
-        lambda: AdapterRevision.objects.get(id=revision.id).state in ("exported", "failed"),
-        what=f"{name} exported",
-        timeout=120,
-    )
-    revision.refresh_from_db()
-    services.revision_request_approval(revision=revision, by=Actor.system())
-    revision.refresh_from_db()
-    return adapter, revision
-
-
 def evaluation_windows(args) -> dict:
     """Another tenant's completions before and during a 60-case evaluation, on one vLLM CPU node."""
     from benchmarks.stack import Stack
@@ -233,7 +206,7 @@ def evaluation_windows(args) -> dict:
             stack.wait_live(adapter, revision)
             evaluator, _ = stack.tenant("evaluator")
             Tenant.objects.filter(id=evaluator.id).update(max_evaluation_tokens=128)
-            e_adapter, candidate = pending_revision(stack, evaluator, "e-bot", seed=2)
+            e_adapter, candidate = stack.pending_revision(evaluator, "e-bot", seed=2)
         probe = Probe(
             f"{stack.web_url}/v1/completions",
             0.25,

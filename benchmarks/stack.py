@@ -259,6 +259,16 @@ class Stack:
     def approved_revision(self, tenant, name: str, *, seed: int):
         """An adapter with one revision taken through validation and export by the worker, then approved."""
         from adapters import services
+        from tenants.access import Actor
+
+        adapter, revision = self.pending_revision(tenant, name, seed=seed)
+        services.revision_approve(revision=revision, by=Actor.system())
+        return adapter, revision
+
+    def pending_revision(self, tenant, name: str, *, seed: int):
+        """An adapter whose new revision the worker validated and exported, awaiting approval (a revision under
+        four-eyes that nobody may call yet)."""
+        from adapters import services
         from adapters.models import Adapter, AdapterRevision
         from devtools.tiny import make_tiny_lora
         from tenants.access import Actor
@@ -278,7 +288,7 @@ class Stack:
         )
         revision.refresh_from_db()
         services.revision_request_approval(revision=revision, by=Actor.system())
-        services.revision_approve(revision=revision, by=Actor.system())
+        revision.refresh_from_db()
         return adapter, revision
 
     def activate(self, adapter, revision, *, reserve: bool = False) -> None:
