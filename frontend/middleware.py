@@ -9,8 +9,9 @@ are left alone.
 
 from __future__ import annotations
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponse
+from django.utils.decorators import sync_and_async_middleware
 
 FRONTEND_NAMESPACE = "frontend"
 
@@ -22,21 +23,17 @@ def _mark(request: HttpRequest, response: HttpResponse) -> HttpResponse:
     return response
 
 
-class NoStoreMiddleware:
+@sync_and_async_middleware
+def NoStoreMiddleware(get_response):
     """Sets `Cache-Control: no-store` on the responses of the dashboard's views (namespace `frontend`)."""
+    if iscoroutinefunction(get_response):
 
-    sync_capable = True
-    async_capable = True
+        async def middleware(request: HttpRequest) -> HttpResponse:
+            return _mark(request, await get_response(request))
 
-    def __init__(self, get_response) -> None:
-        self.get_response = get_response
-        if iscoroutinefunction(get_response):
-            markcoroutinefunction(self)
+    else:
 
-    def __call__(self, request: HttpRequest):
-        if iscoroutinefunction(self):
-            return self.__acall__(request)
-        return _mark(request, self.get_response(request))
+        def middleware(request: HttpRequest) -> HttpResponse:
+            return _mark(request, get_response(request))
 
-    async def __acall__(self, request: HttpRequest) -> HttpResponse:
-        return _mark(request, await self.get_response(request))
+    return middleware

@@ -29,21 +29,18 @@ class StaticFilesMiddleware:
     def _not_static(request):
         return None
 
-    def _static_response(self, request):
-        return self.whitenoise(request)
-
     def __call__(self, request):
         if self.is_async:
             return self._acall(request)
         if request.path_info.startswith(self.prefix):
-            response = self._static_response(request)
+            response = self.whitenoise(request)
             if response is not None:
                 return response
         return self.get_response(request)
 
     async def _acall(self, request):
         if request.path_info.startswith(self.prefix):
-            response = await sync_to_async(self._static_response, thread_sensitive=False)(request)
+            response = await sync_to_async(self.whitenoise, thread_sensitive=False)(request)
             if response is not None:
                 return response
         return await self.get_response(request)
