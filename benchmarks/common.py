@@ -12,11 +12,16 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+
+from devtools.launcher import web_argv
+from devtools.supervisor import Supervisor, free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -157,6 +162,36 @@ def flush_redis() -> None:
 
     with app.connection_for_write() as conn:
         conn.default_channel.client.flushdb()
+
+
+@contextlib.contextmanager
+def scratch(name: str) -> Iterator[Path]:
+    """A working directory of a benchmark's own for one run, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix=f"mint-bench-{name}-", ignore_cleanup_errors=True) as work:
+        yield Path(work)
+
+
+@contextlib.contextmanager
+def supervised(work: Path, *names: str, limit: int = 4000) -> Iterator[Supervisor]:
+    """The supervisor of a benchmark's processes, every one stopped on the way out; the tail of each named
+    process's log printed when the run fails."""
+    supervisor = Supervisor(work / "log")
+    try:
+        yield supervisor
+    except BaseException:
+        print_logs(supervisor, *names, limit=limit)
+        raise
+    finally:
+        supervisor.stop_all()
+
+
+def start_web(supervisor: Supervisor, env: dict[str, str], *, cpus: set[int] | None = None) -> str:
+    """The web server as `make run` starts it, on a free port: its base URL, once `/healthz` answers."""
+    port = free_port()
+    supervisor.start("web", web_argv("127.0.0.1", port), env=env, cpus=cpus)
+    base = f"http://127.0.0.1:{port}"
+    wait_http(f"{base}/healthz")
+    return base
 
 
 def print_logs(supervisor, *names: str, limit: int = 4000) -> None:

@@ -23,11 +23,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -42,17 +40,16 @@ from benchmarks.common import (
     bootstrap_median,
     parser,
     percentile,
-    print_logs,
     recreate_database,
+    scratch,
     setup_django,
+    start_web,
     summary_ms,
-    wait_http,
+    supervised,
     write_result,
 )
 from benchmarks.flooders import FLOOD_CLIENTS, Probe, flood
 from benchmarks.report.plots import plot_result
-from devtools.launcher import web_argv
-from devtools.supervisor import Supervisor, free_port
 
 TARGETS = {"anon_flood_healthz_p95_ratio": 2.0, "bad_key_flood_valid_key_errors": 0, "eval_neighbour_p95_ratio": 1.2}
 REDIS_DB = 6
@@ -146,27 +143,20 @@ def flood_world(work: Path, args) -> dict:
     Tenant.objects.filter(id=tenant.id).update(api_read_rpm=1_000_000, api_write_rpm=1_000_000)
     base_model = BaseModel.objects.create(name="tiny-dense", architecture="dense", config=spec_config(SPEC))
     Adapter.objects.create(tenant=tenant, name="victim", base_model=base_model)
-    supervisor = Supervisor(work / "log")
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     # The web server on half the CPUs, every client (the probes, the flooders) on the other: the flooding
     # machines are not the server's (with one CPU, all share it).
     own = os.sched_getaffinity(0)
     server_cpus, client_cpus = split_cpus() or (None, None)
     try:
-        supervisor.start("web", web_argv("127.0.0.1", port), env=env, cpus=server_cpus)
-        if client_cpus:
-            os.sched_setaffinity(0, client_cpus)
-        wait_http(f"{base}/healthz")
-        return floods(base, token, args) | {
-            "cpus": {"server": sorted(server_cpus or own), "clients": sorted(client_cpus or own)}
-        }
-    except BaseException:
-        print_logs(supervisor, "web", limit=6000)
-        raise
+        with supervised(work, "web", limit=6000) as supervisor:
+            base = start_web(supervisor, env, cpus=server_cpus)
+            if client_cpus:
+                os.sched_setaffinity(0, client_cpus)
+            return floods(base, token, args) | {
+                "cpus": {"server": sorted(server_cpus or own), "clients": sorted(client_cpus or own)}
+            }
     finally:
         os.sched_setaffinity(0, own)
-        supervisor.stop_all()
 
 
 # ---------------------------------------------------------------------------------------------- evaluation
@@ -306,8 +296,7 @@ def main() -> int:
     if args.eval_only:
         args.eval_only.write_text(json.dumps(evaluation_windows(args)))
         return 0
-    work = Path(tempfile.mkdtemp(prefix="mint-bench-hostile-"))
-    try:
+    with scratch("hostile") as work:
         figures = flood_world(work, args)
         if not args.no_engine:
             figures |= evaluation_in_child(args, work / "evaluation.json")
@@ -316,8 +305,6 @@ def main() -> int:
             kept = ("eval_neighbour", "evaluations", "evaluation_tokens_metered", "neighbour_errors", "engine_flags")
             figures |= {key: last[key] for key in kept if key in last}
             figures["evaluation_measured_at"] = last.get("evaluation_measured_at", last.get("date"))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     headline_figures = {
         "anon_flood_healthz_p95_ratio": figures["anon_flood_healthz"]["median"],
         "anon_flood_healthz_p95_ratio_ci95": figures["anon_flood_healthz"]["ci95"],

@@ -19,9 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from datetime import datetime
@@ -31,16 +29,16 @@ from benchmarks.common import (
     bench_database_url,
     bench_env,
     parser,
-    print_logs,
     recreate_database,
+    scratch,
     setup_django,
+    start_web,
     summary_ms,
-    wait_http,
+    supervised,
     write_result,
 )
 from benchmarks.report.plots import plot_result
-from devtools.launcher import web_argv, worker_argv
-from devtools.supervisor import Supervisor, free_port
+from devtools.launcher import worker_argv
 
 TARGET_P95_MS = 250.0
 DB_NAME = "mint_bench_live_events"
@@ -174,30 +172,18 @@ def main() -> int:
     p.add_argument("--database", default=DB_NAME, help=f"the benchmark's database name (default {DB_NAME})")
     args = p.parse_args()
     count = 5 if args.quick else 100
-    work = Path(tempfile.mkdtemp(prefix="mint-bench-live-"))
-    db_url = bench_database_url(args.database)
-    recreate_database(db_url)
-    env = bench_env(work, db_url=db_url, redis_db=REDIS_DB, MINT_LOCAL_NODE="0")
-    setup_django(env)
-
-    supervisor = Supervisor(work / "log")
-    try:
-        port = free_port()
-        supervisor.start("web", web_argv("127.0.0.1", port), env=env)
+    with scratch("live") as work, supervised(work, "web", "worker") as supervisor:
+        db_url = bench_database_url(args.database)
+        recreate_database(db_url)
+        env = bench_env(work, db_url=db_url, redis_db=REDIS_DB, MINT_LOCAL_NODE="0")
+        setup_django(env)
         supervisor.start("worker", worker_argv("control", concurrency=1, log_level="warning"), env=env)
-        wait_http(f"http://127.0.0.1:{port}/healthz", timeout=60)
+        base = start_web(supervisor, env)
         tenant, owner, adapter, cookie = setup_world(work)
-        listener = Listener(
-            f"ws://127.0.0.1:{port}/ws/live/?tenant={tenant.slug}", cookie=cookie, origin=f"http://127.0.0.1:{port}"
-        )
+        ws = base.replace("http://", "ws://")
+        listener = Listener(f"{ws}/ws/live/?tenant={tenant.slug}", cookie=cookie, origin=base)
         from_worker, revisions = worker_changes(listener, tenant, adapter, work, count)
         from_service = service_changes(listener, revisions, owner)
-    except BaseException:
-        print_logs(supervisor, "web", "worker")
-        raise
-    finally:
-        supervisor.stop_all()
-        shutil.rmtree(work, ignore_errors=True)
 
     worker_summary, service_summary = summary_ms(from_worker), summary_ms(from_service)
     figures = {

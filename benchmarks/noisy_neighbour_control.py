@@ -17,11 +17,9 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
-import shutil
 import socket
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -36,16 +34,16 @@ from benchmarks.common import (
     bootstrap_median,
     parser,
     percentile,
-    print_logs,
     recreate_database,
+    scratch,
     setup_django,
+    start_web,
     summary_ms,
-    wait_http,
+    supervised,
     write_result,
 )
 from benchmarks.report.plots import plot_result
-from devtools.launcher import web_argv, worker_argv, worker_nice
-from devtools.supervisor import Supervisor, free_port
+from devtools.launcher import worker_argv, worker_nice
 
 TARGET = 1.2
 CONTROL_STATES = ("registered", "validated")
@@ -262,36 +260,25 @@ def main() -> int:
     args = p.parse_args()
     if args.quick:
         args.pairs, args.window = 2, 10.0
-    work = Path(tempfile.mkdtemp(prefix="mint-bench-noisy-"))
-    db_url = bench_database_url("mint_bench_noisy")
-    recreate_database(db_url)
-    env = bench_env(work, db_url=db_url, redis_db=12, MINT_WORK_DIR=str(work / "scratch"))
-    (work / "scratch").mkdir()
-    setup_django(env)
-    supervisor = Supervisor(work / "log")
-    port = free_port()
-    try:
-        world = setup_world(f"http://127.0.0.1:{port}")
+    with scratch("noisy") as work, supervised(work, "web", "worker", limit=6000) as supervisor:
+        db_url = bench_database_url("mint_bench_noisy")
+        recreate_database(db_url)
+        env = bench_env(work, db_url=db_url, redis_db=12, MINT_WORK_DIR=str(work / "scratch"))
+        (work / "scratch").mkdir()
+        setup_django(env)
+        world = setup_world(start_web(supervisor, env))
         good, hostile = build_corpus(work / "corpus")
         if args.cases:
             hostile = [(name, paths) for name, paths in hostile if name in args.cases.split(",")]
-        supervisor.start("web", web_argv("127.0.0.1", port), env=env)
         worker = supervisor.start(
             "worker",
             worker_argv("control", beat_schedule=work / "beat-schedule", log_level="warning"),
             env=env,
             nice=worker_nice(env),
         )
-        wait_http(f"{world.base}/healthz")
         time.sleep(3)  # the worker's pool is up
         pools_before = pool_pids(worker)
         figures = run(world, good, hostile, args, worker, pools_before)
-    except BaseException:
-        print_logs(supervisor, "web", "worker", limit=6000)
-        raise
-    finally:
-        supervisor.stop_all()
-        shutil.rmtree(work, ignore_errors=True)
     path = write_result("noisy_neighbour_control", figures, quick=args.quick, out_dir=args.out)
     plot_result(path)
     print(path.read_text())

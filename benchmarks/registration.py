@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 
@@ -26,14 +23,13 @@ from benchmarks.common import (
     bench_env,
     manage,
     parser,
-    print_logs,
     recreate_database,
+    scratch,
+    start_web,
     summary_ms,
-    wait_http,
+    supervised,
     write_result,
 )
-from devtools.launcher import web_argv
-from devtools.supervisor import Supervisor, free_port
 
 SETUP = """
 import json, os
@@ -79,25 +75,19 @@ def run(clients: int, requests_per_client: int, send) -> list[float]:
 
 def main() -> int:
     args = parser(__doc__).parse_args()
-    work = Path(tempfile.mkdtemp(prefix="mint-bench-registration-"))
-    db_url = bench_database_url("mint_bench_registration")
-    recreate_database(db_url)
-    env = bench_env(work, db_url=db_url, redis_db=14, log_level="ERROR")
-    manage("migrate", "--noinput", env=env)
-    setup = json.loads(manage("shell", "-c", SETUP, env=env).splitlines()[-1])
-    token, tenant_id = setup["token"], setup["tenant_id"]
-    incoming = work / "artifacts" / f"t/{tenant_id}/incoming/run"
-    incoming.mkdir(parents=True)
-    (incoming / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 4}')
-    (incoming / "adapter_model.safetensors").write_bytes(os.urandom(1024))
-    upload = os.urandom(10 * 1024 * 1024)
-
-    port = free_port()
-    supervisor = Supervisor(work / "log")
-    try:
-        supervisor.start("web", web_argv("127.0.0.1", port), env=env)
-        base = f"http://127.0.0.1:{port}"
-        wait_http(f"{base}/healthz")
+    with scratch("registration") as work, supervised(work, "web", limit=6000) as supervisor:
+        db_url = bench_database_url("mint_bench_registration")
+        recreate_database(db_url)
+        env = bench_env(work, db_url=db_url, redis_db=14, log_level="ERROR")
+        manage("migrate", "--noinput", env=env)
+        setup = json.loads(manage("shell", "-c", SETUP, env=env).splitlines()[-1])
+        token, tenant_id = setup["token"], setup["tenant_id"]
+        incoming = work / "artifacts" / f"t/{tenant_id}/incoming/run"
+        incoming.mkdir(parents=True)
+        (incoming / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 4}')
+        (incoming / "adapter_model.safetensors").write_bytes(os.urandom(1024))
+        upload = os.urandom(10 * 1024 * 1024)
+        base = start_web(supervisor, env)
         headers = {"Authorization": f"Bearer {token}"}
 
         def by_uri(http, index, i):
@@ -124,12 +114,6 @@ def main() -> int:
                 "clients_16": summary_ms(run(16, uploads_per_client, by_upload)),
             },
         }
-    except RuntimeError:
-        print_logs(supervisor, "web", limit=6000)
-        raise
-    finally:
-        supervisor.stop_all()
-        shutil.rmtree(work, ignore_errors=True)
     figures["paper"] = {"register_s": 1.66}
     figures["target"] = {"source_uri_clients_1_p95_ms": 50}
     figures["server"] = "uvicorn, one process"

@@ -20,14 +20,11 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import socket
 import statistics
 import sys
 import tarfile
-import tempfile
 import time
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -37,14 +34,13 @@ from benchmarks.common import (
     bench_env,
     manage,
     parser,
-    print_logs,
     recreate_database,
-    wait_http,
+    scratch,
+    start_web,
+    supervised,
     write_result,
 )
 from benchmarks.report.plots import plot_result
-from devtools.launcher import web_argv
-from devtools.supervisor import Supervisor, free_port
 
 SETUP = """
 import json
@@ -183,19 +179,14 @@ def main() -> int:
     args = p.parse_args()
     megabytes = args.megabytes or (24 if args.quick else 200)
     repeats = args.repeats or (1 if args.quick else 5)
-    work = Path(tempfile.mkdtemp(prefix="mint-bench-upload-"))
-    db_url = bench_database_url(args.database)
-    recreate_database(db_url)
-    env = bench_env(work, db_url=db_url, redis_db=13, log_level="ERROR")
-    manage("migrate", "--noinput", env=env)
-    token = json.loads(manage("shell", "-c", SETUP, env=env).splitlines()[-1])["token"]
-    data = archive(megabytes)
-    port = free_port()
-    supervisor = Supervisor(work / "log")
-    try:
-        supervisor.start("web", web_argv("127.0.0.1", port), env=env)
-        base = f"http://127.0.0.1:{port}"
-        wait_http(f"{base}/healthz")
+    with scratch("upload") as work, supervised(work, "web", limit=6000) as supervisor:
+        db_url = bench_database_url(args.database)
+        recreate_database(db_url)
+        env = bench_env(work, db_url=db_url, redis_db=13, log_level="ERROR")
+        manage("migrate", "--noinput", env=env)
+        token = json.loads(manage("shell", "-c", SETUP, env=env).splitlines()[-1])["token"]
+        data = archive(megabytes)
+        base = start_web(supervisor, env)
         headers = {"Authorization": f"Bearer {token}"}
         posts, sessions = [], []
         with httpx.Client(base_url=base, headers=headers, timeout=600) as http:
@@ -207,12 +198,6 @@ def main() -> int:
                 step += 1
                 sessions.append(resumable(http, data, step))
             resume = resume_after_cut(http, base, token, data, step + 1, expected=digest)
-    except RuntimeError:
-        print_logs(supervisor, "web", limit=6000)
-        raise
-    finally:
-        supervisor.stop_all()
-        shutil.rmtree(work, ignore_errors=True)
     mb = len(data) / 1e6
     post_mbps = [mb / s for s in posts]
     session_mbps = [mb / s for s in sessions]
