@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -32,8 +33,7 @@ class WaitingMixin:
         number = revision_number(revision)
         deadline = time.monotonic() + timeout
         delay = interval
-        status = _status(show_progress, f"{adapter} r{number}: waiting for {state}")
-        try:
+        with _status(show_progress, f"{adapter} r{number}: waiting for {state}") as status:
             while True:
                 current = self.revision(adapter, number)
                 if status is not None:
@@ -64,9 +64,6 @@ class WaitingMixin:
                     )
                 self.sleep(delay)
                 delay = min(max_interval, delay * 1.5)
-        finally:
-            if status is not None:
-                status.stop()
 
     def wait_for_alias(
         self,
@@ -88,8 +85,7 @@ class WaitingMixin:
         started = time.monotonic()
         deadline = started + timeout
         delay = interval
-        status = _status(show_progress, f"{adapter}:{alias}: waiting for {label}")
-        try:
+        with _status(show_progress, f"{adapter}:{alias}: waiting for {label}") as status:
             while True:
                 found = self.adapter(adapter).alias(alias)
                 if found is not None:
@@ -117,9 +113,6 @@ class WaitingMixin:
                     raise WaitTimeout(f"{adapter}:{alias} does not serve {label} after {timeout:g} s{why}.")
                 self.sleep(delay)
                 delay = min(max_interval, delay * 1.5)
-        finally:
-            if status is not None:
-                status.stop()
 
 
 def _alias_progress(adapter: str, alias: str, label: str, found: Alias, waited: float) -> str:
@@ -133,11 +126,10 @@ def _alias_progress(adapter: str, alias: str, label: str, found: Alias, waited: 
     return f"{adapter}:{alias} serves {found.revision or '-'}; {label} {phase}{where} ({waited:.0f} s){reason}"
 
 
-def _status(show: bool, text: str):
+def _status(show: bool, text: str) -> contextlib.AbstractContextManager:
+    """A spinner with `text` on stderr while the block runs (its `update` changes the text), or None."""
     if not show:
-        return None
+        return contextlib.nullcontext()
     from rich.console import Console
 
-    status = Console(stderr=True).status(text)
-    status.start()
-    return status
+    return Console(stderr=True).status(text)
