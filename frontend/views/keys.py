@@ -9,11 +9,12 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from adapters.serializers import ADAPTER_NAME
+from frontend import selectors as frontend_selectors
 from frontend.forms import ApiKeyCreateForm, form_errors
-from frontend.selectors import keys as key_selectors
 from frontend.selectors import lifecycle
 from frontend.views.base import act, anchor_tag, check_tenant_field, check_write_rate, found, page, safe_next
 from mint_site.errors import MintError
+from tenants import selectors as tenant_selectors
 from tenants import services
 from tenants.access import Capability
 
@@ -67,7 +68,9 @@ def api_keys(request: HttpRequest) -> HttpResponse:
         except MintError as exc:
             messages.error(request, exc.message, extra_tags=anchor_tag("create-key"))
         return redirect(reverse("frontend:keys") + "#result-create-key")
-    keys = key_selectors.api_key_page(tenant=viewer.tenant, number=request.GET.get("page"))
+    keys = frontend_selectors.page(
+        tenant_selectors.api_key_list(tenant=viewer.tenant).order_by("-id"), request.GET.get("page")
+    )
     fragment = request.GET.get("fragment")
     if fragment:  # the list alone, re-read by the page's script (a key revoked meanwhile shows so)
         if fragment != "keys":
@@ -89,7 +92,8 @@ def api_keys(request: HttpRequest) -> HttpResponse:
 @require_POST
 @page(Capability.MANAGE_KEYS)
 def api_key_revoke(request: HttpRequest, prefix: str) -> HttpResponse:
-    key = found(key_selectors.api_key_get(tenant=request.viewer.tenant, prefix=prefix), "No such key.")
+    keys = tenant_selectors.api_key_list(tenant=request.viewer.tenant).select_related("tenant")
+    key = found(keys.filter(prefix=prefix).first(), "No such key.")
 
     def run() -> str:
         services.api_key_revoke(key=key, by=request.viewer.access.actor)
