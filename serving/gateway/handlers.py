@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.responses import Response
 
-from serving.gateway import GatewayError, policy, proxy, resolve, sampling
+from serving.gateway import GatewayError, proxy, resolve, sampling
 from serving.gateway import canary as canaries
 from serving.gateway.auth import Caller
 from serving.gateway.metering import Tally
 from serving.gateway.metrics import UNKNOWN
+from serving.gateway.policy.fields import check_request, tokens_at_most, with_plan_defaults
 from serving.gateway.resolve import NotReady, parse_model
 from serving.gateway.responses import json_response
 from serving.gateway.routes import Canary, Resolution
@@ -75,9 +76,9 @@ def json_body(body: bytes) -> dict[str, Any]:
 def inference(path: str) -> Handler:
     async def handle(state: HandlerState, body: bytes, caller: Caller, outcome: Outcome, _: dict) -> Response:
         data = json_body(body)
-        policy.check_request(path, data, caller.plan)
+        check_request(path, data, caller.plan)
         # What it may cost is reserved on the token limits now, before any await: concurrent requests see it.
-        at_most = policy.tokens_at_most(path, data, caller.plan, body_bytes=len(body))
+        at_most = tokens_at_most(path, data, caller.plan, body_bytes=len(body))
         outcome.reservation = state.tokens.admit(caller, at_most)
         model = data.get("model")
         ref = parse_model(model)
@@ -102,7 +103,7 @@ def inference(path: str) -> Handler:
             resolution = sampling.with_routed_experts_nodes(resolution)
             answer = proxy.AnswerRules(keep=frozenset({sampling.FIELD}), check=sampling.answer_bound(caller.plan))
         # The default token bound, once the nodes (and their context windows) that may answer are known.
-        data = policy.with_plan_defaults(path, data, caller.plan, max_model_len=_context_window(resolution))
+        data = with_plan_defaults(path, data, caller.plan, max_model_len=_context_window(resolution))
         outcome.adapter = resolution.adapter_name
         tally = outcome.tally
         tally.adapter_id, tally.adapter_name = resolution.adapter_id, resolution.adapter_name

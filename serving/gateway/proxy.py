@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from django.conf import settings
 from starlette.responses import Response
 
-from serving.gateway import GatewayError, policy
+from serving.gateway import GatewayError
 from serving.gateway.fairslots import NodeBusy
 from serving.gateway.metering import Tally
 from serving.gateway.metrics import NODE_BUSY, UPSTREAM_ERRORS
+from serving.gateway.policy.answers import openai_answer
 from serving.gateway.resolve import NotReady
 from serving.gateway.responses import EventStream, error_response, json_response
 from serving.gateway.routes import Resolution, Target
@@ -328,9 +329,9 @@ def _upstream_message(content: bytes) -> str | None:
 
 def _rewrite(data: Any, *, lora: str, model: str, keep: frozenset[str] = frozenset()) -> Any:
     """Name the caller's model where vLLM named the LoRA (the `model` field and any error message), and keep
-    only OpenAI's fields of a completion, chat completion or chunk (policy.openai_answer), and `keep`'s."""
+    only OpenAI's fields of a completion, chat completion or chunk (policy/answers.py), and `keep`'s."""
     if isinstance(data, dict):
-        data = policy.openai_answer(data, keep=keep)
+        data = openai_answer(data, keep=keep)
         if "model" in data:
             data["model"] = model
         error = data.get("error")

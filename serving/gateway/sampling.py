@@ -16,7 +16,7 @@ returns_routed_experts), vLLM 0.32 adds `routed_experts` to every choice: the ex
 to, `[tokens, layers, top_k]`, as base64 of a NumPy `.npy`. A sampling request that sends
 `return_routed_experts: true` (the gateway's own field, never forwarded; `routed_experts_prompt_start` is
 vLLM's and is) goes only to such nodes and gets the field; any other key sending either field is refused
-(403), and every other answer loses the field as before (policy.openai_answer). An answer's routed experts
+(403), and every other answer loses the field as before (policy/answers.py). An answer's routed experts
 are bounded by the plan's `max_routed_experts_bytes` (0 refuses them): past it the answer is refused with 400
 `routed_experts_too_large` (its tokens were spent, and are metered).
 """

@@ -13,7 +13,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 
 from serving.gateway import GatewayError
 from serving.gateway.auth import GatewayPlan
-from serving.gateway.policy import check_request
+from serving.gateway.policy.fields import check_request
 from serving.gateway.upstream import Upstream
 from serving.models import ServingNode
 from tenants import services as tenant_services

@@ -18,8 +18,9 @@ from django.utils import timezone
 from adapters.models import AdapterRevision
 from mint_site.errors import QuotaExceeded
 from serving import services
-from serving.gateway import GatewayError, policy
+from serving.gateway import GatewayError
 from serving.gateway.auth import GatewayPlan
+from serving.gateway.policy.fields import check_request
 from serving.models import Alias, Placement, Priority
 from serving.selectors import pins
 from serving.services import capacity
@@ -290,7 +291,7 @@ def gw(transactional_db, world):
 def test_forbidden_fields_do_not_slip_through_nesting_or_lookalikes(path, body):
     """Defence holds: nested, look-alike and out-of-range fields are refused by name."""
     with pytest.raises(GatewayError) as refused:
-        policy.check_request(path, body, PLAN)
+        check_request(path, body, PLAN)
     assert refused.value.status == 400
 
 

@@ -17,23 +17,3 @@ OpenAI's fields, `system_fingerprint` always null (it would tell engine builds a
 The work is linear in the body, which the gateway bounded in bytes before parsing it; nothing here
 compiles, fetches or decodes what a tenant sent (structured-output constraints are only measured).
 """
-
-from serving.gateway.policy.answers import openai_answer
-from serving.gateway.policy.fields import (
-    CHAT_COMPLETIONS,
-    COMPLETIONS,
-    FIELDS,
-    check_request,
-    tokens_at_most,
-    with_plan_defaults,
-)
-
-__all__ = [
-    "CHAT_COMPLETIONS",
-    "COMPLETIONS",
-    "FIELDS",
-    "check_request",
-    "openai_answer",
-    "tokens_at_most",
-    "with_plan_defaults",
-]
