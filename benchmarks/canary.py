@@ -124,9 +124,9 @@ def abort_once(stack: Stack, http: httpx.Client, url: str, auth: dict, adapter, 
             break
         time.sleep(0.01)
     if aborted is None:
-        from serving import services
+        from serving.services.canary import canary_counts
 
-        counts = services.canary_counts(alias=Alias.objects.get(id=alias.id))
+        counts = canary_counts(alias=Alias.objects.get(id=alias.id))
         raise RuntimeError(f"the canary was not aborted within 60 s of the breach; its counters: {counts}")
     from tenants.models import AuditEvent
 
@@ -168,12 +168,13 @@ def main() -> int:
                 pair = [("canary-bot", with_canary), ("plain-bot", without)]
                 for model, into in pair if i % 2 == 0 else reversed(pair):
                     into.append(timed(http, url, model, auth, f"user-{rng.getrandbits(32)}"))
-            from serving import services
+            from serving.services.canary import canary_counts
+            from serving.services.rollout import canary_abort
             from tenants.access import Actor
 
-            counts = services.canary_counts(alias=adapter.aliases.get(name="production"))
+            counts = canary_counts(alias=adapter.aliases.get(name="production"))
             with stack.as_control_plane():
-                services.canary_abort(adapter=adapter, by=Actor.system(), reason="benchmark: next phase")
+                canary_abort(adapter=adapter, by=Actor.system(), reason="benchmark: next phase")
             aborts = [abort_once(stack, http, url, auth, adapter, r2, seed=100 + i) for i in range(repeats)]
     times = [a["breach_to_abort_s"] for a in aborts]
     figures = {

@@ -14,7 +14,7 @@ from adapters import selectors as adapter_selectors
 from adapters import services as adapter_services
 from adapters.models import Adapter, AdapterRevision
 from mint_site.errors import MintError
-from serving import retire_apis, selectors, services
+from serving import retire_apis, selectors
 from serving.serializers import (
     ActivateSerializer,
     ActivationResultSerializer,
@@ -26,6 +26,7 @@ from serving.serializers import (
     ReserveSerializer,
     RollbackSerializer,
 )
+from serving.services import aliases, retire, rollout
 from tenants.access import Capability
 from tenants.api_base import TenantApi
 
@@ -76,7 +77,7 @@ class AdapterDetailApi(catalog.AdapterDetailApi):
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
         if "replicas" in data:
-            services.adapter_scale(adapter=adapter, replicas=data["replicas"], by=request.access.actor)
+            aliases.adapter_scale(adapter=adapter, replicas=data["replicas"], by=request.access.actor)
         if "description" in data or "tags" in data:
             adapter_services.adapter_update(
                 adapter=adapter, by=request.access.actor, description=data.get("description"), tags=data.get("tags")
@@ -85,7 +86,7 @@ class AdapterDetailApi(catalog.AdapterDetailApi):
 
     @extend_schema(request=None, responses={200: retire_apis.AdapterDeletedSerializer})
     def delete(self, request, name: str):
-        deleted = services.adapter_delete(adapter=self.get_tenant_object(name=name), by=request.access.actor)
+        deleted = retire.adapter_delete(adapter=self.get_tenant_object(name=name), by=request.access.actor)
         return Response({"adapter": deleted.adapter, "deleted": True, "archived": deleted.archived})
 
 
@@ -109,7 +110,7 @@ class AdapterActivateApi(catalog.AdapterApiMixin, TenantApi):
         payload = ActivateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         revision = self._revision(adapter, payload.validated_data["revision"])
-        alias = services.revision_activate(
+        alias = aliases.revision_activate(
             adapter=adapter,
             revision=revision,
             by=request.access.actor,
@@ -144,7 +145,7 @@ class AdapterRollbackApi(AdapterActivateApi):
         payload.is_valid(raise_exception=True)
         number = payload.validated_data.get("revision")
         revision = self._revision(adapter, number) if number else None
-        alias = services.revision_rollback(
+        alias = aliases.revision_rollback(
             adapter=adapter, by=request.access.actor, revision=revision, alias=payload.validated_data["alias"]
         )
         return Response(AliasSerializer(alias).data)
@@ -165,7 +166,7 @@ class AdapterReserveApi(AdapterActivateApi):
         adapter = self.get_adapter(name)
         payload = ReserveSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        alias = services.alias_reserve(
+        alias = aliases.alias_reserve(
             adapter=adapter,
             alias=payload.validated_data["alias"],
             reserved=payload.validated_data["reserved"],
@@ -187,7 +188,7 @@ class AdapterCancelApi(AdapterActivateApi):
         adapter = self.get_adapter(name)
         payload = CancelSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        alias = services.activation_cancel(
+        alias = aliases.activation_cancel(
             adapter=adapter, alias_name=payload.validated_data["alias"], by=request.access.actor
         )
         return Response(AliasSerializer(alias).data)
@@ -202,7 +203,7 @@ class AdapterPromoteApi(AdapterActivateApi):
         adapter = self.get_adapter(name)
         payload = CanaryActionSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        alias = services.canary_promote(adapter=adapter, by=request.access.actor, alias=payload.validated_data["alias"])
+        alias = rollout.canary_promote(adapter=adapter, by=request.access.actor, alias=payload.validated_data["alias"])
         return Response(AliasSerializer(alias).data)
 
 
@@ -219,7 +220,7 @@ class AdapterAbortApi(AdapterActivateApi):
         adapter = self.get_adapter(name)
         payload = CanaryActionSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        alias = services.canary_abort(
+        alias = rollout.canary_abort(
             adapter=adapter,
             by=request.access.actor,
             alias=payload.validated_data["alias"],

@@ -12,7 +12,6 @@ from rest_framework.response import Response
 
 from adapters.selectors import base_model_by_name
 from mint_site.errors import Conflict, MintError, NotFound
-from serving import services
 from serving.models import NodeState, PlacementState, ServingNode
 from serving.serializers import (
     DrainProgressSerializer,
@@ -20,6 +19,7 @@ from serving.serializers import (
     ServingNodeCreateSerializer,
     ServingNodeSerializer,
 )
+from serving.services import nodes
 from tenants.access import Actor
 from tenants.throttles import ApiRateThrottle
 
@@ -57,7 +57,7 @@ class ServingNodeListCreateApi(PlatformApi):
         if base is None:
             raise MintError("base_model: no such base model.", code="unknown_base_model")
         data["served_model_name"] = data["served_model_name"] or base.name
-        node = services.node_register(base_model=base, by=Actor(user=request.user), **data)
+        node = nodes.node_register(base_model=base, by=Actor(user=request.user), **data)
         return Response(ServingNodeSerializer(self.get_queryset().get(id=node.id)).data, status=status.HTTP_201_CREATED)
 
 
@@ -74,11 +74,9 @@ class ServingNodeDrainApi(PlatformApi):
         payload = DrainSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         if node.state == NodeState.DRAINING:
-            progress = services.drain_step(node=node, force=payload.validated_data["force"])
+            progress = nodes.drain_step(node=node, force=payload.validated_data["force"])
         else:
-            progress = services.node_drain(
-                node=node, by=Actor(user=request.user), force=payload.validated_data["force"]
-            )
+            progress = nodes.node_drain(node=node, by=Actor(user=request.user), force=payload.validated_data["force"])
         return Response({"node": node.name, "state": NodeState.DRAINING, **progress})
 
 
@@ -92,5 +90,5 @@ class ServingNodeUndrainApi(PlatformApi):
             raise NotFound(f"No node {name!r}.", code="node_not_found")
         if node.state == NodeState.DOWN:
             raise Conflict(f"Node {node.name} is down; it comes back up with its next heartbeat.", code="node_down")
-        services.node_set_state(node=node, state=NodeState.UP, by=Actor(user=request.user))
+        nodes.node_set_state(node=node, state=NodeState.UP, by=Actor(user=request.user))
         return Response(ServingNodeSerializer(ServingNodeListCreateApi().get_queryset().get(id=node.id)).data)

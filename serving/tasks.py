@@ -21,9 +21,21 @@ from django.utils import timezone
 
 from adapters import store
 from adapters.artifacts.export import sha256_file
-from serving import selectors, services
+from serving import selectors
 from serving.models import AgentPing, NodeState, Placement, PlacementState, ServingNode, lora_name
-from serving.services import evaluation, retention, retire, sweep
+from serving.services import (
+    admission,
+    aliases,
+    evaluation,
+    failover,
+    nodes,
+    residency,
+    retention,
+    retire,
+    rollout,
+    sweep,
+    usage,
+)
 from serving.vllm import VllmClient, VllmError, context_window
 from tenants.access import Actor
 
@@ -101,16 +113,16 @@ def placement_prewarm(self, *, placement_id: int) -> None:
             # A packed MoE export needs extras in the load request (e.g. is_3d_lora_weight).
             extra = (placement.revision.policy_record or {}).get("load_request") or {}
             engine.load_lora(name, str(path), **extra)
-            services.node_copy_used(placement=placement, size_bytes=_size_of(path))
-            if not services.placement_loaded(placement=placement, load_ms=(time.perf_counter() - started) * 1000):
+            residency.node_copy_used(placement=placement, size_bytes=_size_of(path))
+            if not admission.placement_loaded(placement=placement, load_ms=(time.perf_counter() - started) * 1000):
                 return
             started = time.perf_counter()
             answer = engine.complete(name, WARMUP_PROMPT, max_tokens=1)
             warm_ms = (time.perf_counter() - started) * 1000
-            services.placement_ready(placement=placement, warm_ms=warm_ms)
-            services.usage_of_warmup(placement=placement, answer=answer, ms=warm_ms)
+            aliases.placement_ready(placement=placement, warm_ms=warm_ms)
+            usage.usage_of_warmup(placement=placement, answer=answer, ms=warm_ms)
         except (VllmError, CacheMismatch, OSError) as exc:
-            services.placement_failed(placement=placement, reason=str(exc))
+            admission.placement_failed(placement=placement, reason=str(exc))
 
 
 def _size_of(path: Path) -> int:
@@ -156,16 +168,16 @@ def placement_unload(self, *, placement_id: int) -> None:
         if exc.transient:
             raise self.retry(exc=exc, countdown=5, max_retries=5) from exc
         log.warning("unload of %s on %s: %s", name, placement.node, exc)
-    services.placement_forget(placement=placement)
+    failover.placement_forget(placement=placement)
     node_disk_trim.apply_async(kwargs={"node_id": placement.node_id}, queue=placement.node.queue)
 
 
 @shared_task(bind=True, acks_late=True, ignore_result=True)
 def node_lora_unload(self, *, node_id: int, name: str) -> None:
-    """Unload a LoRA the engine holds that no placement accounts for (`services.stray_loras`), once no request
+    """Unload a LoRA the engine holds that no placement accounts for (`residency.stray_loras`), once no request
     of it runs; a placement made for it meanwhile keeps it."""
     node = ServingNode.objects.filter(id=node_id).first()
-    if node is None or name not in services.stray_loras(node=node, loaded={name}):
+    if node is None or name not in residency.stray_loras(node=node, loaded={name}):
         return
     try:
         with VllmClient(node.url) as engine:
@@ -182,7 +194,7 @@ def node_disk_trim(self, *, node_id: int) -> None:
     node = ServingNode.objects.filter(id=node_id).first()
     if node is None:
         return
-    victims = services.node_copies_over_budget(node=node)
+    victims = residency.node_copies_over_budget(node=node)
     if not victims:
         return
     try:
@@ -195,7 +207,7 @@ def node_disk_trim(self, *, node_id: int) -> None:
         if name in loaded:
             continue
         shutil.rmtree(Path(node.cache_dir) / name, ignore_errors=True)
-        services.node_copy_removed(copy=copy)
+        residency.node_copy_removed(copy=copy)
 
 
 @shared_task(bind=True, ignore_result=True)
@@ -220,13 +232,13 @@ def node_cache_cleanup(self, *, node_id: int, name: str) -> None:
     if any(lora_name(p.revision) == name for p in node.placements.select_related("revision__adapter")):
         return
     shutil.rmtree(Path(node.cache_dir) / name, ignore_errors=True)
-    services.node_copy_forget(node=node, name=name)
+    residency.node_copy_forget(node=node, name=name)
 
 
 @shared_task(bind=True, ignore_result=True)
 def node_admit(self, *, node_id: int) -> None:
-    """Admission again after a pacing pause (services.prewarm_pacing_delay)."""
-    services.admit_after_pause(node_id=node_id)
+    """Admission again after a pacing pause (admission.prewarm_pacing_delay)."""
+    admission.admit_after_pause(node_id=node_id)
 
 
 @shared_task(bind=True, ignore_result=True)
@@ -247,10 +259,10 @@ def nodes_heartbeat(self) -> None:
             version = engine.version() if healthy else ""
         if not healthy:
             if node.state != NodeState.DOWN:
-                services.node_set_state(node=node, state=NodeState.DOWN, by=Actor.system(), heartbeat=True)
+                nodes.node_set_state(node=node, state=NodeState.DOWN, by=Actor.system(), heartbeat=True)
             continue
         if node.state == NodeState.DOWN:
-            services.node_set_state(
+            nodes.node_set_state(
                 node=node,
                 state=NodeState.UP,
                 by=Actor.system(),
@@ -259,7 +271,7 @@ def nodes_heartbeat(self) -> None:
                 max_model_len=context,
             )
         else:
-            services.node_set_state(
+            nodes.node_set_state(
                 node=node,
                 state=node.state,
                 by=Actor.system(),
@@ -268,24 +280,24 @@ def nodes_heartbeat(self) -> None:
                 max_model_len=context,
             )
         if node.state == NodeState.UP:
-            result = services.node_reconcile(node=node, loaded=loaded or set(), seen_at=seen_at)
+            result = nodes.node_reconcile(node=node, loaded=loaded or set(), seen_at=seen_at)
             if any(result.values()):
                 log.info("reconciled %s: %s", node, result)
-            for name in services.stray_loras(node=node, loaded=loaded or set()):
+            for name in residency.stray_loras(node=node, loaded=loaded or set()):
                 log.warning("%s holds %s that no placement accounts for: unloading it", node, name)
                 node_lora_unload.apply_async(kwargs={"node_id": node.id, "name": name}, queue=node.queue)
         elif node.state == NodeState.DRAINING:
-            drained = services.drain_step(node=node)
+            drained = nodes.drain_step(node=node)
             log.info("draining %s: %s", node, drained)
             with transaction.atomic():
                 sweep.handoffs_overdue(node, now=timezone.now())  # its unloads, its last loads
         sweep.probe_node_queue(node=node)
     # A canary whose candidate a node took down with it (or its engine lost) ends before failover places anything.
-    stranded = services.canaries_stranded_abort()
+    stranded = rollout.canaries_stranded_abort()
     if stranded:
         log.warning("canaries aborted, their candidates unreachable: %s", stranded)
     # What waits for capacity is placed as soon as a slot frees; this catches what no event announced.
-    retried = services.placements_retry()
+    retried = failover.placements_retry()
     if any(retried.values()):
         log.info("placements retried: %s", retried)
     # Aliases whose convergence, or a rollback's re-export, was lost with the broker.
@@ -303,12 +315,12 @@ def alias_converge(self, *, alias_id: int) -> None:
     """After activation or rollback: flip at once if the revision is ready, else prewarm it first."""
     alias = selectors.alias_for_converge(alias_id)
     if alias is not None:
-        services.alias_converge(alias=alias)
+        aliases.alias_converge(alias=alias)
 
 
 @shared_task(bind=True, ignore_result=True)
 def node_probe(self, *, node_id: int) -> None:
-    """A gateway could not reach the node (services.node_report_unreachable): check it now, and if it is dead,
+    """A gateway could not reach the node (nodes.node_report_unreachable): check it now, and if it is dead,
     take it out of routing and place its revisions elsewhere without waiting for the next heartbeat."""
     node = ServingNode.objects.filter(id=node_id).first()
     if node is None or node.state == NodeState.DOWN:
@@ -318,15 +330,15 @@ def node_probe(self, *, node_id: int) -> None:
             log.info("node %s was reported unreachable but answers its health check", node)
             return
     log.warning("node %s was reported unreachable and fails its health check: down", node)
-    services.node_set_state(node=node, state=NodeState.DOWN, by=Actor.system())
-    services.canaries_stranded_abort(base_model_id=node.base_model_id)
-    services.placements_retry(base_model_id=node.base_model_id)
+    nodes.node_set_state(node=node, state=NodeState.DOWN, by=Actor.system())
+    rollout.canaries_stranded_abort(base_model_id=node.base_model_id)
+    failover.placements_retry(base_model_id=node.base_model_id)
 
 
 @shared_task(ignore_result=True)
 def usage_purge() -> None:
     """Beat (hourly): drop per-minute and per-hour usage rows past their retention."""
-    purged = services.usage_purge()
+    purged = usage.usage_purge()
     if any(purged.values()):
         log.info("usage rows purged: %s", purged)
 

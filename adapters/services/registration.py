@@ -82,7 +82,7 @@ def adapter_set_replicas(*, adapter: Adapter, replicas: int | None, by: Actor) -
     """Set the adapter's replica override (None: the platform default, MINT_ALIAS_READY_REPLICAS), at most its
     tenant's `max_replicas` (429 `replicas_above_plan`), audited `adapter.replicas` when it changes.
 
-    Only the catalog row: the serving plane converges on it (serving.services.adapter_scale calls this).
+    Only the catalog row: the serving plane converges on it (serving.services.aliases.adapter_scale calls this).
     Returns the adapter, locked and saved, with its tenant as read under the lock.
     """
     if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1):

@@ -30,7 +30,7 @@ Redis keys, under KEY_PREFIX (`<who>` is `t<tenant id>` or `k<key id>`):
 - `…:month:<who>:<YYYY-MM>`: the tokens of a month, kept until a day after it. Never created by an increment:
   a process that needs an absent one (the tenant or key has a budget; a new month; Redis flushed or restarted
   empty) rebuilds it from PostgreSQL off the request path: the month's day rows of metered usage
-  (`serving.services.usage_month_tokens`) on a database thread, then `SET NX`, so one seed wins and every
+  (`serving.services.budgets.usage_month_tokens`) on a database thread, then `SET NX`, so one seed wins and every
   process adds its pending tokens to it. A tenant's month counter is added to whenever it exists, budget or
   not, so a budget set again later in the month starts from the right count; while it is absent and the tenant
   has no budget, its tokens are not sent (it is looked for again every FRESH_S).
@@ -39,7 +39,7 @@ A rebuilt counter is as exact as the database: the tokens metered but not flushe
 MINT_GATEWAY_USAGE_FLUSH_S of a process's traffic) are missing from it or, for the process that seeds it, may
 be counted twice.
 
-Events: when a month counter with a budget reaches 80 % and 100 % of it, `serving.services.usage_budget_crossed`
+Events: when a month counter with a budget reaches 80 % and 100 % of it, `serving.services.budgets.usage_budget_crossed`
 is called on a database thread (once per counter, budget and threshold in this process); the service sends the
 live event once per month, budget and threshold across processes.
 
@@ -59,7 +59,6 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
 from mint_site.redis_breaker import REDIS_DOWN, RedisBreaker
-from serving import services as serving_services
 from serving.gateway import GatewayError
 from serving.gateway.metrics import TOKENS_REFUSED
 from serving.gateway.token_counts import SYNC_SCRIPT, Count, Reservation
@@ -69,6 +68,8 @@ from serving.services.budgets import (  # the counters' Redis layout, shared wit
     WINDOW_S,
     Period,
     month_key,
+    usage_budget_crossed,
+    usage_month_tokens,
     window_key,
 )
 
@@ -335,9 +336,7 @@ class TokenLimits:
         try:
             start, end = count.period.month_start, count.period.month_end
             used = await self._db.run(
-                lambda: serving_services.usage_month_tokens(
-                    tenant_id=count.tenant_id, key_id=count.key_id, start=start, end=end
-                )
+                lambda: usage_month_tokens(tenant_id=count.tenant_id, key_id=count.key_id, start=start, end=end)
             )
             await self._client().set(count.redis_key, used, nx=True, ex=count.ttl(self.clock()))
         except Exception as exc:
@@ -383,7 +382,7 @@ def _holder(caller: Caller, count: Count) -> str:
 
 
 def _budget_crossed(count: Count, threshold: int, used: int, budget: int) -> bool:
-    return serving_services.usage_budget_crossed(
+    return usage_budget_crossed(
         tenant_id=count.tenant_id,
         key_id=count.key_id,
         key_prefix=count.key_prefix,

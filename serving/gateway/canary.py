@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from serving import services
 from serving.services import canary as rule
+from serving.services import rollout
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -182,7 +182,7 @@ class CanaryCounters:
         async def abort() -> None:
             try:
                 done = await self._db.run(
-                    lambda: services.canary_abort_auto(
+                    lambda: rollout.canary_abort_auto(
                         alias_id=owner.alias_id, started_us=owner.started_us, reason=reason, counts=counts
                     )
                 )

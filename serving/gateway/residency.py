@@ -31,12 +31,12 @@ from cachetools import TTLCache
 from django.conf import settings
 
 from adapters import selectors as adapter_selectors
-from serving import services
 from serving.gateway import GatewayError
 from serving.gateway.metrics import COLD_HELD, RESIDENCY_REQUESTS
 from serving.models import Priority
 from serving.selectors import residency as readiness
 from serving.services import residency as admission
+from serving.services.placement import placement_request
 
 if TYPE_CHECKING:
     from serving.gateway.background import Background, DatabaseThreads
@@ -77,7 +77,7 @@ def cold_load_sync(revision_id: int) -> float:
     revision = adapter_selectors.revision_with_adapter(revision_id=revision_id)
     if revision is None:
         return 0.0
-    services.placement_request(revision=revision, priority=Priority.COLD_REQUEST)
+    placement_request(revision=revision, priority=Priority.COLD_REQUEST)
     return readiness.expected_ready_s(revision_id)
 
 
@@ -87,7 +87,7 @@ def spread_sync(revision_id: int, replicas: int) -> None:
     try:
         revision = adapter_selectors.revision_with_adapter(revision_id=revision_id)
         if revision is not None:
-            services.placement_request(revision=revision, priority=Priority.COLD_REQUEST, replicas=replicas)
+            placement_request(revision=revision, priority=Priority.COLD_REQUEST, replicas=replicas)
     except Exception:
         log.exception("spreading revision %s failed", revision_id)
 

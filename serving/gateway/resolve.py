@@ -27,12 +27,13 @@ from django.conf import settings
 from adapters import selectors as adapter_selectors
 from mint_site.events import epoch_us
 from mint_site.names import ADAPTER_NAME_PATTERN, ALIAS_NAME_PATTERN
-from serving import selectors, services
+from serving import selectors
 from serving.gateway import GatewayError
 from serving.gateway.metrics import RESIDENCY_REQUESTS, UNKNOWN
 from serving.gateway.residency import retry_after
 from serving.gateway.routes import Canary, Resolution, Target
 from serving.models import Alias, NodeState, lora_name
+from serving.services.nodes import node_report_unreachable
 
 if TYPE_CHECKING:
     from serving.gateway.auth import Caller
@@ -209,7 +210,7 @@ def _model_list_sync(tenant_id: int) -> tuple[ModelEntry, ...]:
 
 def report_unreachable_sync(node_name: str) -> None:
     try:
-        services.node_report_unreachable(name=node_name)
+        node_report_unreachable(name=node_name)
     except Exception:
         # Requests were sent elsewhere already; the heartbeat probes every node anyway.
         log.exception("reporting node %s unreachable failed", node_name)

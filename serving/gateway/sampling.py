@@ -9,7 +9,7 @@ that says why (`revision_not_approved`, `revision_not_exported`, `revision_not_s
 another tenant, or none, stays 404. A request a key makes with its sampling right is metered as kind
 `sampling` (billed, counted toward the tenant's and the key's token limits like inference), and a revision
 with no ready placement is loaded on demand like any cold request: from free or unpinned capacity, never by
-evicting a revision an alias pins (serving.services.placement_request at COLD_REQUEST priority).
+evicting a revision an alias pins (serving.services.placement.placement_request at COLD_REQUEST priority).
 
 Routed experts (R3): on nodes whose engine runs `--enable-return-routed-experts` (ServingNode.
 returns_routed_experts), vLLM 0.32 adds `routed_experts` to every choice: the experts each token was routed

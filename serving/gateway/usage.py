@@ -20,8 +20,8 @@ from cachetools import LRUCache
 from django.conf import settings
 from django.utils import timezone
 
-from serving import services as serving_services
 from serving.gateway.caches import MAX_ENTRIES
+from serving.services.residency import placements_touch
 from tenants import services as tenant_services
 from tenants.keys import touch_due
 
@@ -91,9 +91,7 @@ class Usage:
             self._placements.clear()
             self._keys.clear()
         try:
-            return serving_services.placements_touch(used=placements) + (
-                tenant_services.api_keys_touch(used=keys) if keys else 0
-            )
+            return placements_touch(used=placements) + (tenant_services.api_keys_touch(used=keys) if keys else 0)
         except Exception:
             log.exception(
                 "gateway usage flush failed; keeping %d timestamps for the next one", len(placements) + len(keys)

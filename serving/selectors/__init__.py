@@ -79,7 +79,7 @@ def node_by_name(name: str) -> ServingNode | None:
 
 def ready_placements(*, revision: AdapterRevision) -> QuerySet[Placement]:
     """Where `revision` can be routed now: its ready placements on up nodes, and on draining ones (they serve
-    until the revision is ready elsewhere: serving.services.drain_step), with the node, oldest first."""
+    until the revision is ready elsewhere: serving.services.nodes.drain_step), with the node, oldest first."""
     return (
         Placement.objects.filter(
             revision=revision, state=PlacementState.READY, node__state__in=(NodeState.UP, NodeState.DRAINING)

@@ -1,4 +1,5 @@
-"""Writes of the serving plane, one module per subject; callers use `serving.services.<name>`.
+"""Writes of the serving plane, one module per subject: `serving.services.<module>.<service>`. The package itself
+names the services the dashboard and the dev tools call.
 
 - `aliases`: activation, its cancellation, rollback, convergence, replicas.
 - `rollout`: the flip once a revision is ready; a canary of a candidate revision, promoted or aborted.
@@ -18,101 +19,26 @@ failover → placement → admission → (outbox, capacity, residency) → (mode
 (`outbox.send`): serving.tasks calls these services and is never imported by them.
 """
 
-from serving.services.admission import (
-    admit,
-    admit_after_pause,
-    placement_failed,
-    placement_loaded,
-    placement_warmed,
-    prewarm_pacing_delay,
-)
-from serving.services.aliases import (
-    activation_cancel,
-    adapter_scale,
-    alias_converge,
-    alias_reserve,
-    converge_aliases,
-    placement_ready,
-    revision_activate,
-    revision_rollback,
-)
-from serving.services.budgets import usage_budget_crossed, usage_month_tokens
-from serving.services.canary import canary_counts
-from serving.services.failover import placement_forget, placements_retry
-from serving.services.nodes import (
-    drain_step,
-    node_drain,
-    node_reconcile,
-    node_register,
-    node_report_unreachable,
-    node_set_state,
-)
-from serving.services.placement import eviction_victim, placement_request
-from serving.services.residency import (
-    node_copies_over_budget,
-    node_copy_forget,
-    node_copy_removed,
-    node_copy_used,
-    placements_touch,
-    stray_loras,
-)
+from serving.services.aliases import activation_cancel, revision_activate, revision_rollback
+from serving.services.nodes import node_drain, node_register, node_set_state
 from serving.services.retention import retention_preview
 from serving.services.retire import adapter_delete, alias_deactivate, revision_archive
-from serving.services.rollout import (
-    alias_flip,
-    canaries_stranded_abort,
-    canary_abort,
-    canary_abort_auto,
-    canary_promote,
-    canary_start,
-)
-from serving.services.usage import usage_add, usage_of_warmup, usage_purge
+from serving.services.rollout import alias_flip, canary_abort, canary_promote
+from serving.services.usage import usage_add
 
 __all__ = [
     "activation_cancel",
     "adapter_delete",
-    "adapter_scale",
-    "admit",
-    "admit_after_pause",
-    "alias_converge",
     "alias_deactivate",
     "alias_flip",
-    "alias_reserve",
-    "canaries_stranded_abort",
     "canary_abort",
-    "canary_abort_auto",
-    "canary_counts",
     "canary_promote",
-    "canary_start",
-    "converge_aliases",
-    "drain_step",
-    "eviction_victim",
-    "node_copies_over_budget",
-    "node_copy_forget",
-    "node_copy_removed",
-    "node_copy_used",
     "node_drain",
-    "node_reconcile",
     "node_register",
-    "node_report_unreachable",
     "node_set_state",
-    "placement_failed",
-    "placement_forget",
-    "placement_loaded",
-    "placement_ready",
-    "placement_request",
-    "placement_warmed",
-    "placements_retry",
-    "placements_touch",
-    "prewarm_pacing_delay",
     "retention_preview",
     "revision_activate",
     "revision_archive",
     "revision_rollback",
-    "stray_loras",
     "usage_add",
-    "usage_budget_crossed",
-    "usage_month_tokens",
-    "usage_of_warmup",
-    "usage_purge",
 ]

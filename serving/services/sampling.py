@@ -2,7 +2,7 @@
 a node as soon as its export is published, so its first sample finds it loaded instead of waiting for a cold load.
 
 It asks as a cold request does (serving/gateway/sampling.py): on-demand capacity only, a free slot or one nobody
-pins, never another tenant's reserved revisions (serving.services.placement_request at COLD_REQUEST priority).
+pins, never another tenant's reserved revisions (serving.services.placement.placement_request at COLD_REQUEST priority).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from django.db import connection
 
 from adapters.models import AdapterRevision
 from serving.models import Alias, Placement, ServingNode
+from serving.services.admission import admit
 from tests.factories import ServingNodeFactory
 from tests.serving.gateway_world import world  # noqa: F401  (the gateway tests' world of tenants, nodes and a fake vLLM)
 from tests.serving.sent_tasks import NODE_TASKS, recorded
@@ -51,7 +52,6 @@ def approved_revision(adapter, number: int) -> AdapterRevision:
 def claim_concurrently(node: ServingNode, *, claimers: int) -> list[int]:
     """Run admission for `node` from that many threads at once (each its own database connection); what they
     claimed, together."""
-    from serving import services
 
     barrier = threading.Barrier(claimers)
     claimed: list[int] = []
@@ -59,7 +59,7 @@ def claim_concurrently(node: ServingNode, *, claimers: int) -> list[int]:
     def claimer() -> None:
         try:
             barrier.wait()
-            claimed.extend(services.admit(node_id=node.id))
+            claimed.extend(admit(node_id=node.id))
         finally:
             connection.close()
 

@@ -188,7 +188,7 @@ class World:
     vllm: FakeVLLM
     prewarm: mock.Mock
     state: GatewayState
-    reported: mock.Mock  # serving.services.node_report_unreachable: the nodes the gateway asked to probe
+    reported: mock.Mock  # serving.services.nodes.node_report_unreachable: the nodes the gateway asked to probe
     tokens: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -259,8 +259,8 @@ def world(tenant_a, tenant_b, settings) -> World:
     Placement.objects.create(node=node_a, revision=other_r1, state=PlacementState.READY)
 
     with (
-        mock.patch("serving.services.placement_request") as prewarm,
-        mock.patch("serving.services.node_report_unreachable") as reported,
+        mock.patch("serving.gateway.residency.placement_request") as prewarm,
+        mock.patch("serving.gateway.resolve.node_report_unreachable") as reported,
     ):
         yield World(
             tenant_a, tenant_b, base, adapter, r1, r2, node_a, node_b, placement, other, vllm, prewarm, state, reported

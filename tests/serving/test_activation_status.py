@@ -14,6 +14,8 @@ from django.utils import timezone
 from adapters.models import AdapterRevision
 from serving import selectors, services
 from serving.models import Alias, NodeState, Placement, PrewarmTurn, Priority
+from serving.services.aliases import alias_converge
+from serving.services.placement import placement_request
 from tenants.access import Actor
 from tests.factories import ServingNodeFactory
 from tests.serving.conftest import approved_revision, place
@@ -76,7 +78,7 @@ def test_a_full_base_model_says_every_slot_is_pinned_and_the_quota(tenant_a, ada
     alias = Alias.objects.create(
         adapter=adapter_a, name="next", desired_revision=approved_revision(adapter_a, 4), reserved=True
     )
-    waiting = services.placement_request(revision=alias.desired_revision, priority=Priority.ACTIVATION)
+    waiting = placement_request(revision=alias.desired_revision, priority=Priority.ACTIVATION)
     assert waiting.state == "waiting"
 
     status = status_of(alias)
@@ -240,7 +242,7 @@ def test_room_warns_when_every_slot_is_taken_and_the_tenant_holds_its_share(tena
     # Activation indeed waits.
     third = AdapterRevision.objects.get(adapter=adapter_a, number=3)
     alias = services.revision_activate(adapter=adapter_a, revision=third, by=Actor.system())
-    services.alias_converge(alias=alias)
+    alias_converge(alias=alias)
     assert status_of(alias).phase == "waiting"
 
 

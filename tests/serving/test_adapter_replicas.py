@@ -10,8 +10,12 @@ import pytest
 from django.utils import timezone
 
 from adapters.models import Adapter, replicas_for, replicas_sql
-from serving import selectors, services
+from serving import selectors
 from serving.models import Alias, NodeState, Placement, PlacementState, ServingNode
+from serving.services.aliases import placement_ready
+from serving.services.failover import placements_retry
+from serving.services.nodes import drain_step
+from serving.services.placement import placement_request
 from tenants.access import Actor
 from tenants.models import AuditEvent, Tenant
 from tenants.services import tenant_update
@@ -218,9 +222,9 @@ def test_a_raised_count_makes_a_pending_activation_wait_for_more_nodes(
     assert nodes_of(wanted) == ["node-1", "node-2"]
     Placement.objects.filter(revision=wanted).update(state=PlacementState.WARMING, load_ms=1)
     first, second = Placement.objects.filter(revision=wanted).order_by("id")
-    assert services.placement_ready(placement=first, warm_ms=1)
+    assert placement_ready(placement=first, warm_ms=1)
     assert Alias.objects.get(adapter=adapter_a).revision_id == live.id  # ready on 1 of 2: no flip
-    assert services.placement_ready(placement=second, warm_ms=1)
+    assert placement_ready(placement=second, warm_ms=1)
     assert Alias.objects.get(adapter=adapter_a).revision_id == wanted.id
 
 
@@ -263,7 +267,7 @@ def test_the_heartbeat_retry_tops_each_revision_up_to_its_own_adapters_count(nod
     place(nodes[0], mine, "ready")
     place(nodes[0], theirs, "ready")
 
-    assert services.placements_retry()["requested"] == 1
+    assert placements_retry()["requested"] == 1
 
     assert nodes_of(mine) == ["node-1", "node-2"]
     assert nodes_of(theirs) == ["node-1"]  # the platform default: 1
@@ -278,7 +282,7 @@ def test_a_clamped_override_places_no_more_than_the_plan(nodes, adapter_a):
     make_live(revision)
     place(nodes[0], revision, "ready")
 
-    assert services.placements_retry()["requested"] == 0
+    assert placements_retry()["requested"] == 0
     assert nodes_of(revision) == ["node-1"]
 
 
@@ -296,12 +300,12 @@ def test_a_rollback_target_keeps_its_replicas_through_the_grace_and_not_after(no
         place(node, previous, "ready")
     ServingNode.objects.filter(id=nodes[1].id).update(state=NodeState.DOWN)
 
-    services.placements_retry()
+    placements_retry()
     assert nodes_of(previous) == ["node-1", "node-2", "node-3"]  # node-2's replica placed again on node-3
 
     Alias.objects.filter(id=alias.id).update(previous_pinned_until=timezone.now() - timedelta(seconds=1))
     ServingNode.objects.filter(id=third.id).update(state=NodeState.DOWN)
-    services.placements_retry()
+    placements_retry()
     assert nodes_of(previous) == ["node-1", "node-2", "node-3"]  # the grace is over: not placed again
 
 
@@ -318,12 +322,12 @@ def test_a_drain_waits_for_the_adapters_own_count_elsewhere(nodes, adapter_a, ad
     place(other, theirs, "ready")
     ServingNode.objects.filter(id=draining.id).update(state=NodeState.DRAINING)
 
-    services.drain_step(node=ServingNode.objects.get(id=draining.id))
+    drain_step(node=ServingNode.objects.get(id=draining.id))
 
     assert Placement.objects.get(id=theirs_here.id).state == "evicting"  # ready on its 1 elsewhere
     assert Placement.objects.get(id=mine_here.id).state == "ready"  # ready on 1 of its 2 elsewhere: stays
     place(third, mine, "ready")
-    services.drain_step(node=ServingNode.objects.get(id=draining.id))
+    drain_step(node=ServingNode.objects.get(id=draining.id))
     assert Placement.objects.get(id=mine_here.id).state == "evicting"
 
 
@@ -366,7 +370,7 @@ def test_replicas_count_in_fair_shares_so_a_high_override_gives_way(nodes, adapt
     theirs = approved_revision(adapter_b, 1)
     make_live(theirs)
 
-    placement = services.placement_request(revision=theirs, priority=2, replicas=1)
+    placement = placement_request(revision=theirs, priority=2, replicas=1)
 
     assert placement.state == "queued"
     evicted = Placement.objects.get(state="evicting")

@@ -12,9 +12,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from adapters.models import Adapter, AdapterRevision
-from serving import services
 from serving.models import Alias, NodeState, Placement, PrewarmTurn, Priority, ServingNode
 from serving.selectors import pins
+from serving.services.admission import admit, placement_failed, placement_warmed, prewarm_pacing_delay
+from serving.services.aliases import placement_ready
+from serving.services.failover import placement_forget
+from serving.services.nodes import node_reconcile
+from serving.services.placement import eviction_victim, placement_request
 from tests.metrics_scrape import scrape_metrics
 from tests.serving.conftest import claim_concurrently, make_live, place
 from tests.serving.sent_tasks import NODE_TASKS, recorded, sent_of
@@ -36,7 +40,7 @@ def test_admission_order_is_rollback_activation_cold_speculative_then_fifo(node,
     placements = [place(node, make_revision(i + 1), "queued", priority=p) for i, p in enumerate(order)]
     admitted = []
     for _ in placements:
-        (claimed,) = services.admit(node_id=node.id)
+        (claimed,) = admit(node_id=node.id)
         admitted.append(claimed)
         Placement.objects.filter(id=claimed).update(state="ready")
     expected = [placements[3], placements[2], placements[4], placements[1], placements[0]]
@@ -47,8 +51,8 @@ def test_admission_respects_the_cold_load_limit(node, make_revision, settings, s
     settings.MINT_NODE_COLD_LOADS = 2
     for i in range(5):
         place(node, make_revision(i + 1), "queued")
-    assert len(services.admit(node_id=node.id)) == 2
-    assert services.admit(node_id=node.id) == []
+    assert len(admit(node_id=node.id)) == 2
+    assert admit(node_id=node.id) == []
     assert Placement.objects.filter(state="loading").count() == 2
 
 
@@ -57,7 +61,7 @@ def test_admission_skips_nodes_that_are_not_up(node, make_revision):
     for state in (NodeState.DOWN, NodeState.DRAINING):
         node.state = state
         node.save()
-        assert services.admit(node_id=node.id) == []
+        assert admit(node_id=node.id) == []
 
 
 @pytest.mark.django_db(transaction=True)
@@ -74,15 +78,15 @@ def test_the_per_node_limit_holds_under_concurrent_claimers(node, make_revision,
 
 def test_request_places_on_a_node_with_room_and_queues_admission(node, make_revision, sent):
     with mock.patch("serving.services.placement.admit"):
-        placement = services.placement_request(revision=make_revision(1), priority=Priority.ACTIVATION)
+        placement = placement_request(revision=make_revision(1), priority=Priority.ACTIVATION)
     assert placement.node == node and placement.state == "queued"
 
 
 def test_request_again_keeps_one_placement_with_the_higher_priority(node, make_revision):
     revision = make_revision(1)
-    first = services.placement_request(revision=revision, priority=Priority.COLD_REQUEST)
+    first = placement_request(revision=revision, priority=Priority.COLD_REQUEST)
     Placement.objects.filter(id=first.id).update(state="queued")
-    again = services.placement_request(revision=revision, priority=Priority.ROLLBACK)
+    again = placement_request(revision=revision, priority=Priority.ROLLBACK)
     assert again.id == first.id
     assert Placement.objects.get(id=first.id).priority == Priority.ROLLBACK
     assert Placement.objects.count() == 1
@@ -91,7 +95,7 @@ def test_request_again_keeps_one_placement_with_the_higher_priority(node, make_r
 def test_no_up_node_means_no_placement(node, make_revision):
     node.state = NodeState.DOWN
     node.save()
-    assert services.placement_request(revision=make_revision(1), priority=Priority.ACTIVATION) is None
+    assert placement_request(revision=make_revision(1), priority=Priority.ACTIVATION) is None
 
 
 def test_eviction_takes_the_least_recently_used_unprotected_placement(
@@ -108,7 +112,7 @@ def test_eviction_takes_the_least_recently_used_unprotected_placement(
         mock.patch("serving.services.outbox.live_event") as events,
         django_capture_on_commit_callbacks(execute=True),
     ):
-        newcomer = services.placement_request(revision=make_revision(4), priority=Priority.ACTIVATION)
+        newcomer = placement_request(revision=make_revision(4), priority=Priority.ACTIVATION)
     assert newcomer is not None
     assert Placement.objects.get(id=old_placement.id).state == "evicting"
     # Announced, so gateways stop routing to it at once.
@@ -126,10 +130,10 @@ def test_the_previous_live_revision_is_protected_during_its_grace(node, make_rev
     )
     place(node, previous, "ready", last_used_at=now - timedelta(hours=2))
     other_placement = place(node, other, "ready", last_used_at=now - timedelta(hours=1))
-    assert services.eviction_victim(node, protected=pins.protected_revision_ids()) == other_placement
+    assert eviction_victim(node, protected=pins.protected_revision_ids()) == other_placement
 
     Alias.objects.filter(id=alias.id).update(previous_pinned_until=now - timedelta(seconds=1))
-    victim = services.eviction_victim(node, protected=pins.protected_revision_ids())
+    victim = eviction_victim(node, protected=pins.protected_revision_ids())
     assert victim.revision == previous
 
 
@@ -142,7 +146,7 @@ def test_a_full_node_of_one_tenants_pinned_adapters_makes_its_next_wait_with_the
         place(node, revision, "ready")
     wanted = make_revision(9)
     Alias.objects.create(adapter=wanted.adapter, name="next", desired_revision=wanted)
-    waiting = services.placement_request(revision=wanted, priority=Priority.ACTIVATION)
+    waiting = placement_request(revision=wanted, priority=Priority.ACTIVATION)
     assert waiting.state == "waiting"
     assert "3 of 3 slots" in waiting.failure_reason and "acme holds 3" in waiting.failure_reason
     assert Placement.objects.filter(state="ready").count() == 3  # nothing evicted: the tenant is at its share
@@ -155,7 +159,7 @@ def test_a_cold_request_on_a_full_node_of_pinned_adapters_gets_nothing(node, mak
             adapter=revision.adapter, name=f"a{i}", revision=revision, desired_revision=revision, reserved=True
         )
         place(node, revision, "ready")
-    assert services.placement_request(revision=make_revision(9), priority=Priority.COLD_REQUEST) is None
+    assert placement_request(revision=make_revision(9), priority=Priority.COLD_REQUEST) is None
     assert not Placement.objects.filter(state="waiting").exists()
 
 
@@ -163,7 +167,7 @@ def test_ready_placement_flips_the_alias_that_wants_it(node, make_revision):
     old, new = make_revision(1), make_revision(2)
     make_live(old, desired=new)
     placement = place(node, new, "warming")
-    assert services.placement_ready(placement=placement, warm_ms=12.0)
+    assert placement_ready(placement=placement, warm_ms=12.0)
     alias = Alias.objects.get()
     assert (alias.revision, alias.previous_revision) == (new, old)
 
@@ -171,11 +175,11 @@ def test_ready_placement_flips_the_alias_that_wants_it(node, make_revision):
 def test_failed_prewarm_is_retried_then_marked_failed(node, make_revision, settings):
     settings.MINT_PREWARM_ATTEMPTS = 2
     placement = place(node, make_revision(1), "loading", attempts=1)
-    assert services.placement_failed(placement=placement, reason="boom") == "queued"
+    assert placement_failed(placement=placement, reason="boom") == "queued"
     placement.refresh_from_db()
     Placement.objects.filter(id=placement.id).update(state="loading", attempts=2)
     placement.refresh_from_db()
-    assert services.placement_failed(placement=placement, reason="boom again") == "failed"
+    assert placement_failed(placement=placement, reason="boom again") == "failed"
     assert Placement.objects.get(id=placement.id).failure_reason == "boom again"
 
 
@@ -187,7 +191,7 @@ def test_reconcile_requeues_lost_live_placements_and_forgets_the_rest(node, make
     lost_live = place(node, live, "ready")
     lost_idle = place(node, idle, "ready")
     kept = place(node, present, "ready")
-    result = services.node_reconcile(node=node, loaded={"test-dense", lora_name(present)})
+    result = node_reconcile(node=node, loaded={"test-dense", lora_name(present)})
     assert result == {"requeued": 1, "forgotten": 1, "failed": 0, "unloads_resent": 0}
     assert Placement.objects.get(id=lost_live.id).state in ("queued", "loading")
     assert not Placement.objects.filter(id=lost_idle.id).exists()
@@ -201,7 +205,7 @@ def test_reconcile_keeps_a_load_that_finished_after_the_engine_was_read(node, ma
     just_loaded = place(node, make_revision(1), "warming", loaded_at=seen_at + timedelta(milliseconds=50))
     really_lost = place(node, make_revision(2), "ready", loaded_at=seen_at - timedelta(seconds=5))
 
-    result = services.node_reconcile(node=node, loaded={"test-dense"}, seen_at=seen_at)
+    result = node_reconcile(node=node, loaded={"test-dense"}, seen_at=seen_at)
 
     assert result["forgotten"] == 1
     assert Placement.objects.get(id=just_loaded.id).state == "warming"
@@ -224,7 +228,7 @@ def test_a_returning_node_does_not_reload_what_failover_placed_elsewhere(node, m
     place(other, moved, "ready")
     place(other, short, "ready")
 
-    result = services.node_reconcile(node=node, loaded={"test-dense"})
+    result = node_reconcile(node=node, loaded={"test-dense"})
 
     assert (result["requeued"], result["forgotten"]) == (1, 1)
     assert not Placement.objects.filter(id=lost_moved.id).exists()
@@ -240,7 +244,7 @@ def test_reconcile_requeues_a_stuck_load_while_it_has_attempts_then_fails_it(nod
     spent = place(node, make_revision(2), "loading", attempts=2, started_at=long_ago)
     fresh = place(node, make_revision(3), "loading", attempts=2, started_at=timezone.now())
 
-    result = services.node_reconcile(node=node, loaded={"test-dense"})
+    result = node_reconcile(node=node, loaded={"test-dense"})
 
     assert (result["requeued"], result["failed"]) == (1, 1)
     assert Placement.objects.get(id=again.id).state in ("queued", "loading")
@@ -263,7 +267,7 @@ def test_reconcile_finishes_an_eviction_whose_unload_was_lost(
     place(node, recent, "evicting", updated_at=timezone.now())
 
     with django_capture_on_commit_callbacks(execute=True):
-        result = services.node_reconcile(node=node, loaded={"test-dense", lora_name(stuck), lora_name(recent)})
+        result = node_reconcile(node=node, loaded={"test-dense", lora_name(stuck), lora_name(recent)})
 
     assert (result["forgotten"], result["unloads_resent"]) == (1, 1)
     assert not Placement.objects.filter(revision=unloaded).exists()
@@ -286,13 +290,13 @@ def test_a_packed_export_goes_only_to_a_node_with_its_flags_and_rank(node, make_
     AdapterRevision.objects.filter(id=revision.id).update(policy_record=needs)
     revision.refresh_from_db()
 
-    assert services.placement_request(revision=revision, priority=Priority.ACTIVATION) is None
+    assert placement_request(revision=revision, priority=Priority.ACTIVATION) is None
 
     ServingNode.objects.filter(id=node.id).update(engine_flags=["--enable-mixed-moe-lora-format"], max_lora_rank=4)
-    assert services.placement_request(revision=revision, priority=Priority.ACTIVATION) is None  # rank too small
+    assert placement_request(revision=revision, priority=Priority.ACTIVATION) is None  # rank too small
 
     ServingNode.objects.filter(id=node.id).update(max_lora_rank=8)
-    placement = services.placement_request(revision=revision, priority=Priority.ACTIVATION)
+    placement = placement_request(revision=revision, priority=Priority.ACTIVATION)
     assert placement is not None and placement.node_id == node.id
 
 
@@ -309,7 +313,7 @@ def paced(settings):
 def just_prewarmed(node, revision, *, busy_ms: float, ago_s: float = 0.0) -> Placement:
     """A placement whose prewarm (load + warm-up) kept the node busy `busy_ms`, finished `ago_s` ago."""
     placement = place(node, revision, "warming", load_ms=busy_ms / 2, started_at=timezone.now())
-    assert services.placement_warmed(placement=placement, warm_ms=busy_ms / 2)
+    assert placement_warmed(placement=placement, warm_ms=busy_ms / 2)
     rested_ago(node, revision.adapter.tenant_id, ago_s)
     return placement
 
@@ -324,11 +328,11 @@ def rested_ago(node, tenant_id: int, seconds: float) -> None:
 def test_without_another_tenant_on_the_node_prewarms_are_not_paced(node, make_revision, paced, adapter_b):
     paced.MINT_NODE_PACING_NEIGHBOUR_S = 60
     just_prewarmed(node, make_revision(1), busy_ms=200)
-    assert services.prewarm_pacing_delay(node, tenant_id=make_revision(2).adapter.tenant_id) == 0
+    assert prewarm_pacing_delay(node, tenant_id=make_revision(2).adapter.tenant_id) == 0
     other = AdapterRevision.objects.create(adapter=adapter_b, number=1, state="approved", source_uri="x")
     place(node, other, "ready", last_used_at=timezone.now())  # another tenant is served here now: paced
     just_prewarmed(node, make_revision(3), busy_ms=200)
-    assert services.prewarm_pacing_delay(node, tenant_id=make_revision(4).adapter.tenant_id) > 0
+    assert prewarm_pacing_delay(node, tenant_id=make_revision(4).adapter.tenant_id) > 0
 
 
 def test_after_a_prewarm_the_next_waits_so_prewarms_take_the_duty_share(
@@ -337,8 +341,8 @@ def test_after_a_prewarm_the_next_waits_so_prewarms_take_the_duty_share(
     just_prewarmed(node, make_revision(1), busy_ms=200)
     waiting = place(node, make_revision(2), "queued", priority=Priority.ACTIVATION)
     with django_capture_on_commit_callbacks(execute=True):
-        assert services.admit(node_id=node.id) == []
-        assert services.admit(node_id=node.id) == []  # asked again during the pause: still one wake-up
+        assert admit(node_id=node.id) == []
+        assert admit(node_id=node.id) == []  # asked again during the pause: still one wake-up
     # busy 0.2 s at a 25 % share: the node rests 0.6 s, then admission runs again by itself.
     (call,) = sent.call_args_list
     assert call.args == ("node_admit",)
@@ -360,15 +364,15 @@ def test_each_pause_gets_its_own_wake_up_however_short(
     second = place(node, make_revision(2), "queued", priority=Priority.ACTIVATION)
     third = place(node, make_revision(3), "queued", priority=Priority.ACTIVATION)
     with django_capture_on_commit_callbacks(execute=True):
-        assert services.admit(node_id=node.id) == []  # a 0.6 s pause after the first
+        assert admit(node_id=node.id) == []  # a 0.6 s pause after the first
     rested_ago(node, first.revision.adapter.tenant_id, 1)
     with django_capture_on_commit_callbacks(execute=True):
         node_admit.run(node_id=node.id)  # the pause is over: the second starts
     assert Placement.objects.get(id=second.id).state == "loading"
     Placement.objects.filter(id=second.id).update(state="warming", load_ms=100)
-    assert services.placement_warmed(placement=Placement.objects.get(id=second.id), warm_ms=100)
+    assert placement_warmed(placement=Placement.objects.get(id=second.id), warm_ms=100)
     with django_capture_on_commit_callbacks(execute=True):
-        assert services.admit(node_id=node.id) == []  # a pause after the second, within the same second
+        assert admit(node_id=node.id) == []  # a pause after the second, within the same second
     assert len(sent_of(sent, "node_admit")) == 2
     assert Placement.objects.get(id=third.id).state == "queued"
 
@@ -376,14 +380,14 @@ def test_each_pause_gets_its_own_wake_up_however_short(
 def test_once_the_pause_is_over_the_next_prewarm_starts(node, make_revision, paced):
     just_prewarmed(node, make_revision(1), busy_ms=200, ago_s=0.7)
     waiting = place(node, make_revision(2), "queued", priority=Priority.ACTIVATION)
-    assert services.admit(node_id=node.id) == [waiting.id]
+    assert admit(node_id=node.id) == [waiting.id]
 
 
 def test_a_rollback_that_needs_a_prewarm_is_paced_like_an_activation(node, make_revision, paced):
     """Rollbacks jump the queue (a higher class) but a tenant's repeated rollbacks wait out its pauses."""
     just_prewarmed(node, make_revision(1), busy_ms=200)
     place(node, make_revision(2), "queued", priority=Priority.ROLLBACK)
-    assert services.admit(node_id=node.id) == []
+    assert admit(node_id=node.id) == []
 
 
 def test_one_tenants_pause_does_not_delay_another_tenants_prewarm(node, make_revision, adapter_b, paced):
@@ -391,16 +395,16 @@ def test_one_tenants_pause_does_not_delay_another_tenants_prewarm(node, make_rev
     place(node, make_revision(2), "queued", priority=Priority.ROLLBACK)
     other = AdapterRevision.objects.create(adapter=adapter_b, number=1, state="approved", source_uri="x")
     theirs = place(node, other, "queued", priority=Priority.ACTIVATION)
-    assert services.admit(node_id=node.id) == [theirs.id]
+    assert admit(node_id=node.id) == [theirs.id]
 
 
 def test_a_tenants_pause_outlives_its_placements(node, make_revision, paced):
     """A tenant cannot erase its pause by having its own placement evicted or unloaded (cold requests past its
     unpinned share evict its least recently used placement, often the one just prewarmed)."""
     first = just_prewarmed(node, make_revision(1), busy_ms=200)
-    services.placement_forget(placement=first)
+    placement_forget(placement=first)
     waiting = place(node, make_revision(2), "queued", priority=Priority.ACTIVATION)
-    assert services.admit(node_id=node.id) == []
+    assert admit(node_id=node.id) == []
     assert Placement.objects.get(id=waiting.id).state == "queued"
 
 
@@ -408,15 +412,15 @@ def test_a_failed_prewarm_earns_a_pause_for_the_time_it_took(node, make_revision
     """A prewarm that fails (a bad file found late, a warm-up that errors) kept the node busy too."""
     paced.MINT_PREWARM_ATTEMPTS = 1
     failing = place(node, make_revision(1), "loading", started_at=timezone.now() - timedelta(seconds=2), attempts=1)
-    assert services.placement_failed(placement=failing, reason="warm-up failed") == "failed"
+    assert placement_failed(placement=failing, reason="warm-up failed") == "failed"
     tenant_id = failing.revision.adapter.tenant_id
     # busy 2 s at a 25 % share: a 6 s pause.
-    assert services.prewarm_pacing_delay(node, tenant_id=tenant_id) == pytest.approx(6.0, abs=0.2)
+    assert prewarm_pacing_delay(node, tenant_id=tenant_id) == pytest.approx(6.0, abs=0.2)
 
 
 def test_the_pause_is_capped_and_a_duty_of_one_turns_pacing_off(node, make_revision, paced):
     just_prewarmed(node, make_revision(1), busy_ms=100_000)
     tenant_id = node.placements.get().revision.adapter.tenant_id
-    assert services.prewarm_pacing_delay(node, tenant_id=tenant_id) == pytest.approx(10.0, abs=0.1)
+    assert prewarm_pacing_delay(node, tenant_id=tenant_id) == pytest.approx(10.0, abs=0.1)
     paced.MINT_NODE_PREWARM_DUTY = 1.0
-    assert services.prewarm_pacing_delay(node, tenant_id=tenant_id) == 0.0
+    assert prewarm_pacing_delay(node, tenant_id=tenant_id) == 0.0

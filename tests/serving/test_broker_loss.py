@@ -13,6 +13,7 @@ from django.utils import timezone
 from serving import tasks
 from serving.models import Alias, Placement
 from serving.services import sweep
+from serving.services.nodes import node_reconcile
 from tests.serving.conftest import make_live, place
 from tests.serving.sent_tasks import NODE_TASKS, recorded, sent_of
 
@@ -75,18 +76,15 @@ def test_a_begun_prewarm_is_driven_again_only_past_the_timeout_from_when_it_bega
         node, make_revision(1), "loading", attempts=1, started_at=ago(timeout * 3), picked_up_at=ago(timeout - 30)
     )
     assert sweep.node_queue_probed(node_id=node.id, passed_before=timezone.now())["requeued"] == 0
-    from serving import services
 
-    assert services.node_reconcile(node=node, loaded={"test-dense"})["requeued"] == 0
+    assert node_reconcile(node=node, loaded={"test-dense"})["requeued"] == 0
     assert Placement.objects.get(id=running.id).state == "loading"
 
     Placement.objects.filter(id=running.id).update(picked_up_at=ago(timeout + 1))
-    assert services.node_reconcile(node=node, loaded={"test-dense"})["requeued"] == 1
+    assert node_reconcile(node=node, loaded={"test-dense"})["requeued"] == 1
 
 
 def test_a_warm_up_whose_agent_died_is_driven_again_past_the_timeout(node, make_revision, settings):
-    from serving import services
-
     timeout = settings.MINT_PREWARM_TIMEOUT_S
     stuck = place(
         node, make_revision(1), "warming", attempts=1, started_at=ago(timeout + 9), picked_up_at=ago(timeout + 8)
@@ -95,7 +93,7 @@ def test_a_warm_up_whose_agent_died_is_driven_again_past_the_timeout(node, make_
     from serving.models import lora_name
 
     loaded = {"test-dense", lora_name(stuck.revision), lora_name(fresh.revision)}
-    assert services.node_reconcile(node=node, loaded=loaded)["requeued"] == 1
+    assert node_reconcile(node=node, loaded=loaded)["requeued"] == 1
     assert Placement.objects.get(id=stuck.id).state in ("queued", "loading")
     assert Placement.objects.get(id=fresh.id).state == "warming"
 
@@ -150,13 +148,12 @@ def test_a_lost_unload_is_sent_again_and_counted_then_given_up(
 
 
 def test_an_unload_the_agent_began_is_not_sent_again_before_the_timeout(node, make_revision, settings):
-    from serving import services
     from serving.models import lora_name
 
     revision = make_revision(1)
     begun = place(node, revision, "evicting", attempts=1, ready_at=ago(60), updated_at=ago(50), picked_up_at=ago(49))
     assert sweep.node_queue_probed(node_id=node.id, passed_before=timezone.now())["unloads_resent"] == 0
-    result = services.node_reconcile(node=node, loaded={"test-dense", lora_name(revision)})
+    result = node_reconcile(node=node, loaded={"test-dense", lora_name(revision)})
     assert result["unloads_resent"] == 0
     assert Placement.objects.get(id=begun.id).state == "evicting"
 

@@ -14,6 +14,8 @@ from mint_site.events import epoch_us
 from serving import services
 from serving.models import Alias, Placement
 from serving.services import canary
+from serving.services.aliases import alias_converge, converge_aliases
+from serving.services.rollout import canary_abort_auto, canary_start
 from tenants.access import Actor
 from tenants.models import AuditEvent
 from tests.conftest import error_of
@@ -65,7 +67,7 @@ def test_a_percent_outside_1_to_50_is_400_naming_the_field(tenant_a, live, perce
 
 def test_the_service_refuses_a_bad_percent_too(adapter_a, live):
     with pytest.raises(Exception) as refused:
-        services.canary_start(adapter=adapter_a, revision=live.revision, percent=60, by=Actor.system())
+        canary_start(adapter=adapter_a, revision=live.revision, percent=60, by=Actor.system())
     assert "canary_percent" in str(refused.value)
 
 
@@ -172,14 +174,14 @@ def test_converging_places_the_candidate_and_starts_it_once_ready(tenant_a, live
     live.refresh_from_db()
     alias = Alias.objects.get(id=live.id)
     with mock.patch("serving.services.rollout.live_event") as live_event:
-        services.alias_converge(alias=alias)
+        alias_converge(alias=alias)
     placement = Placement.objects.get(revision=live.canary_revision)
     assert placement.priority == 30  # activation
     assert not live_event.called
     placement.state = "ready"
     placement.save()
     with mock.patch("serving.services.rollout.live_event") as live_event:
-        services.converge_aliases(revision=live.canary_revision)
+        converge_aliases(revision=live.canary_revision)
     live.refresh_from_db()
     assert live.canary_ready_at is not None
     (call,) = live_event.call_args_list
@@ -240,13 +242,13 @@ def test_the_automatic_abort_is_idempotent_and_never_touches_a_later_canary(tena
     live.refresh_from_db()
     started = epoch_us(live.canary_started_at)
     counts = {"candidate": {"requests": 10, "errors": 9}}
-    assert services.canary_abort_auto(alias_id=live.id, started_us=started, reason="errors", counts=counts)
-    assert not services.canary_abort_auto(alias_id=live.id, started_us=started, reason="errors", counts=counts)
+    assert canary_abort_auto(alias_id=live.id, started_us=started, reason="errors", counts=counts)
+    assert not canary_abort_auto(alias_id=live.id, started_us=started, reason="errors", counts=counts)
     assert AuditEvent.objects.filter(action="canary.abort").count() == 1
     event = AuditEvent.objects.get(action="canary.abort")
     assert event.actor_user is None and event.after["reason"] == "errors" and event.after["counts"] == counts
     assert _start(tenant_a).status_code == 200  # a new canary of the same revision
-    assert not services.canary_abort_auto(alias_id=live.id, started_us=started, reason="late", counts=counts)
+    assert not canary_abort_auto(alias_id=live.id, started_us=started, reason="late", counts=counts)
     live.refresh_from_db()
     assert live.canary_revision is not None
 

@@ -18,9 +18,10 @@ from django.conf import settings
 from django.utils import timezone
 
 from mint_site.events import epoch_us
-from serving import services, tasks
+from serving import tasks
 from serving.models import Alias, NodeState, Placement, ServingNode, lora_name
 from serving.services import canary
+from serving.services.rollout import canary_abort_auto
 from tenants.models import AuditEvent
 from tests.factories import ServingNodeFactory
 from tests.serving.conftest import approved_revision, place
@@ -158,7 +159,7 @@ def test_errors_flushed_below_the_rule_before_the_node_goes_down_still_end_it(wo
 def test_a_breach_flushed_first_aborts_once_and_the_node_going_down_then_finds_nothing(world, engines):
     started = epoch_us(world.alias.canary_started_at)
     counts = {"candidate": {"requests": 120, "errors": 9}, "live": {"requests": 480, "errors": 0}}
-    assert services.canary_abort_auto(alias_id=world.alias.id, started_us=started, reason="error rate", counts=counts)
+    assert canary_abort_auto(alias_id=world.alias.id, started_us=started, reason="error rate", counts=counts)
     engines.down.add(world.node_2.url)
 
     tasks.node_probe.apply(kwargs={"node_id": world.node_2.id})
@@ -174,7 +175,7 @@ def test_a_breach_flushed_after_the_abort_changes_nothing(world, engines):
     tasks.node_probe.apply(kwargs={"node_id": world.node_2.id})
     started = epoch_us(world.alias.canary_started_at)
 
-    late = services.canary_abort_auto(alias_id=world.alias.id, started_us=started, reason="error rate", counts={})
+    late = canary_abort_auto(alias_id=world.alias.id, started_us=started, reason="error rate", counts={})
 
     assert late is False
     assert AuditEvent.objects.filter(action="canary.abort").count() == 1
@@ -222,7 +223,7 @@ def test_the_stranded_check_is_rechecked_under_the_lock(world):
     """A candidate ready again by the time the alias is locked (placed before the abort got there) is kept."""
     started = epoch_us(world.alias.canary_started_at)
 
-    kept = services.canary_abort_auto(
+    kept = canary_abort_auto(
         alias_id=world.alias.id, started_us=started, reason="unreachable", counts=None, stranded=True
     )
 

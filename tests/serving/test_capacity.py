@@ -14,6 +14,9 @@ from mint_site.errors import QuotaExceeded
 from serving import services
 from serving.models import Alias, Placement, PrewarmTurn, Priority
 from serving.residency.policy import ONE_OFF
+from serving.services.admission import admit
+from serving.services.failover import placement_forget, placements_retry
+from serving.services.placement import placement_request
 from serving.services.residency import record_requests
 from tenants.access import Actor
 from tenants.models import AuditEvent, Tenant
@@ -178,7 +181,7 @@ def test_a_tenant_within_its_share_takes_a_slot_from_the_one_furthest_over(
     """Node of 3 slots, A pins 3 (all ready), B activates one: A is over its share (3 / 2 tenants = 1.5)."""
     a, b = a_fills_the_node(node, revisions_of)
     with django_capture_on_commit_callbacks(execute=True):
-        placement = services.placement_request(revision=b, priority=Priority.ACTIVATION)
+        placement = placement_request(revision=b, priority=Priority.ACTIVATION)
     assert placement.state == "queued" and placement.node == node
     evicted = Placement.objects.get(revision=a[0])  # A's least recently used
     assert evicted.state == "evicting"
@@ -187,7 +190,7 @@ def test_a_tenant_within_its_share_takes_a_slot_from_the_one_furthest_over(
     assert "fair share is 1.5" in record.after["reason"]
 
     # Once unloaded, A's revision waits (A holds 2, still over 1.5) with the reason, and is not dropped.
-    services.placement_forget(placement=evicted)
+    placement_forget(placement=evicted)
     waiting = Placement.objects.get(revision=a[0])
     assert waiting.state == "waiting" and "acme holds 2" in waiting.failure_reason
 
@@ -201,7 +204,7 @@ def test_a_tenant_at_or_under_its_share_is_never_evicted_for_another(node, revis
         pin(revision, f"b{i}")
         place(node, revision, "ready")
     pin(b[2], "b2", live=False)
-    waiting = services.placement_request(revision=b[2], priority=Priority.ACTIVATION)
+    waiting = placement_request(revision=b[2], priority=Priority.ACTIVATION)
     assert waiting.state == "waiting" and "globex holds 2" in waiting.failure_reason
     assert Placement.objects.get(revision=a).state == "ready"
 
@@ -212,13 +215,13 @@ def test_a_waiting_placement_is_placed_when_a_slot_frees(node, revisions_of, dja
         pin(revision, f"b{i}")
         place(node, revision, "ready")
     pin(b[3], "b3", live=False)
-    waiting = services.placement_request(revision=b[3], priority=Priority.ACTIVATION)
+    waiting = placement_request(revision=b[3], priority=Priority.ACTIVATION)
     assert waiting.state == "waiting"
     Alias.objects.filter(name="b0").delete()  # b0 is no longer pinned: its placement goes
     gone = Placement.objects.get(revision=b[0])
     Placement.objects.filter(id=gone.id).update(state="evicting")
     with django_capture_on_commit_callbacks(execute=True):
-        services.placement_forget(placement=gone)
+        placement_forget(placement=gone)
     assert Placement.objects.get(id=waiting.id).state in ("queued", "loading")  # placed, and admitted at once
 
 
@@ -226,7 +229,7 @@ def test_retry_drops_what_nobody_pins_and_requests_what_lost_its_placement(node,
     stale, lost = revisions_of("a", 2)
     Placement.objects.create(node=node, revision=stale, state="waiting", failure_reason="x")
     pin(lost, "production")
-    result = services.placements_retry()
+    result = placements_retry()
     assert result == {"dropped": 1, "placed": 0, "requested": 1}
     assert not Placement.objects.filter(revision=stale).exists()
     assert Placement.objects.get(revision=lost).state == "queued"
@@ -248,7 +251,7 @@ def test_a_load_on_demand_past_the_tenants_share_spares_anothers_recurring_entry
     place(node, mine[0], "ready", last_used_at=now - timedelta(minutes=2))
     place(node, mine[1], "ready", last_used_at=now - timedelta(minutes=1))
     record_requests({mine[0].id: 3, mine[1].id: 3})  # A's are asked for more often than B's
-    placement = services.placement_request(revision=mine[2], priority=Priority.COLD_REQUEST)
+    placement = placement_request(revision=mine[2], priority=Priority.COLD_REQUEST)
     assert placement is not None and placement.state == "queued"
     evicting = [p.revision_id for p in Placement.objects.filter(state="evicting")]
     if asked > ONE_OFF:
@@ -267,11 +270,11 @@ def test_a_load_on_demand_waits_rather_than_evict_what_is_in_use(node, adapter_a
     for revision in busy:
         place(node, revision, "ready", last_used_at=now)
     (cold,) = revisions_of("b", 1)
-    assert services.placement_request(revision=cold, priority=Priority.COLD_REQUEST) is None
+    assert placement_request(revision=cold, priority=Priority.COLD_REQUEST) is None
     assert set(Placement.objects.values_list("state", flat=True)) == {"ready"}
     (pinned,) = revisions_of("b", 1, start=2)
     pin(pinned, "production")
-    assert services.placement_request(revision=pinned, priority=Priority.ACTIVATION).state == "queued"
+    assert placement_request(revision=pinned, priority=Priority.ACTIVATION).state == "queued"
     assert Placement.objects.filter(state="evicting").count() == 1
 
 
@@ -279,9 +282,9 @@ def test_a_failed_load_is_not_queued_again_by_cold_requests_until_its_backoff(no
     settings.MINT_PLACEMENT_FAILED_BACKOFF_S = 300
     (revision,) = revisions_of("a", 1)
     failed = place(node, revision, "failed", failure_reason="bad weights", updated_at=timezone.now())
-    again = services.placement_request(revision=revision, priority=Priority.COLD_REQUEST)
+    again = placement_request(revision=revision, priority=Priority.COLD_REQUEST)
     assert again.id == failed.id and Placement.objects.get(id=failed.id).state == "failed"
-    activated = services.placement_request(revision=revision, priority=Priority.ACTIVATION)
+    activated = placement_request(revision=revision, priority=Priority.ACTIVATION)
     assert activated.id == failed.id and Placement.objects.get(id=failed.id).state == "queued"
 
 
@@ -301,7 +304,7 @@ def test_tenants_take_turns_inside_a_priority_class(node, revisions_of, settings
     ]
     order = []
     for _ in range(5):
-        (claimed,) = services.admit(node_id=node.id)
+        (claimed,) = admit(node_id=node.id)
         order.append(claimed)
         Placement.objects.filter(id=claimed).update(state="ready", ready_at=timezone.now())
     assert order == [a[0].id, b[0].id, a[1].id, b[1].id, a[2].id]
@@ -318,11 +321,11 @@ def test_a_tenants_turn_outlives_its_evicted_placements(node, revisions_of, sett
     a, (b,) = revisions_of("a", 2), revisions_of("b", 1)
     first = place(node, a[0], "queued", queued_at=now)
     theirs = place(node, b, "queued", queued_at=now + timedelta(minutes=1))
-    assert services.admit(node_id=node.id) == [first.id]
+    assert admit(node_id=node.id) == [first.id]
     Placement.objects.filter(id=first.id).update(state="ready", ready_at=timezone.now())
     again = place(node, a[1], "queued", queued_at=now - timedelta(hours=1))
     # A's prewarmed placement is evicted: its row goes, and the freed slot's admission picks B all the same.
-    services.placement_forget(placement=Placement.objects.get(id=first.id))
+    placement_forget(placement=Placement.objects.get(id=first.id))
     assert Placement.objects.get(id=theirs.id).state == "loading"
     assert Placement.objects.get(id=again.id).state == "queued"
 

@@ -10,6 +10,7 @@ from django.core.management import call_command
 
 from serving import selectors, services
 from serving.models import NodeState, Placement, PlacementState, ServingNode
+from serving.services.nodes import drain_step
 from tenants.access import Actor
 from tests.conftest import ALL_SCOPES, error_of
 from tests.factories import ServingNodeFactory
@@ -40,7 +41,7 @@ def test_a_live_revision_is_served_throughout_and_unloaded_once_ready_elsewhere(
     assert progress["left"] == 1 and routed(revision) == ["node-1"]  # still served here meanwhile
 
     Placement.objects.filter(id=there.id).update(state=PlacementState.READY)
-    progress = services.drain_step(node=ServingNode.objects.get(id=node.id))
+    progress = drain_step(node=ServingNode.objects.get(id=node.id))
 
     assert Placement.objects.get(id=here.id).state == "evicting"
     assert routed(revision) == ["node-2"]
@@ -57,7 +58,7 @@ def test_with_fewer_other_nodes_than_replicas_the_drain_ends_once_ready_on_all_o
     assert Placement.objects.get(id=here.id).state == "ready"  # its only other replica is not ready yet
 
     Placement.objects.filter(id=there.id).update(state=PlacementState.READY)
-    services.drain_step(node=ServingNode.objects.get(id=node.id))
+    drain_step(node=ServingNode.objects.get(id=node.id))
 
     # Two replicas wanted, one other node up: ready there is all a drain can have, and it goes on.
     assert Placement.objects.get(id=here.id).state == "evicting"

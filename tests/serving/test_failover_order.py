@@ -10,8 +10,8 @@ import pytest
 from django.utils import timezone
 
 from adapters.models import AdapterRevision
-from serving import services
 from serving.models import Alias, NodeState, Placement, ServingNode
+from serving.services.failover import placements_retry
 from tests.factories import ServingNodeFactory
 from tests.serving.conftest import approved_revision, place
 
@@ -52,7 +52,7 @@ def test_live_revisions_go_first_and_tenants_alternate_when_room_is_short(node, 
         place(node, revision, "ready")
     lose(node)
 
-    result = services.placements_retry()
+    result = placements_retry()
 
     assert result["requested"] == 4
     placed = replaced_on(survivor)
@@ -73,10 +73,10 @@ def test_the_rounds_limit_takes_tenants_in_turn(node, adapter_a, adapter_b):
         place(node, revision, "ready")
     lose(node)
 
-    assert services.placements_retry(limit=2)["requested"] == 2
+    assert placements_retry(limit=2)["requested"] == 2
 
     assert set(replaced_on(survivor)) == {many[0].id, lone.id}
-    assert services.placements_retry(limit=2)["requested"] == 2
+    assert placements_retry(limit=2)["requested"] == 2
     assert set(replaced_on(survivor)) == {*(r.id for r in many), lone.id}
 
 
@@ -92,7 +92,7 @@ def test_inside_a_tenant_live_then_desired_then_previous(node, adapter_a):
 
     order: list[int] = []
     for _ in range(3):
-        assert services.placements_retry(limit=1)["requested"] == 1
+        assert placements_retry(limit=1)["requested"] == 1
         order += [rid for rid in replaced_on(survivor) if rid not in order]
 
     assert order == [live.id, desired.id, previous.id]

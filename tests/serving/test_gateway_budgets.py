@@ -18,7 +18,7 @@ from adapters.models import Adapter
 from serving import services
 from serving.gateway import auth, budgets, feed, resolve
 from serving.models import USAGE_COUNTS, Alias, Placement, PlacementState, UsageKind
-from serving.services.budgets import BUDGET_EVENT, BUDGET_EVENT_KEY
+from serving.services.budgets import BUDGET_EVENT, BUDGET_EVENT_KEY, usage_budget_crossed, usage_month_tokens
 from tenants import services as tenant_services
 from tenants.access import Actor
 from tenants.models import Role, Tenant
@@ -326,7 +326,7 @@ def test_a_lost_counter_is_rebuilt_from_postgresql(world, events):
     row = (first_day, UsageKind.INFERENCE, tenant.id, 0, world.adapter.id, "support-bot", 1, "node-a", 200)
     usage = {row: counts(1, 60, 20), (row[0], UsageKind.WARMUP, *row[2:]): counts(1, 500, 500)}
     services.usage_add(counts=usage)
-    assert services.usage_month_tokens(tenant_id=tenant.id, start=first_day, end=first_day.replace(year=2100)) == 95
+    assert usage_month_tokens(tenant_id=tenant.id, start=first_day, end=first_day.replace(year=2100)) == 95
     _delete_token_keys()  # Redis lost them (flushed, or restarted empty)
 
     restarted = gateway_state(world.vllm)  # a gateway process that starts now
@@ -421,10 +421,10 @@ def test_the_budget_event_reaches_the_tenants_group_only():
     at = datetime(2027, 1, 1, tzinfo=UTC)
     with mock.patch("mint_site.events._send") as send, mock.patch("serving.services.budgets.cache") as marks:
         marks.add.side_effect = [True, False]
-        first = services.usage_budget_crossed(
+        first = usage_budget_crossed(
             tenant_id=7, key_id=None, month="2026-12", threshold=80, used=8, budget=10, resets_at=at
         )
-        again = services.usage_budget_crossed(
+        again = usage_budget_crossed(
             tenant_id=7, key_id=None, month="2026-12", threshold=80, used=9, budget=10, resets_at=at
         )
     assert (first, again) == (True, False)

@@ -17,7 +17,7 @@ from adapters.models import RevisionState
 from serving import services
 from serving.gateway import budgets
 from serving.models import USAGE_COUNTS, Placement, PlacementState, Priority, UsageKind, UsagePeriod, UsageRecord
-from serving.services.budgets import BUDGET_EVENT_KEY
+from serving.services.budgets import BUDGET_EVENT_KEY, usage_month_tokens
 from tenants import services as tenant_services
 from tenants.access import Actor
 from tenants.models import ApiKey, Role, Tenant
@@ -221,7 +221,7 @@ def test_a_monthly_budget_rebuilt_from_the_database_counts_sampling(world):
     row = (first, UsageKind.SAMPLING, tenant.id, 0, world.adapter.id, "support-bot", 3, "node-a", 200)
     warmup = (first, UsageKind.WARMUP, *row[2:])
     services.usage_add(counts={row: values, warmup: values})
-    assert services.usage_month_tokens(tenant_id=tenant.id, start=first, end=first.replace(year=2100)) == 80
+    assert usage_month_tokens(tenant_id=tenant.id, start=first, end=first.replace(year=2100)) == 80
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,8 @@ from serving.gateway.policy.fields import check_request
 from serving.models import Alias, Placement, Priority
 from serving.selectors import pins
 from serving.services import capacity
+from serving.services.failover import placement_forget, placements_retry
+from serving.services.placement import placement_request
 from tenants.access import Actor
 from tests.serving import test_capacity
 from tests.serving.conftest import place
@@ -193,7 +195,7 @@ def test_a_tenant_under_its_share_is_placed_by_the_retry_behind_a_few_waiting_ro
     """Defence holds (control for the finding below): with 10 of A's rows waiting, B (0 of 3 slots held, fair
     share 1.5) takes a slot of A (3 held) at the next retry."""
     mine = _hog_and_newcomer(node, adapter_a, revisions_of, waiting=10)
-    services.placements_retry()
+    placements_retry()
     assert Placement.objects.get(id=mine.id).state == "queued"
 
 
@@ -205,7 +207,7 @@ def test_a_tenant_under_its_share_is_placed_by_the_retry_behind_a_few_waiting_ro
 # base model's aliases, for each of those 200 rows, on every heartbeat and every unload.)
 def test_a_tenant_under_its_share_is_placed_even_behind_200_unplaceable_waiting_rows(node, adapter_a, revisions_of):
     mine = _hog_and_newcomer(node, adapter_a, revisions_of, waiting=200)
-    services.placements_retry()
+    placements_retry()
     assert Placement.objects.get(id=mine.id).state == "queued"
 
 
@@ -215,12 +217,12 @@ def test_fair_share_eviction_does_not_ping_pong(node, adapter_a, revisions_of, d
     now = timezone.now()
     a, b = a_fills_the_node(node, revisions_of)
     with django_capture_on_commit_callbacks(execute=True):
-        taken = services.placement_request(revision=b, priority=Priority.ACTIVATION)
+        taken = placement_request(revision=b, priority=Priority.ACTIVATION)
     evicted = Placement.objects.get(revision=a[0])
-    services.placement_forget(placement=evicted)
+    placement_forget(placement=evicted)
     Placement.objects.filter(id=taken.id).update(state="ready", ready_at=now)
     for _ in range(3):
-        services.placements_retry()
+        placements_retry()
     assert Placement.objects.get(id=taken.id).state == "ready"
     assert Placement.objects.get(revision=a[0]).state == "waiting"
 

@@ -17,6 +17,7 @@ from serving import services
 from serving.gateway.asgi import with_gateway
 from serving.gateway.metering import Meter, Tally
 from serving.models import LATENCY_BOUNDS_MS, UsageKind, UsagePeriod, UsageRecord
+from serving.services.usage import usage_purge
 from tests.serving.gateway_world import complete, metric, running, site
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -225,5 +226,5 @@ def test_old_minute_and_hour_rows_are_purged_and_days_kept(world, settings):
     meter.record(Tally(tenant_id=world.tenant_a.tenant.id), status=200, seconds=0.01)
     meter.flush()
 
-    assert services.usage_purge() == {"minute": 1, "hour": 0}
+    assert usage_purge() == {"minute": 1, "hour": 0}
     assert [r.period for r in UsageRecord.objects.order_by("period")] == ["day", "hour"]

@@ -11,6 +11,8 @@ from adapters.models import AdapterRevision
 from mint_site.events import epoch_us
 from serving import services, tasks
 from serving.models import Placement, Priority, UsageRecord, lora_name
+from serving.services.admission import admit
+from serving.services.placement import placement_request
 from serving.vllm import VllmError
 from tests.adapters.fixtures import uploads_of
 from tests.serving.conftest import place
@@ -68,8 +70,8 @@ def test_each_placement_event_carries_the_change_it_reports_in_order(node, expor
         mock.patch("serving.services.outbox.live_event") as live_event,
         recorded(*NODE_TASKS),
     ):
-        placement = services.placement_request(revision=exported, priority=Priority.ACTIVATION)
-        services.admit(node_id=node.id)
+        placement = placement_request(revision=exported, priority=Priority.ACTIVATION)
+        admit(node_id=node.id)
         tasks.placement_prewarm(placement_id=placement.id)
     events = [c.kwargs for c in live_event.call_args_list if c.kwargs["type"] == "placement.state"]
     assert [e["state"] for e in events] == ["queued", "loading", "warming", "ready"]
@@ -159,7 +161,6 @@ def test_heartbeat_marks_nodes_up_and_down_and_reconciles(node, make_revision, e
 
 
 def test_draining_is_not_a_heartbeat(node):
-    from serving import services
     from serving.models import NodeState
     from tenants.access import Actor
 

@@ -7,6 +7,9 @@ import pytest
 
 from serving import selectors, services
 from serving.models import NodeState, Placement, PlacementState, ServingNode
+from serving.services.aliases import alias_converge, placement_ready
+from serving.services.failover import placements_retry
+from serving.services.placement import placement_request
 from tenants.access import Actor
 from tests.factories import ServingNodeFactory
 from tests.serving.conftest import approved_revision, make_live, place
@@ -22,7 +25,7 @@ def two_nodes(node) -> list[ServingNode]:
 def ready(placement: Placement) -> None:
     """Its prewarm done: loaded, then warmed (which flips the aliases waiting for it)."""
     Placement.objects.filter(id=placement.id).update(state=PlacementState.WARMING, load_ms=1)
-    assert services.placement_ready(placement=Placement.objects.get(id=placement.id), warm_ms=1)
+    assert placement_ready(placement=Placement.objects.get(id=placement.id), warm_ms=1)
 
 
 def test_an_activation_places_each_replica_on_its_own_node_and_flips_once_all_are_ready(two_nodes, adapter_a, settings):
@@ -31,7 +34,7 @@ def test_an_activation_places_each_replica_on_its_own_node_and_flips_once_all_ar
     make_live(live)
 
     services.revision_activate(adapter=adapter_a, revision=wanted, by=Actor.system())
-    services.alias_converge(alias=adapter_a.aliases.get(name="production"))
+    alias_converge(alias=adapter_a.aliases.get(name="production"))
 
     replicas = list(Placement.objects.filter(revision=wanted))
     assert sorted(p.node.name for p in replicas) == ["node-1", "node-2"]
@@ -45,7 +48,7 @@ def test_asking_again_adds_no_replica_beyond_the_count(two_nodes, adapter_a):
     revision = approved_revision(adapter_a, 1)
     make_live(revision)
     for _ in range(3):
-        services.placement_request(revision=revision, priority=2, replicas=2)
+        placement_request(revision=revision, priority=2, replicas=2)
     assert Placement.objects.filter(revision=revision).count() == 2
 
 
@@ -56,7 +59,7 @@ def test_a_pinned_revision_on_a_node_that_went_down_is_placed_on_another(two_nod
     lost = place(first, revision, "ready")
 
     ServingNode.objects.filter(id=first.id).update(state=NodeState.DOWN)
-    result = services.placements_retry()
+    result = placements_retry()
 
     assert result["requested"] == 1
     again = Placement.objects.exclude(id=lost.id).get(revision=revision)
@@ -70,7 +73,7 @@ def test_a_failed_placement_is_not_retried_by_the_heartbeat(two_nodes, adapter_a
     make_live(revision)
     failed = place(first, revision, "failed", failure_reason="boom")
 
-    assert services.placements_retry()["requested"] == 0
+    assert placements_retry()["requested"] == 0
     assert list(Placement.objects.filter(revision=revision)) == [failed]
 
 
@@ -80,7 +83,7 @@ def test_too_few_nodes_for_the_replicas_is_explained(node, adapter_a, settings):
     make_live(live)
     services.revision_activate(adapter=adapter_a, revision=wanted, by=Actor.system())
     alias = adapter_a.aliases.get(name="production")
-    services.alias_converge(alias=alias)
+    alias_converge(alias=alias)
     (only,) = Placement.objects.filter(revision=wanted)
     ready(only)
 
@@ -102,8 +105,8 @@ def test_a_revision_on_every_up_node_is_not_asked_for_more_each_round(two_nodes,
     ServingNode.objects.filter(id=first.id).update(state=NodeState.UP)
     ServingNode.objects.filter(id=second.id).update(state=NodeState.DOWN)
 
-    assert services.placements_retry()["requested"] == 0
+    assert placements_retry()["requested"] == 0
 
     ServingNode.objects.filter(id=second.id).update(state=NodeState.UP)
-    assert services.placements_retry()["requested"] == 1
+    assert placements_retry()["requested"] == 1
     assert Placement.objects.get(revision=revision, node=second).state in ("queued", "loading")

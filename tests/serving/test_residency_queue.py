@@ -11,9 +11,9 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from serving import services
 from serving.models import Placement, Priority
 from serving.services import residency
+from serving.services.placement import placement_request
 from tests.serving.conftest import place
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent")]
@@ -33,13 +33,13 @@ def test_a_cold_request_behind_a_queued_load_evicts_nothing(node, make_revision,
     ready = [place(node, r, "ready", ready_at=long_ago, last_used_at=long_ago) for r in (first, second)]
     place(node, make_revision(3), "loading", started_at=timezone.now(), priority=Priority.COLD_REQUEST)
     # The node (3 slots) is full; one load runs: the next cold request may still make room and wait its turn.
-    queued = services.placement_request(revision=make_revision(4), priority=Priority.COLD_REQUEST)
+    queued = placement_request(revision=make_revision(4), priority=Priority.COLD_REQUEST)
     assert queued is not None and queued.state == "queued"
     assert Placement.objects.filter(id__in=[p.id for p in ready], state="evicting").delete()[0] == 1  # unloaded
 
     # One load runs and one waits: another cold request would evict the last ready revision for a load that
     # cannot start before the two ahead of it. It is refused instead, and nothing leaves.
-    refused = services.placement_request(revision=make_revision(5), priority=Priority.COLD_REQUEST)
+    refused = placement_request(revision=make_revision(5), priority=Priority.COLD_REQUEST)
     assert refused is None
     assert Placement.objects.filter(id__in=[p.id for p in ready], state="ready").count() == 1
     assert not Placement.objects.filter(revision__number=5).exists()
@@ -52,7 +52,7 @@ def test_loads_the_node_runs_at_once_may_all_make_room(node, make_revision, sett
     place(node, make_revision(3), "loading", started_at=timezone.now(), priority=Priority.COLD_REQUEST)
     unloaded = 0
     for number in (4, 5):
-        placement = services.placement_request(revision=make_revision(number), priority=Priority.COLD_REQUEST)
+        placement = placement_request(revision=make_revision(number), priority=Priority.COLD_REQUEST)
         assert placement is not None and placement.state == "queued"
         unloaded += Placement.objects.filter(state="evicting").delete()[0]  # the victim's unload finished
     assert unloaded == 2 and not Placement.objects.filter(id__in=[p.id for p in ready]).exists()

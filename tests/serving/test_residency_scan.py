@@ -11,9 +11,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from adapters.models import Adapter, AdapterRevision
-from serving import services
 from serving.models import Placement, Priority, ServingNode
 from serving.services import residency
+from serving.services.placement import placement_request
 from tests.serving.conftest import place
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent")]
@@ -60,7 +60,7 @@ def test_a_scan_by_one_tenant_leaves_anothers_hot_set_loaded(node, adapter_a, te
             adapter=scanner, number=n, state="approved", source_uri="x", export_uri="e"
         )
         residency.record_requests({cold.id: 1})  # once each
-        placement = services.placement_request(revision=cold, priority=Priority.COLD_REQUEST)
+        placement = placement_request(revision=cold, priority=Priority.COLD_REQUEST)
         assert placement is not None and placement.state == "queued", f"scan request {n} got no slot"
         evicted += unloaded()
         loaded(placement)

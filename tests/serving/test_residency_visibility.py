@@ -13,13 +13,15 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from serving import services, tasks
+from serving import tasks
 from serving.gateway.residency import ColdStarts
 from serving.gateway.routes import Resolution, Target
 from serving.models import Alias, ColdStart, NodeCopy, Placement, lora_name
 from serving.residency import stats
 from serving.selectors import residency as residency_selectors
+from serving.services.admission import placement_warmed
 from serving.services.placement import evict
+from serving.services.residency import node_copies_over_budget, node_copy_used, stray_loras
 from serving.vllm import busy_loras_of
 from tests.frontend.conftest import page_client
 from tests.metrics_scrape import scrape_metrics
@@ -66,8 +68,8 @@ def test_metrics_show_each_nodes_tiers_loads_evictions_and_cold_starts(node, ada
     r1 = approved_revision(adapter_a, 1)
     warming = place(node, r1, "warming", load_ms=10.0, priority=20, queued_at=timezone.now() - timedelta(seconds=1.5))
     warming.load_source = "disk"
-    services.placement_warmed(placement=warming, warm_ms=5.0)  # a load on demand, 1.5 s after it was asked
-    services.node_copy_used(placement=warming, size_bytes=4096)
+    placement_warmed(placement=warming, warm_ms=5.0)  # a load on demand, 1.5 s after it was asked
+    node_copy_used(placement=warming, size_bytes=4096)
     victim = place(node, approved_revision(adapter_a, 2), "ready")
     evict(Placement.objects.select_related("node", "revision__adapter__tenant").get(id=victim.id), reason=None)
 
@@ -110,7 +112,7 @@ def test_the_disk_tier_keeps_its_budget_least_recently_used_first_never_what_a_p
         NodeCopy.objects.create(node=node, revision=revision, size_bytes=100, last_used_at=now - timedelta(minutes=age))
     place(node, held, "ready")
 
-    victims = services.node_copies_over_budget(node=node)
+    victims = node_copies_over_budget(node=node)
 
     assert [c.revision_id for c in victims] == [old.id]  # 300 → 200 bytes; `held` is older but loaded
 
@@ -119,7 +121,7 @@ def test_the_heartbeat_unloads_names_the_engine_holds_that_no_placement_accounts
     r1, stray = approved_revision(adapter_a, 1), approved_revision(adapter_a, 2)
     place(node, r1, "ready")
     loaded = {"test-dense", lora_name(r1), lora_name(stray), "some-other-model"}
-    assert services.stray_loras(node=node, loaded=loaded) == [lora_name(stray)]
+    assert stray_loras(node=node, loaded=loaded) == [lora_name(stray)]
 
     with (
         mock.patch("serving.tasks.VllmClient") as engine,

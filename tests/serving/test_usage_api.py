@@ -17,7 +17,7 @@ from django.utils import timezone
 from serving import services
 from serving.models import LATENCY_BOUNDS_MS, USAGE_COUNTS, UsageKind, UsagePeriod, UsageRecord
 from serving.selectors import usage as usage_selectors
-from serving.services.usage import minute_of
+from serving.services.usage import minute_of, usage_purge
 from tenants.models import ApiKey, Tenant
 from tests.conftest import error_of
 from tests.factories import UserFactory
@@ -257,7 +257,7 @@ def test_past_the_minute_retention_hour_rows_answer_after_the_purge(tenant_a, se
     settings.MINT_USAGE_MINUTE_RETENTION_DAYS = 7
     now = timezone.now()
     meter(tenant_a.tenant, now - timedelta(days=8), [30] * 3, prompt=9)
-    assert services.usage_purge()["minute"] == 1
+    assert usage_purge()["minute"] == 1
     span = {"from": (now - timedelta(days=8, hours=2)).isoformat(), "to": (now - timedelta(days=7)).isoformat()}
 
     body = get(tenant_a.client_as("owner"), **span).json()

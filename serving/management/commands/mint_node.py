@@ -6,8 +6,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from adapters.models import BaseModel
 from mint_site.errors import MintError
-from serving import services
 from serving.models import NodeState, ServingNode
+from serving.services import nodes
 from tenants.access import Actor
 
 
@@ -60,7 +60,7 @@ class Command(BaseCommand):
             if node is None:
                 raise CommandError(f"No node {options['name']!r}.")
             if action == "undrain":
-                services.node_set_state(node=node, state=NodeState.UP, by=Actor.system())
+                nodes.node_set_state(node=node, state=NodeState.UP, by=Actor.system())
                 self.stdout.write(f"{node.name} is up")
                 return
             self._drain(node, force=options["force"], wait=options["wait"])
@@ -70,7 +70,7 @@ class Command(BaseCommand):
             raise CommandError(f"No base model {options['base_model']!r}; see manage.py mint_base_model list.")
         cache_dir = options["cache_dir"] or str(Path(settings.VAR_DIR) / "node-cache" / options["name"])
         try:
-            node = services.node_register(
+            node = nodes.node_register(
                 name=options["name"],
                 base_model=base,
                 url=options["url"],
@@ -89,7 +89,7 @@ class Command(BaseCommand):
     def _drain(self, node: ServingNode, *, force: bool, wait: float) -> None:
         """Drain, then report each step until the node is empty or `wait` runs out (the heartbeat goes on)."""
         try:
-            progress = services.node_drain(node=node, by=Actor.system(), force=force)
+            progress = nodes.node_drain(node=node, by=Actor.system(), force=force)
         except MintError as exc:
             raise CommandError(str(exc)) from None
         deadline = time.monotonic() + wait
@@ -101,6 +101,6 @@ class Command(BaseCommand):
                 break
             time.sleep(1)
             node.refresh_from_db()
-            progress = services.drain_step(node=node, force=force)
+            progress = nodes.drain_step(node=node, force=force)
         if not progress["left"]:
             self.stdout.write(f"{node.name} is empty")
