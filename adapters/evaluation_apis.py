@@ -16,7 +16,7 @@ from rest_framework import status
 from rest_framework.parsers import BaseParser, MultiPartParser
 from rest_framework.response import Response
 
-from adapters import selectors, services
+from adapters import selectors
 from adapters.apis import AdapterApiMixin
 from adapters.models import Adapter, EvaluationSuite
 from adapters.serializers import (
@@ -25,6 +25,7 @@ from adapters.serializers import (
     EvaluationSuiteDetailSerializer,
     EvaluationSuiteSerializer,
 )
+from adapters.services import evaluation as evaluations
 from mint_site.errors import MintError, NotFound, PayloadTooLarge
 from tenants.access import Capability
 from tenants.api_base import TenantApi
@@ -86,7 +87,7 @@ class EvaluationSuiteListUploadApi(AdapterApiMixin, TenantApi):
             body = request.data if isinstance(request.data, bytes) else b""
         if len(body) > limit:
             raise _too_large(len(body))
-        suite = services.suite_upload(adapter=adapter, body=body, by=request.access.actor)
+        suite = evaluations.suite_upload(adapter=adapter, body=body, by=request.access.actor)
         return Response(EvaluationSuiteDetailSerializer(suite).data, status=status.HTTP_201_CREATED)
 
 
@@ -120,7 +121,7 @@ class EvaluationPolicyApi(AdapterApiMixin, TenantApi):
         adapter = self.get_adapter(name)
         payload = EvaluationPolicySerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        services.adapter_set_evaluation_policy(
+        evaluations.adapter_set_evaluation_policy(
             adapter=adapter,
             min_score=payload.validated_data["evaluation_min_score"],
             no_regression=payload.validated_data["evaluation_no_regression"],
@@ -152,14 +153,14 @@ class RevisionEvaluationApi(AdapterApiMixin, TenantApi):
     @extend_schema(request=None, responses={202: EvaluationSerializer})
     def post(self, request, name: str, number: int):
         revision = self.get_revision(name, number)
-        suite = services.evaluation.newest_suite(revision.adapter)
+        suite = evaluations.newest_suite(revision.adapter)
         if suite is None:
             raise MintError(f"Adapter {name} has no evaluation suite: upload one first.", code="no_suite")
-        if revision.state not in services.evaluation.AWAITING:
+        if revision.state not in evaluations.AWAITING:
             raise MintError(
                 f"r{revision.number} is {revision.state}: only exported revisions awaiting a decision are evaluated.",
                 code="not_evaluable",
             )
-        services.evaluation_request(revision=revision, suite=suite, again=True)
+        evaluations.evaluation_request(revision=revision, suite=suite, again=True)
         evaluation = selectors.revision_evaluation(revision=revision)
         return Response(self.serialized(request, evaluation), status=status.HTTP_202_ACCEPTED)

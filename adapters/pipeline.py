@@ -31,7 +31,7 @@ from typing import NoReturn
 
 from django.conf import settings
 
-from adapters import dispatch, services, store
+from adapters import dispatch, store
 from adapters.artifacts.archive import ArchiveLimits, archive_kind, extract_archive
 from adapters.artifacts.digest import combined_digest
 from adapters.artifacts.errors import ArtifactError
@@ -40,6 +40,7 @@ from adapters.artifacts.spec import BaseModelSpec
 from adapters.artifacts.validate import ValidatedAdapter, ValidationLimits, adapter_member, validate_adapter_dir
 from adapters.models import AdapterRevision
 from adapters.models import RevisionState as S
+from adapters.services import registration, transitions
 from mint_site.sandbox import Bounds, OutOfResources, TimeLimit, run_bounded
 
 log = logging.getLogger(__name__)
@@ -199,13 +200,13 @@ def _run_sandboxed(revision: AdapterRevision, stage: str, work, *args):
 
 def _retry_or_fail(delivery: Delivery, revision: AdapterRevision, exc: StoreUnavailable) -> None:
     if delivery.retries >= MAX_RETRIES:
-        services.revision_fail(
+        transitions.revision_fail(
             revision=revision,
             code="store_unavailable",
             reason=f"The artifact store stayed unreachable after {MAX_RETRIES} retries: {exc}",
         )
         return
-    services.revision_delivery_returned(revision=revision)  # a retry on purpose is not a lost delivery
+    transitions.revision_delivery_returned(revision=revision)  # a retry on purpose is not a lost delivery
     delivery.retry(exc)
 
 
@@ -221,7 +222,7 @@ def validate(revision_id: int, delivery: Delivery, *, handed: datetime | None = 
         return
     if not dispatch.begin(revision, handed=handed):
         return
-    if not services.revision_delivery_start(revision=revision, stage="validation"):
+    if not transitions.revision_delivery_start(revision=revision, stage="validation"):
         return
     with workdir(revision) as work:
         try:
@@ -229,7 +230,7 @@ def validate(revision_id: int, delivery: Delivery, *, handed: datetime | None = 
             spec = revision.adapter.base_model.spec
             checked = _run_sandboxed(revision, "validation", _check, local_root, work, spec, validation_limits())
         except ArtifactError as exc:
-            services.revision_fail(revision=revision, code=exc.code, reason=exc.message)
+            transitions.revision_fail(revision=revision, code=exc.code, reason=exc.message)
             return
         except StoreUnavailable as exc:
             _retry_or_fail(delivery, revision, exc)
@@ -238,10 +239,10 @@ def validate(revision_id: int, delivery: Delivery, *, handed: datetime | None = 
     if (
         not revision.sha256
         and not revision.allow_duplicate
-        and services.revision_fail_if_duplicate(revision=revision, sha256=checked.sha256) is not None
+        and registration.revision_fail_if_duplicate(revision=revision, sha256=checked.sha256) is not None
     ):
         return
-    services.revision_mark_validated(
+    transitions.revision_mark_validated(
         revision=revision,
         rank=checked.rank,
         alpha=checked.alpha,
@@ -357,7 +358,7 @@ def export(revision_id: int, delivery: Delivery, *, handed: datetime | None = No
         return
     if not dispatch.begin(revision, handed=handed):
         return
-    if not services.revision_delivery_start(revision=revision, stage="export"):
+    if not transitions.revision_delivery_start(revision=revision, stage="export"):
         return
     _export(revision, delivery, restoring=False)
 
@@ -388,7 +389,7 @@ def _export(revision: AdapterRevision, delivery: Delivery, *, restoring: bool) -
             if restoring:
                 log.error("re-export of %s failed: %s", revision, exc.message)
                 return False
-            services.revision_fail(revision=revision, code=exc.code, reason=exc.message)
+            transitions.revision_fail(revision=revision, code=exc.code, reason=exc.message)
             return False
         except (StoreUnavailable, OSError) as exc:
             if restoring:
@@ -396,7 +397,7 @@ def _export(revision: AdapterRevision, delivery: Delivery, *, restoring: bool) -
             _retry_or_fail(delivery, revision, StoreUnavailable(str(exc)))
             return False
     if restoring:
-        services.revision_restore_export(revision=revision, staging=staging)
+        transitions.revision_restore_export(revision=revision, staging=staging)
     else:
-        services.revision_mark_exported(revision=revision, staging=staging, policy_record=record)
+        transitions.revision_mark_exported(revision=revision, staging=staging, policy_record=record)
     return True

@@ -31,8 +31,9 @@ from django.db import transaction
 from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
-from adapters import services, store, upload_gate, upload_parts
+from adapters import store, upload_gate, upload_parts
 from adapters.models import Adapter, AdapterRevision, UploadPart, UploadSession, UploadState
+from adapters.services import registration
 from mint_site.errors import Conflict, MintError, NotFound, PayloadTooLarge, QuotaExceeded
 from mint_site.limits import Allowance, Refusal, RouteLimit
 from mint_site.uploads import ClosedUploadedFile
@@ -190,7 +191,7 @@ def _session_insert(
                 detail={"open_sessions": count, "limit": limit},
             )
         reserved = open_sessions.aggregate(total=Sum("size"))["total"] or 0
-        services.check_storage_quota(locked, adding_bytes=reserved + size)
+        registration.check_storage_quota(locked, adding_bytes=reserved + size)
         person = by.person if by.person is not None and by.person.pk is not None else None
         session = UploadSession.objects.create(
             id=session_id,
@@ -290,7 +291,7 @@ def upload_session_complete(
                 )
             archive = ClosedUploadedFile(path, session.filename, "application/octet-stream", session.size, None)
             archive.sha256 = digest  # what registration's source digest is built from (no second read)
-            revision = services.revision_register(
+            revision = registration.revision_register(
                 adapter=session.adapter,
                 by=by,
                 archive=archive,

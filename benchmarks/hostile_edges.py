@@ -185,8 +185,8 @@ def evaluation_windows(args) -> dict:
     env = {"MINT_EVALUATION_SLICE_S": "5", "MINT_EVALUATION_YIELD_S": str(args.yield_s)}
     flags = [] if args.no_priority else [PRIORITY_SCHEDULING_FLAG]
     with Stack("hostile_edges_eval", redis_db=REDIS_DB, env=env, engine_flags=flags) as stack:
-        from adapters import services as adapter_services
         from adapters.models import Evaluation, EvaluationSuite
+        from adapters.services.evaluation import evaluation_request
         from tenants.models import Tenant
 
         with stack.as_control_plane():
@@ -235,7 +235,7 @@ def evaluation_windows(args) -> dict:
                         cases=suite_cases(args.cases, 128),
                         case_count=args.cases,
                     )
-                    evaluation = adapter_services.evaluation_request(revision=candidate, suite=suite)
+                    evaluation = evaluation_request(revision=candidate, suite=suite)
                 stack.wait(
                     lambda ev=evaluation: Evaluation.objects.get(id=ev.id).state in ("passed", "failed", "unavailable"),
                     what="the evaluation",

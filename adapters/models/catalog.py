@@ -65,7 +65,7 @@ class Adapter(models.Model):
     # The last revision number handed out; bumped under a row lock so numbers never collide.
     revision_counter = models.PositiveIntegerField(default=0)
     # Serving data kept with the catalog row (the serving plane reads it through `replica_count`; the adapters
-    # app only stores it: adapters.services.adapter_set_replicas).
+    # app only stores it: adapters.services.registration.adapter_set_replicas).
     replicas = models.PositiveIntegerField(
         null=True,
         blank=True,

@@ -13,8 +13,9 @@ from __future__ import annotations
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from adapters import services as adapter_services
 from adapters.models import Adapter, AdapterRevision, RevisionState
+from adapters.services.registration import adapter_set_replicas
+from adapters.services.transitions import revision_ensure_export
 from mint_site.errors import Conflict, InvalidTransition, NotFound
 from mint_site.events import live_event
 from serving import selectors
@@ -175,7 +176,7 @@ def revision_rollback(
         target.adapter = adapter
         rollout.abort_locked(target, by=by, reason=f"rollback to r{goal.number}")
     _set_desired(target, goal, rollback=True, by=by)
-    adapter_services.revision_ensure_export(revision=goal)
+    revision_ensure_export(revision=goal)
     transaction.on_commit(lambda: outbox.send("alias_converge", alias_id=target.id))
     return target
 
@@ -339,7 +340,7 @@ def adapter_scale(*, adapter: Adapter, replicas: int | None, by: Actor) -> Adapt
     tenant under its fair share takes their slot, or their node drains (failover tops up to the new count only).
     """
     before = adapter.replica_count
-    adapter = adapter_services.adapter_set_replicas(adapter=adapter, replicas=replicas, by=by)
+    adapter = adapter_set_replicas(adapter=adapter, replicas=replicas, by=by)
     if adapter.replica_count != before:
         for alias_id in Alias.objects.filter(adapter=adapter).values_list("id", flat=True):
             transaction.on_commit(lambda a=alias_id: outbox.send("alias_converge", alias_id=a))

@@ -37,8 +37,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from adapters import selectors as catalog
-from adapters import services as adapter_services
 from adapters.models import AdapterRevision, Evaluation, EvaluationState
+from adapters.services import evaluation as evaluations
 from adapters.suites import grade
 from mint_site.errors import InvalidTransition
 from serving import selectors
@@ -75,7 +75,7 @@ def _again(evaluation_id: int, *, countdown: float = POLL_S) -> None:
 
 
 def _unavailable(evaluation: Evaluation, reason: str) -> None:
-    adapter_services.evaluation_unavailable(evaluation=evaluation, reason=reason)
+    evaluations.evaluation_unavailable(evaluation=evaluation, reason=reason)
     _release(evaluation)
     evaluation_next(tenant_id=evaluation.revision.adapter.tenant_id)
 
@@ -92,7 +92,7 @@ def _take_turn(evaluation: Evaluation) -> bool:
         )
         if busy or not Evaluation.objects.filter(id=evaluation.id, state=E.PENDING).exists():
             return False
-        adapter_services.evaluation_start(evaluation=evaluation)
+        evaluations.evaluation_start(evaluation=evaluation)
     return True
 
 
@@ -127,7 +127,7 @@ def evaluation_run(*, evaluation_id: int) -> str:
     ready = selectors.ready_placements(revision=revision).select_related("node").first()
     if ready is not None:
         if evaluation.runner.get("sent_to") != ready.id:
-            adapter_services.evaluation_note(evaluation=evaluation, sent_to=ready.id)
+            evaluations.evaluation_note(evaluation=evaluation, sent_to=ready.id)
             step = (evaluation.runner.get("progress") or {}).get("step", 0)
             transaction.on_commit(lambda: _send_cases(evaluation.id, ready, step=step))
         return "sent to the node"
@@ -151,7 +151,7 @@ def evaluation_run(*, evaluation_id: int) -> str:
         placement = placement_request(revision=revision, priority=Priority.SPECULATIVE)
         if placement is not None:
             # Speculative only if this asked for it (a revision already placed keeps its own priority).
-            adapter_services.evaluation_note(
+            evaluations.evaluation_note(
                 evaluation=evaluation,
                 placement_id=placement.id,
                 speculative=placement.priority == Priority.SPECULATIVE,
@@ -299,30 +299,30 @@ def _baseline(
     ready = selectors.ready_placements(revision=live).select_related("node").first()
     if ready is None:
         return live, None, f"the live revision r{live.number} is not ready on any node"
-    own = adapter_services.evaluation_request(revision=live, suite=evaluation.suite, again=True, notify=False)
+    own = evaluations.evaluation_request(revision=live, suite=evaluation.suite, again=True, notify=False)
     mine = progress.get("baseline_id") == own.id and own.state == E.RUNNING
     if own.state != E.PENDING and not mine:
         # Another run has it (its own turn, or another candidate's baseline): no second copy of the same work.
         return live, own.score if own.state in (E.PASSED, E.FAILED) else None, f"r{live.number} is {own.state}"
     if not mine:
-        adapter_services.evaluation_start(evaluation=own)
+        evaluations.evaluation_start(evaluation=own)
     cases = evaluation.suite.cases
     partial = list(progress.get("baseline_cases") or []) if mine else []
     try:
         got = _answers(ready.node, live, cases, deadline=deadline, start=len(partial), budget_s=budget_s)
     except (VllmError, TimeoutError) as exc:
-        adapter_services.evaluation_unavailable(evaluation=own, reason=str(exc))
+        evaluations.evaluation_unavailable(evaluation=own, reason=str(exc))
         return live, None, f"the live revision r{live.number} could not be scored: {exc}"
     _meter(live, ready.node, got.meter)
     partial += got.results
     if got.stopped is not None and got.stopped.code == BUDGET_EXHAUSTED:
-        adapter_services.evaluation_unavailable(evaluation=own, reason=got.stopped.message)
+        evaluations.evaluation_unavailable(evaluation=own, reason=got.stopped.message)
         return live, None, f"the live revision r{live.number} could not be scored: {got.stopped.message}"
     if len(partial) < len(cases):
         wait = seconds_until(got.stopped) if got.stopped is not None else 0
         _next_slice(evaluation, placement, progress | {"baseline_id": own.id, "baseline_cases": partial}, wait)
         return None, None, SLICED
-    own = adapter_services.evaluation_finish(evaluation=own, case_results=partial)
+    own = evaluations.evaluation_finish(evaluation=own, case_results=partial)
     return live, own.score, None
 
 
@@ -331,7 +331,7 @@ def _next_slice(evaluation: Evaluation, placement: Placement, progress: dict[str
     `wait_s`: the tenant's tokens per minute are used up until then): an evaluation holds the node agent for
     MINT_EVALUATION_SLICE_S at a time, never for its whole suite."""
     step = int(progress.get("step", 0)) + 1
-    adapter_services.evaluation_note(evaluation=evaluation, progress=progress | {"step": step})
+    evaluations.evaluation_note(evaluation=evaluation, progress=progress | {"step": step})
     _send_cases(evaluation.id, placement, step=step, countdown=wait_s)
 
 
@@ -346,7 +346,7 @@ def evaluation_cases(*, evaluation_id: int, placement_id: int, step: int = 0) ->
         return "an earlier slice's copy"
     placement = Placement.objects.select_related("node", "revision__adapter").filter(id=placement_id).first()
     if placement is None or placement.state != PlacementState.READY or placement.node.state != NodeState.UP:
-        adapter_services.evaluation_note(evaluation=evaluation, sent_to=None)
+        evaluations.evaluation_note(evaluation=evaluation, sent_to=None)
         _again(evaluation.id, countdown=0)  # it moved: find it again
         return "placement gone"
     revision = evaluation.revision
@@ -386,7 +386,7 @@ def evaluation_cases(*, evaluation_id: int, placement_id: int, step: int = 0) ->
     if why:
         log.warning("evaluation %s of %s: no baseline: %s", evaluation.id, revision, why)
     try:
-        adapter_services.evaluation_finish(
+        evaluations.evaluation_finish(
             evaluation=evaluation, case_results=results, baseline_revision=baseline, baseline_score=baseline_score
         )
     except InvalidTransition:

@@ -19,9 +19,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from adapters import services as adapter_services
 from adapters.models import Adapter, AdapterRevision
 from adapters.models import RevisionState as S
+from adapters.services import retirement
 from mint_site.errors import Conflict, NotFound
 from mint_site.events import live_event
 from serving.models import Alias, NodeCopy, Placement, ServingNode, lora_name
@@ -182,11 +182,11 @@ def revision_archive(
     """Archive a revision nothing names: 409 `revision_in_use` naming each alias (live, desired, canary, or
     previous within its rollback grace) that still does. Its files are collected from the store (the source too
     unless `keep_source`) and it leaves the nodes; row, policy record, audit trail and usage stay
-    (adapters.services.revision_archive). A live event and webhook `revision.archived`."""
+    (adapters.services.retirement.revision_archive). A live event and webhook `revision.archived`."""
     with transaction.atomic():
         capacity.lock_tenant(revision.adapter.tenant_id)  # against an activation naming it meanwhile
         _refuse_named(revision, naming_aliases(revision))
-        archived = adapter_services.revision_archive(revision=revision, by=by, keep_source=keep_source, reason=reason)
+        archived = retirement.revision_archive(revision=revision, by=by, keep_source=keep_source, reason=reason)
         _leave_nodes_on_commit([revision.id])
     return archived
 
@@ -235,14 +235,14 @@ def adapter_delete(*, adapter: Adapter, by: Actor) -> Deleted:
         _leave_nodes_on_commit(sorted({a.desired_revision_id for a in pending}))
         archived = []
         for revision in AdapterRevision.objects.filter(
-            adapter=adapter, state__in=adapter_services.ARCHIVABLE_STATES
+            adapter=adapter, state__in=retirement.ARCHIVABLE_STATES
         ).order_by("number"):
             revision.adapter = adapter
-            adapter_services.revision_archive(revision=revision, by=by, reason="adapter deleted", ignore_keep=True)
+            retirement.revision_archive(revision=revision, by=by, reason="adapter deleted", ignore_keep=True)
             archived.append(revision.id)
         _leave_nodes_on_commit(archived)
         _abort_uploads(adapter, by)
-        adapter_services.adapter_mark_deleted(adapter=adapter, by=by, archived=[f"r{n}" for n in _numbers(archived)])
+        retirement.adapter_mark_deleted(adapter=adapter, by=by, archived=[f"r{n}" for n in _numbers(archived)])
     return Deleted(adapter=adapter.name, archived=[f"r{n}" for n in _numbers(archived)])
 
 

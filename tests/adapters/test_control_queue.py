@@ -10,6 +10,7 @@ import pytest
 from adapters import dispatch, services, tasks
 from adapters.models import AdapterRevision
 from adapters.models import RevisionState as S
+from adapters.services.transitions import revision_delivery_returned, revision_delivery_start
 from tests.adapters.fixtures import uploads_of
 
 pytestmark = pytest.mark.django_db
@@ -105,7 +106,7 @@ def test_each_delivery_is_counted_and_one_past_the_bound_fails_the_revision(adap
     (revision,) = queue(adapter_a, 1)
     # Three deliveries started and never came back (their worker was killed mid-task).
     for expected in (1, 2, 3):
-        assert services.revision_delivery_start(revision=revision, stage="validation")
+        assert revision_delivery_start(revision=revision, stage="validation")
         assert AdapterRevision.objects.get(id=revision.id).deliveries == expected
     tasks.revision_validate(revision_id=revision.id)  # the fourth
     revision.refresh_from_db()
@@ -164,6 +165,6 @@ def test_a_validation_that_runs_out_of_memory_fails_with_its_own_code_and_the_wo
 
 def test_a_retry_after_a_store_outage_gives_its_delivery_back(adapter_a):
     (revision,) = queue(adapter_a, 1)
-    services.revision_delivery_start(revision=revision, stage="validation")
-    services.revision_delivery_returned(revision=revision)
+    revision_delivery_start(revision=revision, stage="validation")
+    revision_delivery_returned(revision=revision)
     assert AdapterRevision.objects.get(id=revision.id).deliveries == 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from adapters import services
 from adapters.models import AdapterRevision, Evaluation, EvaluationSuite
+from adapters.services.evaluation import evaluation_finish, evaluation_request, evaluation_start, evaluation_unavailable
 from adapters.signals import evaluation_requested
 from tenants.models import AuditEvent
 from tests.conftest import error_of
@@ -37,9 +37,9 @@ def policy(adapter, *, min_score=None, no_regression=False):
 
 
 def finished(revision, suite, *, results, baseline=None, baseline_score=None) -> Evaluation:
-    evaluation = services.evaluation_request(revision=revision, suite=suite)
-    services.evaluation_start(evaluation=evaluation)
-    return services.evaluation_finish(
+    evaluation = evaluation_request(revision=revision, suite=suite)
+    evaluation_start(evaluation=evaluation)
+    return evaluation_finish(
         evaluation=evaluation, case_results=results, baseline_revision=baseline, baseline_score=baseline_score
     )
 
@@ -70,7 +70,7 @@ def test_no_evaluation_or_a_running_one_is_pending(tenant_a, adapter_a, started)
     suite = suite_of(adapter_a)
     policy(adapter_a, min_score=0.5)
     if started:
-        services.evaluation_start(evaluation=services.evaluation_request(revision=revision, suite=suite))
+        evaluation_start(evaluation=evaluation_request(revision=revision, suite=suite))
     response = approve(tenant_a)
     assert response.status_code == 409
     assert error_of(response)["code"] == "evaluation_pending"
@@ -82,8 +82,8 @@ def test_an_unavailable_evaluation_refuses_with_its_reason(tenant_a, adapter_a):
     revision = pending(adapter_a, tenant_a)
     suite = suite_of(adapter_a)
     policy(adapter_a, no_regression=True)
-    evaluation = services.evaluation_request(revision=revision, suite=suite)
-    services.evaluation_unavailable(evaluation=evaluation, reason="no node of test-dense can run it")
+    evaluation = evaluation_request(revision=revision, suite=suite)
+    evaluation_unavailable(evaluation=evaluation, reason="no node of test-dense can run it")
     response = approve(tenant_a)
     assert response.status_code == 409
     error = error_of(response)
@@ -211,15 +211,15 @@ def test_states_are_audited_and_sent_live(tenant_a, adapter_a, django_capture_on
     evaluation_requested.connect(receiver)
     try:
         with django_capture_on_commit_callbacks(execute=True):
-            evaluation = services.evaluation_request(revision=revision, suite=suite_of(adapter_a))
+            evaluation = evaluation_request(revision=revision, suite=suite_of(adapter_a))
     finally:
         evaluation_requested.disconnect(receiver)
         from serving.services.evaluation import evaluation_requested as run_evaluation
 
         evaluation_requested.connect(run_evaluation, dispatch_uid="serving.evaluation_runner")
     assert requested == [evaluation.id]
-    services.evaluation_start(evaluation=evaluation)
-    services.evaluation_finish(evaluation=evaluation, case_results=BOTH)
+    evaluation_start(evaluation=evaluation)
+    evaluation_finish(evaluation=evaluation, case_results=BOTH)
     assert [(e["type"], e["state"], e["revision"], e["adapter"]) for e in sent] == [
         ("evaluation.state", "pending", "r1", "support-bot"),
         ("evaluation.state", "running", "r1", "support-bot"),
@@ -233,7 +233,7 @@ def test_states_are_audited_and_sent_live(tenant_a, adapter_a, django_capture_on
 def test_a_finished_evaluation_cannot_be_started_again(tenant_a, adapter_a):
     evaluation = finished(pending(adapter_a, tenant_a), suite_of(adapter_a), results=BOTH)
     with pytest.raises(Exception) as caught:
-        services.evaluation_start(evaluation=evaluation)
+        evaluation_start(evaluation=evaluation)
     assert "passed" in str(caught.value)
 
 
@@ -327,8 +327,8 @@ def test_the_dashboard_shows_an_unapproved_revisions_answers_only_to_who_may_sam
 
 def test_asking_again_resets_an_unavailable_evaluation(tenant_a, adapter_a):
     revision = pending(adapter_a, tenant_a)
-    evaluation = services.evaluation_request(revision=revision, suite=suite_of(adapter_a))
-    services.evaluation_unavailable(evaluation=evaluation, reason="time limit")
+    evaluation = evaluation_request(revision=revision, suite=suite_of(adapter_a))
+    evaluation_unavailable(evaluation=evaluation, reason="time limit")
     assert tenant_a.client_as("viewer").post(f"{BASE}/revisions/1/evaluation/").status_code == 403
     response = tenant_a.client_as("developer").post(f"{BASE}/revisions/1/evaluation/")
     assert response.status_code == 202

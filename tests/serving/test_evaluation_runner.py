@@ -9,8 +9,8 @@ from unittest import mock
 import pytest
 from django.utils import timezone
 
-from adapters import services as adapter_services
 from adapters.models import Adapter, AdapterRevision, Evaluation, EvaluationSuite
+from adapters.services.evaluation import evaluation_finish, evaluation_request, evaluation_start, evaluation_unavailable
 from adapters.signals import evaluation_requested
 from serving.models import Alias, Placement, Priority, UsageKind, UsageRecord, lora_name
 from serving.services import capacity, evaluation, placement
@@ -69,7 +69,7 @@ def world(adapter_a, node, engine):
 
 
 def requested(revision, suite) -> Evaluation:
-    return adapter_services.evaluation_request(revision=revision, suite=suite, notify=False)
+    return evaluation_request(revision=revision, suite=suite, notify=False)
 
 
 def run_to_the_end(evaluation_id: int, node) -> str:
@@ -115,8 +115,8 @@ def test_a_worse_candidate_fails_against_the_live_baseline(world, node, engine, 
 def test_a_finished_baseline_is_reused(world, node, engine):
     suite, live, candidate = world
     base = requested(live, suite)
-    adapter_services.evaluation_start(evaluation=base)
-    adapter_services.evaluation_finish(evaluation=base, case_results=[{"passed": True, "score": 0.25}])
+    evaluation_start(evaluation=base)
+    evaluation_finish(evaluation=base, case_results=[{"passed": True, "score": 0.25}])
     assert run_to_the_end(requested(candidate, suite).id, node) == "finished"
     ev = Evaluation.objects.get(revision=candidate)
     assert (ev.state, ev.baseline_score) == ("passed", 0.25)
@@ -153,7 +153,7 @@ def test_one_evaluation_per_tenant_runs_at_a_time(world, node, quiet_tasks):
     assert evaluation.evaluation_run(evaluation_id=first.id) == "waits for a placement"
     assert evaluation.evaluation_run(evaluation_id=second.id) == "waits for its turn"
     assert Placement.objects.filter(priority=Priority.SPECULATIVE).count() == 1
-    adapter_services.evaluation_unavailable(evaluation=Evaluation.objects.get(id=first.id), reason="test")
+    evaluation_unavailable(evaluation=Evaluation.objects.get(id=first.id), reason="test")
     quiet_tasks.reset_mock()
     evaluation.evaluation_next(tenant_id=candidate.adapter.tenant_id)
     assert evaluation.evaluation_run(evaluation_id=second.id) == "waits for a placement"
