@@ -101,6 +101,14 @@ class BaseModelListApi(TenantApi):
 
 
 class AdapterApiMixin:
+    """What the APIs of an adapter and its revisions share: looking them up in the tenant, and reading a body."""
+
+    def validated(self, serializer: type[serializers.Serializer]) -> dict:
+        """The request's body as `serializer` reads it (400 with its errors when it does not)."""
+        payload = serializer(data=self.request.data)
+        payload.is_valid(raise_exception=True)
+        return payload.validated_data
+
     def get_adapter(self, name: str) -> Adapter:
         adapter = (
             Adapter.objects.filter(tenant=self.request.tenant, name=name).select_related("tenant", "base_model").first()
@@ -116,7 +124,7 @@ class AdapterApiMixin:
         return revision
 
 
-class AdapterListCreateApi(TenantApi):
+class AdapterListCreateApi(AdapterApiMixin, TenantApi):
     """The tenant's adapters, newest first, in cursor pages (`next`/`previous` links); `?q=` keeps those whose name
     matches it (adapters.selectors.adapter_search). Create one on a base model.
 
@@ -160,26 +168,24 @@ class AdapterListCreateApi(TenantApi):
         ],
     )
     def post(self, request):
-        payload = AdapterCreateSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        base_model = selectors.base_model_by_name(payload.validated_data["base_model"])
+        payload = self.validated(AdapterCreateSerializer)
+        base_model = selectors.base_model_by_name(payload["base_model"])
         if base_model is None:
             raise MintError(
-                f"base_model: no base model named {payload.validated_data['base_model']!r}; "
-                "see GET /api/v1/base-models/.",
+                f"base_model: no base model named {payload['base_model']!r}; see GET /api/v1/base-models/.",
                 code="unknown_base_model",
             )
         adapter = services.adapter_create(
             tenant=self.tenant,
-            name=payload.validated_data["name"],
+            name=payload["name"],
             base_model=base_model,
-            description=payload.validated_data["description"],
+            description=payload["description"],
             by=request.access.actor,
         )
         return Response(self.serializer_class(adapter).data, status=status.HTTP_201_CREATED)
 
 
-class AdapterDetailApi(TenantApi):
+class AdapterDetailApi(AdapterApiMixin, TenantApi):
     """One adapter with its latest revisions. Routed by serving (serving.apis), which adds its aliases."""
 
     queryset = Adapter.objects.all()
@@ -316,10 +322,9 @@ class _RevisionDecisionApi(_RevisionActionApi):
 
     @extend_schema(request=DecisionSerializer, responses={200: RevisionDetailSerializer})
     def post(self, request, name: str, number: int):
-        payload = DecisionSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
+        payload = self.validated(DecisionSerializer)
         revision = type(self).decide(
-            revision=self.get_revision(name, number), by=request.access.actor, comment=payload.validated_data["comment"]
+            revision=self.get_revision(name, number), by=request.access.actor, comment=payload["comment"]
         )
         return Response(RevisionDetailSerializer(self.get_revision(name, revision.number)).data)
 
@@ -335,13 +340,12 @@ class RevisionApproveApi(_RevisionDecisionApi):
 
     @extend_schema(request=ApproveSerializer, responses={200: RevisionDetailSerializer})
     def post(self, request, name: str, number: int):
-        payload = ApproveSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
+        payload = self.validated(ApproveSerializer)
         revision = services.revision_approve(
             revision=self.get_revision(name, number),
             by=request.access.actor,
-            comment=payload.validated_data["comment"],
-            override_reason=payload.validated_data["override_reason"],
+            comment=payload["comment"],
+            override_reason=payload["override_reason"],
         )
         return Response(RevisionDetailSerializer(self.get_revision(name, revision.number)).data)
 

@@ -119,12 +119,11 @@ class EvaluationPolicyApi(AdapterApiMixin, TenantApi):
     @extend_schema(request=EvaluationPolicySerializer, responses={200: EvaluationPolicySerializer})
     def put(self, request, name: str):
         adapter = self.get_adapter(name)
-        payload = EvaluationPolicySerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
+        payload = self.validated(EvaluationPolicySerializer)
         evaluations.adapter_set_evaluation_policy(
             adapter=adapter,
-            min_score=payload.validated_data["evaluation_min_score"],
-            no_regression=payload.validated_data["evaluation_no_regression"],
+            min_score=payload["evaluation_min_score"],
+            no_regression=payload["evaluation_no_regression"],
             by=request.access.actor,
         )
         return Response(EvaluationPolicySerializer(adapter).data)

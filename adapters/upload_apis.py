@@ -123,9 +123,8 @@ class UploadSessionListCreateApi(_UploadApi):
     )
     def post(self, request, name: str):
         adapter = self.get_adapter(name)
-        payload = UploadSessionCreateSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        session = uploads.upload_session_create(adapter=adapter, by=request.access.actor, **payload.validated_data)
+        payload = self.validated(UploadSessionCreateSerializer)
+        session = uploads.upload_session_create(adapter=adapter, by=request.access.actor, **payload)
         return Response(UploadSessionSerializer(session).data, status=status.HTTP_201_CREATED)
 
 
@@ -184,17 +183,16 @@ class UploadCompleteApi(_UploadApi):
     @extend_schema(request=UploadCompleteSerializer, responses={201: RevisionSerializer})
     def post(self, request, name: str, upload_id: str):
         session = self.get_session(name, upload_id)
-        payload = UploadCompleteSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
+        payload = self.validated(UploadCompleteSerializer)
         with dispatch.backlog_priority(tenant_id=session.tenant_id):  # assembling and storing the file
             revision = uploads.upload_session_complete(
                 session=session,
                 by=request.access.actor,
-                training_step=payload.validated_data.get("training_step"),
-                parent_number=payload.validated_data.get("parent"),
-                allow_duplicate=payload.validated_data["allow_duplicate"],
-                run=payload.validated_data["run"],
-                metrics=payload.validated_data["metrics"],
-                prewarm=payload.validated_data["prewarm"],
+                training_step=payload.get("training_step"),
+                parent_number=payload.get("parent"),
+                allow_duplicate=payload["allow_duplicate"],
+                run=payload["run"],
+                metrics=payload["metrics"],
+                prewarm=payload["prewarm"],
             )
         return Response(RevisionSerializer(revision).data, status=status.HTTP_201_CREATED)

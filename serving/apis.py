@@ -73,9 +73,7 @@ class AdapterDetailApi(catalog.AdapterDetailApi):
     )
     def patch(self, request, name: str):
         adapter = self.get_tenant_object(name=name)
-        payload = retire_apis.AdapterUpdateSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        data = payload.validated_data
+        data = self.validated(retire_apis.AdapterUpdateSerializer)
         if "replicas" in data:
             aliases.adapter_scale(adapter=adapter, replicas=data["replicas"], by=request.access.actor)
         if "description" in data or "tags" in data:
@@ -107,16 +105,15 @@ class AdapterActivateApi(catalog.AdapterApiMixin, TenantApi):
     )
     def post(self, request, name: str):
         adapter = self.get_adapter(name)
-        payload = ActivateSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        revision = self._revision(adapter, payload.validated_data["revision"])
+        payload = self.validated(ActivateSerializer)
+        revision = self._revision(adapter, payload["revision"])
         alias = aliases.revision_activate(
             adapter=adapter,
             revision=revision,
             by=request.access.actor,
-            alias=payload.validated_data["alias"],
-            canary_percent=payload.validated_data.get("canary_percent"),
-            reserve=payload.validated_data.get("reserve"),
+            alias=payload["alias"],
+            canary_percent=payload.get("canary_percent"),
+            reserve=payload.get("reserve"),
         )
         return Response(ActivationResultSerializer(alias).data)
 
@@ -141,12 +138,11 @@ class AdapterRollbackApi(AdapterActivateApi):
     )
     def post(self, request, name: str):
         adapter = self.get_adapter(name)
-        payload = RollbackSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        number = payload.validated_data.get("revision")
+        payload = self.validated(RollbackSerializer)
+        number = payload.get("revision")
         revision = self._revision(adapter, number) if number else None
         alias = aliases.revision_rollback(
-            adapter=adapter, by=request.access.actor, revision=revision, alias=payload.validated_data["alias"]
+            adapter=adapter, by=request.access.actor, revision=revision, alias=payload["alias"]
         )
         return Response(AliasSerializer(alias).data)
 
@@ -164,12 +160,11 @@ class AdapterReserveApi(AdapterActivateApi):
     )
     def post(self, request, name: str):
         adapter = self.get_adapter(name)
-        payload = ReserveSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
+        payload = self.validated(ReserveSerializer)
         alias = aliases.alias_reserve(
             adapter=adapter,
-            alias=payload.validated_data["alias"],
-            reserved=payload.validated_data["reserved"],
+            alias=payload["alias"],
+            reserved=payload["reserved"],
             by=request.access.actor,
         )
         return Response(AliasSerializer(alias).data)
@@ -186,11 +181,8 @@ class AdapterCancelApi(AdapterActivateApi):
     )
     def post(self, request, name: str):
         adapter = self.get_adapter(name)
-        payload = CancelSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        alias = aliases.activation_cancel(
-            adapter=adapter, alias_name=payload.validated_data["alias"], by=request.access.actor
-        )
+        payload = self.validated(CancelSerializer)
+        alias = aliases.activation_cancel(adapter=adapter, alias_name=payload["alias"], by=request.access.actor)
         return Response(AliasSerializer(alias).data)
 
 
@@ -201,9 +193,8 @@ class AdapterPromoteApi(AdapterActivateApi):
     @extend_schema(request=CanaryActionSerializer, responses={200: AliasSerializer})
     def post(self, request, name: str):
         adapter = self.get_adapter(name)
-        payload = CanaryActionSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        alias = rollout.canary_promote(adapter=adapter, by=request.access.actor, alias=payload.validated_data["alias"])
+        payload = self.validated(CanaryActionSerializer)
+        alias = rollout.canary_promote(adapter=adapter, by=request.access.actor, alias=payload["alias"])
         return Response(AliasSerializer(alias).data)
 
 
@@ -218,12 +209,11 @@ class AdapterAbortApi(AdapterActivateApi):
     )
     def post(self, request, name: str):
         adapter = self.get_adapter(name)
-        payload = CanaryActionSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
+        payload = self.validated(CanaryActionSerializer)
         alias = rollout.canary_abort(
             adapter=adapter,
             by=request.access.actor,
-            alias=payload.validated_data["alias"],
-            reason=payload.validated_data["reason"],
+            alias=payload["alias"],
+            reason=payload["reason"],
         )
         return Response(AliasSerializer(alias).data)

@@ -112,9 +112,8 @@ class AdapterDeactivateApi(_AdapterApi):
     )
     def post(self, request, name: str):
         adapter = self.get_adapter(name)
-        payload = DeactivateSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        alias = payload.validated_data["alias"]
+        payload = self.validated(DeactivateSerializer)
+        alias = payload["alias"]
         named = services.alias_deactivate(adapter=adapter, alias_name=alias, by=request.access.actor)
         return Response({"adapter": adapter.name, "alias": alias, "deactivated": True, "named": named})
 
@@ -129,9 +128,8 @@ class RevisionArchiveApi(_RevisionApi):
     @extend_schema(request=ArchiveSerializer, responses={200: RevisionDetailSerializer})
     def post(self, request, name: str, number: int):
         revision = self.get_revision(name, number)
-        payload = ArchiveSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        services.revision_archive(revision=revision, by=request.access.actor, **payload.validated_data)
+        payload = self.validated(ArchiveSerializer)
+        services.revision_archive(revision=revision, by=request.access.actor, **payload)
         return self.detail(name, number)
 
 
@@ -155,11 +153,8 @@ class RevisionKeepApi(_RevisionApi):
     @extend_schema(request=KeepSerializer, responses={200: RevisionDetailSerializer})
     def post(self, request, name: str, number: int):
         revision = self.get_revision(name, number)
-        payload = KeepSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        adapter_services.revision_set_keep(
-            revision=revision, keep=payload.validated_data["keep"], by=request.access.actor
-        )
+        payload = self.validated(KeepSerializer)
+        adapter_services.revision_set_keep(revision=revision, keep=payload["keep"], by=request.access.actor)
         return self.detail(name, number)
 
 
@@ -181,12 +176,11 @@ class AdapterRetentionApi(_AdapterApi):
     )
     def patch(self, request, name: str):
         adapter = self.get_adapter(name)
-        payload = RetentionSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
+        payload = self.validated(RetentionSerializer)
         adapter = adapter_services.adapter_set_retention(
             adapter=adapter,
-            keep_last=payload.validated_data["keep_last"],
-            grace_days=payload.validated_data["grace_days"],
+            keep_last=payload["keep_last"],
+            grace_days=payload["grace_days"],
             by=request.access.actor,
         )
         return Response(services.retention_preview(adapter=adapter))
