@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from typing import Any
@@ -170,11 +171,7 @@ def cmd_create_adapter(ctx: Context) -> int:
 
 def cmd_revisions(ctx: Context) -> int:
     a = ctx.args
-    revisions = []
-    for r in ctx.client().revisions(a.adapter, state=a.state):
-        revisions.append(r)
-        if a.limit and len(revisions) >= a.limit:
-            break
+    revisions = list(itertools.islice(ctx.client().revisions(a.adapter, state=a.state), a.limit or None))
     ctx.emit([r.raw for r in revisions], lambda: ctx.console.print(revision_table(revisions, title=a.adapter)))
     return EXIT_OK
 
@@ -286,11 +283,9 @@ def cmd_logs(ctx: Context) -> int:
                     f"[dim]by {escape(e.actor or '-')}[/]"
                 )
 
-    events = []
-    for e in client.audit(action=a.action, target=a.target, page_size=min(a.limit, 200)):
-        events.append(e)
-        if len(events) >= a.limit:
-            break
+    events = list(
+        itertools.islice(client.audit(action=a.action, target=a.target, page_size=min(a.limit, 200)), a.limit)
+    )
     show(list(reversed(events)))
     last = max((e.id for e in events), default=0)
     while a.follow:
