@@ -14,15 +14,12 @@ from adapters.models import (
     Evaluation,
     EvaluationSuite,
 )
+from adapters.models.catalog import revision_label
 from adapters.services.transitions import RETRYABLE_FAILURE_CODES
 from mint_site.names import ADAPTER_NAME_PATTERN, ALIAS_NAME_PATTERN
 
 ADAPTER_NAME = re.compile(rf"^{ADAPTER_NAME_PATTERN}$")
 ALIAS_NAME = rf"^{ALIAS_NAME_PATTERN}$"
-
-
-def _label(revision: AdapterRevision | None) -> str | None:
-    return f"r{revision.number}" if revision is not None else None
 
 
 class BaseModelSerializer(serializers.ModelSerializer):
@@ -102,7 +99,7 @@ class RevisionSerializer(serializers.ModelSerializer):
         return f"r{revision.number}"
 
     def get_parent(self, revision: AdapterRevision) -> str | None:
-        return _label(revision.parent)
+        return revision_label(revision.parent)
 
     def get_registered_by(self, revision: AdapterRevision) -> str | None:
         if revision.created_by_key is not None:
@@ -300,7 +297,7 @@ class EvaluationSerializer(serializers.ModelSerializer):
         return f"r{evaluation.revision.number}"
 
     def get_baseline_revision(self, evaluation: Evaluation) -> str | None:
-        return _label(evaluation.baseline_revision)
+        return revision_label(evaluation.baseline_revision)
 
     @extend_schema_field(serializers.ListField(child=serializers.DictField()))
     def get_case_results(self, evaluation: Evaluation) -> list[dict]:

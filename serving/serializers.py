@@ -6,7 +6,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from adapters.models import AdapterRevision
+from adapters.models.catalog import revision_label
 from adapters.serializers import ALIAS_NAME, RevisionNumberField
 from adapters.serializers import AdapterDetailSerializer as CatalogAdapterDetailSerializer
 from adapters.serializers import AdapterSerializer as CatalogAdapterSerializer
@@ -16,10 +16,6 @@ from serving.models import Alias, Placement, ServingNode
 from serving.selectors import residency as residency_selectors
 from serving.selectors import usage as usage_selectors
 from serving.services.canary import canary_counts
-
-
-def _label(revision: AdapterRevision | None) -> str | None:
-    return f"r{revision.number}" if revision is not None else None
 
 
 class PlacementSerializer(serializers.ModelSerializer):
@@ -106,7 +102,7 @@ class AliasSerializer(serializers.ModelSerializer):
         ]
 
     def get_revision(self, alias: Alias) -> str | None:
-        return _label(alias.revision)
+        return revision_label(alias.revision)
 
     with_counts = True  # the counters cost a Redis read per alias: the adapter's own page only
 
@@ -115,7 +111,7 @@ class AliasSerializer(serializers.ModelSerializer):
         if alias.canary_revision_id is None:
             return None
         return {
-            "revision": _label(alias.canary_revision),
+            "revision": revision_label(alias.canary_revision),
             "percent": alias.canary_percent,
             "started_at": serializers.DateTimeField().to_representation(alias.canary_started_at),
             "routing": alias.canary_ready_at is not None,
@@ -133,7 +129,7 @@ class AliasSerializer(serializers.ModelSerializer):
         }
 
     def get_desired_revision(self, alias: Alias) -> str | None:
-        return _label(alias.desired_revision)
+        return revision_label(alias.desired_revision)
 
     def get_desired_placements(self, alias: Alias) -> list[dict]:
         if alias.desired_revision is None or alias.desired_revision_id == alias.revision_id:

@@ -268,6 +268,11 @@ class AdapterRevision(models.Model):
         return f"r{self.number}"
 
 
+def revision_label(revision: AdapterRevision | None) -> str | None:
+    """`r3`, as a revision is named in messages, audit records and events; None for no revision."""
+    return revision.label if revision is not None else None
+
+
 class Approval(models.Model):
     """A decision on a pending revision, by a person or a deploy key."""
 

@@ -189,10 +189,6 @@ def _event(evaluation: Evaluation, *, revision: AdapterRevision) -> None:
     )
 
 
-def _label(revision: AdapterRevision | None) -> str | None:
-    return f"r{revision.number}" if revision is not None else None
-
-
 def _move(evaluation: Evaluation, *, sources: tuple[str, ...], to: str, by: Actor, **fields: Any) -> Evaluation:
     """Move the evaluation from one of `sources` to `to`, or InvalidTransition; audited, live event on commit."""
     with transaction.atomic():

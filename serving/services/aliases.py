@@ -10,13 +10,14 @@ a live event the gateway and the dashboard follow. `adapter_scale` changes the r
 
 from __future__ import annotations
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from adapters.models import Adapter, AdapterRevision, RevisionState
+from adapters.models.catalog import revision_label
 from adapters.services.registration import adapter_set_replicas
 from adapters.services.transitions import revision_ensure_export
-from mint_site.errors import Conflict, InvalidTransition, NotFound
+from mint_site.errors import Conflict, InvalidTransition
 from mint_site.events import live_event
 from serving import selectors
 from serving.models import Alias, NodeState, Placement, Priority
@@ -27,20 +28,6 @@ from tenants.access import Actor
 from tenants.services import audit_record
 
 # ---------------------------------------------------------------- activation, flip, rollback
-
-
-def _locked_alias(adapter: Adapter, name: str, *, create: bool) -> Alias:
-    alias = Alias.objects.select_for_update().filter(adapter=adapter, name=name).first()
-    if alias is None and create:
-        try:
-            with transaction.atomic():
-                Alias.objects.create(adapter=adapter, name=name)
-        except IntegrityError:
-            pass  # created concurrently; lock it below
-        alias = Alias.objects.select_for_update().get(adapter=adapter, name=name)
-    if alias is None:
-        raise NotFound(f"{adapter.name} has no alias {name!r}.", code="alias_not_found")
-    return alias
 
 
 def _check_capacity(adapter: Adapter, alias: str, revision: AdapterRevision, *, reserve: bool | None) -> bool:
@@ -64,10 +51,6 @@ def _check_capacity(adapter: Adapter, alias: str, revision: AdapterRevision, *, 
     return reserved
 
 
-def _label(revision: AdapterRevision | None) -> str | None:
-    return f"r{revision.number}" if revision is not None else None
-
-
 def _set_desired(target: Alias, revision: AdapterRevision, *, rollback: bool, by: Actor) -> None:
     """Point a locked alias's desired revision at `revision`, and audit it as an activation or a rollback (with
     an `alias.desired` live event, so open dashboards show what is pending).
@@ -77,7 +60,7 @@ def _set_desired(target: Alias, revision: AdapterRevision, *, rollback: bool, by
     """
     if target.desired_revision_id == revision.id and target.rollback_pending == rollback:
         return
-    before = {"revision": _label(target.revision), "desired": _label(target.desired_revision)}
+    before = {"revision": revision_label(target.revision), "desired": revision_label(target.desired_revision)}
     target.desired_revision = revision
     target.rollback_pending = rollback
     target.updated_by = by.label
@@ -93,7 +76,7 @@ def _set_desired(target: Alias, revision: AdapterRevision, *, rollback: bool, by
         action="alias.rollback" if rollback else "alias.activate",
         target=f"alias:{target.adapter.name}:{target.name}",
         before=before,
-        after={"revision": _label(target.revision), "desired": _label(revision)},
+        after={"revision": revision_label(target.revision), "desired": revision_label(revision)},
     )
     live_event(
         tenant_id=target.adapter.tenant_id,
@@ -102,8 +85,8 @@ def _set_desired(target: Alias, revision: AdapterRevision, *, rollback: bool, by
         state="pending" if revision.id != target.revision_id else "live",
         adapter=target.adapter.name,
         alias=target.name,
-        revision=_label(target.revision),
-        desired=_label(revision),
+        revision=revision_label(target.revision),
+        desired=revision_label(revision),
         rollback=rollback,
     )
 
@@ -133,10 +116,10 @@ def revision_activate(
             detail={"state": revision.state},
         )
     reserved = _check_capacity(adapter, alias, revision, reserve=reserve)
-    target = _locked_alias(adapter, alias, create=True)
+    target = rollout.lock_alias(adapter, alias, create=True)
     if target.canary_revision_id is not None:
         raise Conflict(
-            f"{adapter.name}:{alias} runs a canary of {_label(target.canary_revision)}; promote or abort it first.",
+            f"{adapter.name}:{alias} runs a canary of {target.canary_revision.label}; promote or abort it first.",
             code="canary_active",
         )
     if target.reserved != reserved:
@@ -201,7 +184,7 @@ def alias_reserve(*, adapter: Adapter, alias: str, reserved: bool, by: Actor) ->
     demand again. Reserving converges at once: what it serves is loaded on its replica count if it is not.
     Locks the tenant, then the alias, as activation does."""
     adapter.tenant = capacity.lock_tenant(adapter.tenant_id)
-    target = _locked_alias(adapter, alias, create=False)
+    target = rollout.lock_alias(adapter, alias)
     target.adapter = adapter
     if target.reserved == reserved:
         return target
@@ -215,7 +198,7 @@ def alias_reserve(*, adapter: Adapter, alias: str, reserved: bool, by: Actor) ->
         state="reserved" if reserved else "on_demand",
         adapter=adapter.name,
         alias=target.name,
-        revision=_label(target.revision),
+        revision=revision_label(target.revision),
     )
     if reserved:
         transaction.on_commit(lambda: outbox.send("alias_converge", alias_id=target.id))
@@ -236,15 +219,19 @@ def activation_cancel(*, adapter: Adapter, alias_name: str, by: Actor) -> Alias:
     alias, as activation does.
     """
     adapter.tenant = capacity.lock_tenant(adapter.tenant_id)
-    target = _locked_alias(adapter, alias_name, create=False)
+    target = rollout.lock_alias(adapter, alias_name)
     if target.desired_revision_id == target.revision_id:
         raise Conflict(
             f"{adapter.name}:{alias_name} has no pending activation: it wants what it serves "
-            f"({_label(target.revision) or 'nothing'}).",
+            f"({revision_label(target.revision) or 'nothing'}).",
             code="nothing_to_cancel",
         )
     withdrawn = target.desired_revision
-    before = {"revision": _label(target.revision), "desired": _label(withdrawn), "rollback": target.rollback_pending}
+    before = {
+        "revision": revision_label(target.revision),
+        "desired": revision_label(withdrawn),
+        "rollback": target.rollback_pending,
+    }
     target.desired_revision = target.revision
     target.rollback_pending = False
     target.updated_by = by.label
@@ -257,7 +244,11 @@ def activation_cancel(*, adapter: Adapter, alias_name: str, by: Actor) -> Alias:
         action="alias.cancel",
         target=f"alias:{adapter.name}:{target.name}",
         before=before,
-        after={"revision": _label(target.revision), "desired": _label(target.revision), "withdrawn": dropped},
+        after={
+            "revision": revision_label(target.revision),
+            "desired": revision_label(target.revision),
+            "withdrawn": dropped,
+        },
     )
     live_event(
         tenant_id=adapter.tenant_id,
@@ -266,8 +257,8 @@ def activation_cancel(*, adapter: Adapter, alias_name: str, by: Actor) -> Alias:
         state="cancelled",
         adapter=adapter.name,
         alias=target.name,
-        revision=_label(target.revision),
-        withdrawn=_label(withdrawn),
+        revision=revision_label(target.revision),
+        withdrawn=revision_label(withdrawn),
     )
     return target
 

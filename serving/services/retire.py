@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from adapters.models import Adapter, AdapterRevision
 from adapters.models import RevisionState as S
+from adapters.models.catalog import revision_label
 from adapters.services import retirement
 from mint_site.errors import Conflict, NotFound
 from mint_site.events import live_event
@@ -35,10 +36,6 @@ log = logging.getLogger(__name__)
 # The most times `revision_leave_nodes` comes back for loads that were under way when it first ran.
 LEAVE_ATTEMPTS = 20
 LEAVE_RETRY_S = 15.0
-
-
-def _label(revision: AdapterRevision | None) -> str | None:
-    return f"r{revision.number}" if revision is not None else None
 
 
 def naming_aliases(revision: AdapterRevision, *, now=None) -> list[str]:
@@ -126,10 +123,10 @@ def alias_deactivate(*, adapter: Adapter, alias_name: str, by: Actor) -> list[st
         raise NotFound(f"{adapter.name} has no alias {alias_name!r}.", code="alias_not_found")
     target.adapter = adapter
     before = {
-        "revision": _label(target.revision),
-        "desired": _label(target.desired_revision),
-        "previous": _label(target.previous_revision),
-        "canary": _label(target.canary_revision),
+        "revision": revision_label(target.revision),
+        "desired": revision_label(target.desired_revision),
+        "previous": revision_label(target.previous_revision),
+        "canary": revision_label(target.canary_revision),
     }
     named = [
         r

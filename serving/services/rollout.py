@@ -17,10 +17,11 @@ import logging
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from adapters.models import Adapter, AdapterRevision, RevisionState
+from adapters.models.catalog import revision_label
 from mint_site.errors import Conflict, InvalidTransition, NotFound
 from mint_site.events import epoch_us, live_event
 from serving import selectors
@@ -31,10 +32,6 @@ from tenants.access import Actor
 from tenants.services import audit_record
 
 log = logging.getLogger(__name__)
-
-
-def _label(revision: AdapterRevision | None) -> str | None:
-    return f"r{revision.number}" if revision is not None else None
 
 
 def _target(alias: Alias) -> str:
@@ -49,14 +46,23 @@ def _event(alias: Alias, state: str, *, revision: AdapterRevision | None, percen
         state=state,
         adapter=alias.adapter.name,
         alias=alias.name,
-        revision=_label(revision),
+        revision=revision_label(revision),
         percent=percent,
         **fields,
     )
 
 
-def _locked(adapter: Adapter, name: str) -> Alias:
+def lock_alias(adapter: Adapter, name: str, *, create: bool = False) -> Alias:
+    """The adapter's alias `name`, row-locked (created first with `create`); 404 `alias_not_found`. In a
+    transaction."""
     alias = Alias.objects.select_for_update().filter(adapter=adapter, name=name).first()
+    if alias is None and create:
+        try:
+            with transaction.atomic():
+                Alias.objects.create(adapter=adapter, name=name)
+        except IntegrityError:
+            pass  # created concurrently; lock it below
+        alias = Alias.objects.select_for_update().get(adapter=adapter, name=name)
     if alias is None:
         raise NotFound(f"{adapter.name} has no alias {name!r}.", code="alias_not_found")
     alias.adapter = adapter
@@ -71,15 +77,15 @@ def alias_flip(
     *, adapter: Adapter, revision: AdapterRevision, alias: str = Alias.PRODUCTION, by: Actor | None = None
 ) -> Alias:
     """Point `alias` at its desired `revision`, atomically. Called by the serving plane once it is ready."""
-    target = _locked(adapter, alias)
+    target = lock_alias(adapter, alias)
     if target.desired_revision_id != revision.id:
         raise InvalidTransition(
-            f"{adapter.name}:{alias} wants {_label(target.desired_revision)}, not r{revision.number}.",
+            f"{adapter.name}:{alias} wants {revision_label(target.desired_revision)}, not r{revision.number}.",
             code="not_desired",
         )
     if target.revision_id == revision.id:
         return target
-    before = {"revision": _label(target.revision)}
+    before = {"revision": revision_label(target.revision)}
     target.previous_revision = target.revision
     target.revision = revision
     target.rollback_pending = False
@@ -94,7 +100,7 @@ def alias_flip(
         action="alias.flip",
         target=f"alias:{adapter.name}:{alias}",
         before=before,
-        after={"revision": _label(revision)},
+        after={"revision": revision_label(revision)},
     )
     live_event(
         tenant_id=adapter.tenant_id,
@@ -103,7 +109,7 @@ def alias_flip(
         state="live",
         adapter=adapter.name,
         alias=alias,
-        revision=_label(revision),
+        revision=revision_label(revision),
     )
     return target
 
@@ -143,20 +149,20 @@ def canary_start(
         raise Conflict(f"{adapter.name}:{alias} serves r{revision.number} already.", code="canary_is_live")
     if target.desired_revision_id != target.revision_id:
         raise Conflict(
-            f"{adapter.name}:{alias} has a pending activation of {_label(target.desired_revision)}; "
+            f"{adapter.name}:{alias} has a pending activation of {revision_label(target.desired_revision)}; "
             "cancel it or let it finish before starting a canary.",
             code="activation_pending",
         )
     if target.canary_revision_id not in (None, revision.id):
         raise Conflict(
-            f"{adapter.name}:{alias} runs a canary of {_label(target.canary_revision)} already; "
+            f"{adapter.name}:{alias} runs a canary of {revision_label(target.canary_revision)} already; "
             "promote or abort it first.",
             code="canary_active",
         )
     if target.canary_revision_id == revision.id:
         if target.canary_percent == percent:
             return target
-        before = {"canary": _label(revision), "percent": target.canary_percent}
+        before = {"canary": revision_label(revision), "percent": target.canary_percent}
         target.canary_percent = percent
         target.save(update_fields=["canary_percent"])
         audit_record(
@@ -165,7 +171,7 @@ def canary_start(
             action="canary.start",
             target=_target(target),
             before=before,
-            after={"canary": _label(revision), "percent": percent},
+            after={"canary": revision_label(revision), "percent": percent},
         )
         if target.canary_ready_at is not None:
             _event(target, "started", revision=revision, percent=percent)
@@ -185,8 +191,8 @@ def canary_start(
         actor=by,
         action="canary.start",
         target=_target(target),
-        before={"revision": _label(target.revision), "canary": None},
-        after={"revision": _label(target.revision), "canary": _label(revision), "percent": percent},
+        before={"revision": revision_label(target.revision), "canary": None},
+        after={"revision": revision_label(target.revision), "canary": revision_label(revision), "percent": percent},
     )
     transaction.on_commit(lambda: outbox.send("alias_converge", alias_id=target.id))
     return target
@@ -230,7 +236,7 @@ def canary_promote(*, adapter: Adapter, by: Actor, alias: str = Alias.PRODUCTION
     """Make the candidate the alias's revision: it flips at once when ready on the replica count (the previous
     revision is kept through the rollback grace), else when it is (the usual activation). 409 `no_canary`."""
     adapter.tenant = capacity.lock_tenant(adapter.tenant_id)
-    target = _locked(adapter, alias)
+    target = lock_alias(adapter, alias)
     candidate, percent = target.canary_revision, target.canary_percent
     if candidate is None:
         raise _no_canary(adapter, alias)
@@ -251,8 +257,8 @@ def canary_promote(*, adapter: Adapter, by: Actor, alias: str = Alias.PRODUCTION
         actor=by,
         action="canary.promote",
         target=_target(target),
-        before={"revision": _label(target.revision), "canary": _label(candidate), "percent": percent},
-        after={"revision": _label(target.revision), "desired": _label(candidate), "counts": counts},
+        before={"revision": revision_label(target.revision), "canary": revision_label(candidate), "percent": percent},
+        after={"revision": revision_label(target.revision), "desired": revision_label(candidate), "counts": counts},
     )
     _event(target, "promoted", revision=candidate, percent=percent)
     if selectors.ready_count(candidate) >= adapter.replica_count:
@@ -276,9 +282,9 @@ def _abort(target: Alias, *, by: Actor, reason: str, counts: dict | None) -> Non
         actor=by,
         action="canary.abort",
         target=_target(target),
-        before={"revision": _label(target.revision), "canary": _label(candidate), "percent": percent},
+        before={"revision": revision_label(target.revision), "canary": revision_label(candidate), "percent": percent},
         after={
-            "revision": _label(target.revision),
+            "revision": revision_label(target.revision),
             "canary": None,
             "reason": reason,
             "counts": counts,
@@ -293,7 +299,7 @@ def canary_abort(*, adapter: Adapter, by: Actor, alias: str = Alias.PRODUCTION, 
     """Drop the canary (0 %): every request goes to the live revision, and the candidate's placements that no
     other alias pins are released like a cancelled activation's. 409 `no_canary` when none runs."""
     adapter.tenant = capacity.lock_tenant(adapter.tenant_id)
-    target = _locked(adapter, alias)
+    target = lock_alias(adapter, alias)
     if target.canary_revision is None:
         raise _no_canary(adapter, alias)
     _abort(target, by=by, reason=reason[:500] or f"aborted by {by.label}", counts=canary.canary_counts(alias=target))

@@ -111,7 +111,7 @@ def test_the_last_pin_cannot_be_taken_twice_by_racing_activations(transactional_
     assert len(tenant_pins(adapter_a.tenant_id)) == 1
 
 
-# Found: activation locks the tenant row, then the alias row (`_check_capacity`, then `_locked_alias`); a
+# Found: activation locks the tenant row, then the alias row (`_check_capacity`, then `rollout.lock_alias`); a
 # rollback locks the alias row, then the tenant row. An activation and a rollback of the same alias at once
 # deadlock: PostgreSQL aborts one of them after deadlock_timeout and the caller gets a 500.
 def test_an_activation_and_a_rollback_of_one_alias_at_once_do_not_deadlock(transactional_db, adapter_a, revisions_of):
