@@ -52,6 +52,19 @@ class UsageCsvRenderer(BaseRenderer):
         return out.getvalue()
 
 
+# One group's counts in the example answer, which are also its totals.
+EXAMPLE_COUNTS = {
+    "requests": 1200,
+    "errors": 3,
+    "prompt_tokens": 48000,
+    "completion_tokens": 96000,
+    "total_tokens": 144000,
+    "latency_p50_ms": 180.5,
+    "latency_p95_ms": 910.0,
+    "latency_mean_ms": 240.12,
+}
+
+
 class UsageApi(TenantApi):
     """Metered usage of the caller's tenant (any member; a `pipeline` or `deploy` key), summed per group;
     platform staff (signed in) see every tenant's, each row naming its tenant, or one with `?tenant=`.
@@ -93,30 +106,8 @@ class UsageApi(TenantApi):
                     "kind": "inference",
                     "group_by": ["day", "adapter"],
                     "columns": ["day", "adapter"],
-                    "rows": [
-                        {
-                            "day": "2026-11-01",
-                            "adapter": "support-bot",
-                            "requests": 1200,
-                            "errors": 3,
-                            "prompt_tokens": 48000,
-                            "completion_tokens": 96000,
-                            "total_tokens": 144000,
-                            "latency_p50_ms": 180.5,
-                            "latency_p95_ms": 910.0,
-                            "latency_mean_ms": 240.12,
-                        }
-                    ],
-                    "totals": {
-                        "requests": 1200,
-                        "errors": 3,
-                        "prompt_tokens": 48000,
-                        "completion_tokens": 96000,
-                        "total_tokens": 144000,
-                        "latency_p50_ms": 180.5,
-                        "latency_p95_ms": 910.0,
-                        "latency_mean_ms": 240.12,
-                    },
+                    "rows": [{"day": "2026-11-01", "adapter": "support-bot", **EXAMPLE_COUNTS}],
+                    "totals": EXAMPLE_COUNTS,
                     "truncated": False,
                     "max_groups": 10000,
                 },
