@@ -347,8 +347,6 @@ class UsageRecord(models.Model):
     # its answer) counts one; the others waiting for the same load count none (serving/gateway/residency.py).
     cold_starts = models.PositiveBigIntegerField(default=0, db_default=0)
 
-    KEY_FIELDS = ("period", "start", "kind", "tenant_id", "key_id", "adapter_id", "revision", "node", "status")
-
     class Meta:
         constraints = [
             models.UniqueConstraint(

@@ -122,9 +122,6 @@ class NodeCache(Generic[K]):
     def protected_size(self) -> int:
         return self._protected_size
 
-    def _segments(self) -> tuple[OrderedDict[K, None], ...]:
-        return (self.window, self.probation, self.protected)
-
     # ------------------------------------------------------------------ what the caller tells it
 
     def add(self, key: K, tenant: int, segment: Segment = Segment.WINDOW) -> None:
