@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import openai
 
-from benchmarks.common import bench_env, parser, percentile, summary_ms, write_result
+from benchmarks.common import parser, percentile, summary_ms, write_result
 from benchmarks.report.plots import plot_result
 from benchmarks.stack import Stack
 
@@ -210,22 +210,6 @@ def ratio(counted: int, seen: int) -> float | None:
     return round(counted / seen, 6) if seen else None
 
 
-class MeteringStack(Stack):
-    """The serving stack on Redis database REDIS_DB (benchmarks/stack.py uses 13), at a chosen flush interval."""
-
-    def __init__(self, flush_s: float | None):
-        super().__init__("metering")
-        extra = {"MINT_GATEWAY_USAGE_FLUSH_S": f"{flush_s:g}"} if flush_s is not None else {}
-        self.env = bench_env(
-            self.work,
-            db_url=self.db_url,
-            redis_db=REDIS_DB,
-            MINT_HEARTBEAT_S="1",
-            MINT_GATEWAY_CACHE_S="1.0",
-            **extra,
-        )
-
-
 def main() -> int:
     p = parser(__doc__)
     p.add_argument("--clients", type=int, default=16, help="concurrent clients")
@@ -234,7 +218,9 @@ def main() -> int:
     args = p.parse_args()
     seconds = args.seconds or (4.0 if args.quick else 60.0)
     flush_s = args.flush_s if args.flush_s is not None else (1.0 if args.quick else None)
-    with MeteringStack(flush_s) as stack:
+    # The serving stack on Redis database REDIS_DB (benchmarks/stack.py's default is 13), at a chosen flush interval.
+    extra = {"MINT_GATEWAY_USAGE_FLUSH_S": f"{flush_s:g}"} if flush_s is not None else {}
+    with Stack("metering", redis_db=REDIS_DB, env=extra) as stack:
         from django.conf import settings
 
         interval = float(settings.MINT_GATEWAY_USAGE_FLUSH_S)
