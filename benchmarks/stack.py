@@ -258,16 +258,28 @@ class Stack:
 
     def approved_revision(self, tenant, name: str, *, seed: int):
         """An adapter with one revision taken through validation and export by the worker, then approved."""
-        from adapters import services
-        from tenants.access import Actor
-
-        adapter, revision = self.pending_revision(tenant, name, seed=seed)
-        services.revision_approve(revision=revision, by=Actor.system())
+        adapter, (revision,) = self.approved_revisions(tenant, name, [seed])
         return adapter, revision
 
     def pending_revision(self, tenant, name: str, *, seed: int):
         """An adapter whose new revision the worker validated and exported, awaiting approval (a revision under
         four-eyes that nobody may call yet)."""
+        adapter, (revision,) = self.pending_revisions(tenant, name, [seed])
+        return adapter, revision
+
+    def approved_revisions(self, tenant, name: str, seeds: list[int]):
+        """`pending_revisions`, each then approved."""
+        from adapters import services
+        from tenants.access import Actor
+
+        adapter, revisions = self.pending_revisions(tenant, name, seeds)
+        for revision in revisions:
+            services.revision_approve(revision=revision, by=Actor.system())
+        return adapter, revisions
+
+    def pending_revisions(self, tenant, name: str, seeds: list[int]):
+        """Adapter `name` (created if need be) and a new revision of it per seed, registered at once (one at a time,
+        forty take minutes), validated and exported by the worker, awaiting approval; in number order."""
         from adapters import services
         from adapters.models import Adapter, AdapterRevision
         from devtools.tiny import make_tiny_lora
@@ -276,20 +288,23 @@ class Stack:
         adapter = Adapter.objects.filter(tenant=tenant, name=name).first() or services.adapter_create(
             tenant=tenant, name=name, base_model=self.base, description="", by=Actor.system()
         )
-        incoming = self.work / "artifacts" / f"t/{tenant.id}/incoming/{name}-{seed}"
-        make_tiny_lora(self.base.spec, incoming, rank=8, seed=seed)
-        revision = services.revision_register(
-            adapter=adapter, by=Actor.system(), source_uri=f"t/{tenant.id}/incoming/{name}-{seed}/"
-        )
+        ids = []
+        for seed in seeds:
+            source = f"t/{tenant.id}/incoming/{name}-{seed}"
+            make_tiny_lora(self.base.spec, self.work / "artifacts" / source, rank=8, seed=seed)
+            ids.append(services.revision_register(adapter=adapter, by=Actor.system(), source_uri=f"{source}/").id)
         self.wait(
-            lambda: AdapterRevision.objects.get(id=revision.id).state in ("exported", "failed"),
-            what=f"{name} exported",
-            timeout=120,
+            lambda: not AdapterRevision.objects.filter(id__in=ids).exclude(state__in=("exported", "failed")).exists(),
+            what=f"{len(ids)} revisions of {name} exported",
+            timeout=120 + 10 * (len(ids) - 1),
         )
-        revision.refresh_from_db()
-        services.revision_request_approval(revision=revision, by=Actor.system())
-        revision.refresh_from_db()
-        return adapter, revision
+        if failed := AdapterRevision.objects.filter(id__in=ids, state="failed").count():
+            raise RuntimeError(f"{failed} of {name}'s revisions failed validation or export")
+        revisions = list(AdapterRevision.objects.filter(id__in=ids).order_by("number"))
+        for revision in revisions:
+            services.revision_request_approval(revision=revision, by=Actor.system())
+            revision.refresh_from_db()
+        return adapter, revisions
 
     def activate(self, adapter, revision, *, reserve: bool = False) -> None:
         from serving import services

@@ -38,34 +38,8 @@ from benchmarks.stack import Stack
 
 
 def approved_revisions(stack: Stack, tenant, name: str, seeds: list[int]) -> list[int]:
-    """New revisions of adapter `name` (created if need be), registered at once, exported by the worker,
-    then approved; their numbers. Stack.approved_revision does one at a time: forty of those take minutes."""
-    from adapters import services
-    from adapters.models import Adapter, AdapterRevision
-    from devtools.tiny import make_tiny_lora
-    from tenants.access import Actor
-
-    adapter = Adapter.objects.filter(tenant=tenant, name=name).first() or services.adapter_create(
-        tenant=tenant, name=name, base_model=stack.base, description="", by=Actor.system()
-    )
-    revisions = []
-    for seed in seeds:
-        source = f"t/{tenant.id}/incoming/{name}-{seed}"
-        make_tiny_lora(stack.base.spec, stack.work / "artifacts" / source, rank=8, seed=seed)
-        revisions.append(services.revision_register(adapter=adapter, by=Actor.system(), source_uri=f"{source}/"))
-    ids = [r.id for r in revisions]
-    stack.wait(
-        lambda: not AdapterRevision.objects.filter(id__in=ids).exclude(state__in=("exported", "failed")).exists(),
-        what=f"{len(ids)} revisions of {name} exported",
-        timeout=120 + 10 * len(ids),
-    )
-    failed = AdapterRevision.objects.filter(id__in=ids, state="failed").count()
-    if failed:
-        raise RuntimeError(f"{failed} of {name}'s revisions failed validation or export")
-    for revision in AdapterRevision.objects.filter(id__in=ids).order_by("number"):
-        services.revision_request_approval(revision=revision, by=Actor.system())
-        services.revision_approve(revision=revision, by=Actor.system())
-    return sorted(r.number for r in revisions)
+    """The numbers of new approved revisions of adapter `name`, one per seed (Stack.approved_revisions)."""
+    return [revision.number for revision in stack.approved_revisions(tenant, name, seeds)[1]]
 
 
 def go_live(stack: Stack, tenant, name: str, number: int) -> None:
