@@ -13,35 +13,9 @@ from collections.abc import Callable, Sequence
 from rich.text import Text
 
 from mint_client import errors
-from mint_client.cli.context import (
-    EXIT_AUTH,
-    EXIT_ERROR,
-    EXIT_NETWORK,
-    EXIT_NOT_FOUND,
-    EXIT_OK,
-    EXIT_POLICY,
-    EXIT_USAGE,
-    EXIT_VALIDATION,
-    Context,
-    exit_code_for,
-)
-from mint_client.cli.parser import bash_completion, build_parser
+from mint_client.cli.context import EXIT_USAGE, Context, exit_code_for
+from mint_client.cli.parser import build_parser
 from mint_client.client import Client
-
-__all__ = [
-    "EXIT_AUTH",
-    "EXIT_ERROR",
-    "EXIT_NETWORK",
-    "EXIT_NOT_FOUND",
-    "EXIT_OK",
-    "EXIT_POLICY",
-    "EXIT_USAGE",
-    "EXIT_VALIDATION",
-    "bash_completion",
-    "build_parser",
-    "exit_code_for",
-    "main",
-]
 
 
 def main(argv: Sequence[str] | None = None, *, make_client: Callable[..., Client] = Client) -> int:
@@ -112,8 +86,6 @@ def _explained(ctx: Context, exc: BaseException) -> BaseException:
 def _human(exc: BaseException) -> str:
     if isinstance(exc, errors.RevisionFailed):
         return f"validation failed: {exc.failure_code}: {exc.failure_reason}"
-    if isinstance(exc, errors.MintError):
-        return str(exc)
     return str(exc)
 
 
