@@ -1,4 +1,4 @@
-"""REST API for adapters and revisions (DESIGN.md §6). Thin: parse, call one service or selector, serialize."""
+"""REST API for adapters and revisions (docs/api.md). Thin: parse, call one service or selector, serialize."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ def emit(world, **data):
 
 
 def verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
-    """What a receiver does (the README's five lines)."""
+    """What a receiver does (the check in docs/webhooks.md)."""
     timestamp = headers["x-mint-timestamp"]
     expected = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
     return hmac.compare_digest(headers["x-mint-signature"], f"v1={expected}")

@@ -8,7 +8,7 @@ in the engine and in its answer, `kv_transfer_params` and `vllm_xargs` reach con
 (fields.py), each with a check of its type (checks.py) and, where a plan field bounds it (`GatewayPlan`),
 of its value; a chat request that names no token bound gets the plan's. Any other field is refused with
 400 `unsupported_parameter` naming it rather than dropped, so that a tenant learns its setting would have
-had no effect. The README's "Gateway request fields" says
+had no effect. docs/gateway.md, "Request fields", says
 the same for people.
 
 Answers are narrowed the other way (answers.py): completion, chat completion and chunk objects keep

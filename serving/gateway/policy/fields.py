@@ -1,6 +1,6 @@
 """The fields a tenant may send to each endpoint, and `check_request`, which refuses anything else.
 
-See the package's docstring for why an allow-list; the README's "Gateway request fields" lists the same
+See the package's docstring for why an allow-list; docs/gateway.md, "Request fields", lists the same
 for people. Each field has a check (checks.py); the plan bounds max_tokens, n and the log probabilities,
 the number of choices a list of prompts asks for, and the bytes of structured-output constraints.
 """

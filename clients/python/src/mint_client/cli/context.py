@@ -20,7 +20,7 @@ EXIT_VALIDATION, EXIT_POLICY, EXIT_NOT_FOUND, EXIT_AUTH, EXIT_NETWORK = 3, 4, 5,
 
 
 def exit_code_for(exc: BaseException) -> int:
-    """The exit code of an error (README's table)."""
+    """The exit code of an error (the table in clients/python/README.md)."""
     if isinstance(exc, (errors.RevisionFailed, errors.ValidationError)):
         return EXIT_VALIDATION
     if isinstance(exc, errors.ConfigurationError | ValueError):
