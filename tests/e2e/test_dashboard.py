@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from adapters.models import AdapterRevision
 from serving.models import Alias, Placement, PrewarmTurn
-from serving.services import placement as serving_placement
+from serving.services import outbox
 from tests.e2e.world import register_peft_revisions, wait
 from tests.factories import PASSWORD
 
@@ -173,7 +173,7 @@ def test_approver_approves_activates_watches_prewarm_and_rolls_back(
     page.evaluate(WATCH, "r2")
     r2 = AdapterRevision.objects.select_related("adapter").get(id=r2.id)
     stale = dict(state="loading", updated_at=placement.started_at, revision=r2, node=placement.node)
-    serving_placement._placement_event(placement.id, **stale)
+    outbox.placement_event(placement.id, **stale)
     page.wait_for_timeout(LIVE_LATENCY_S * 1000)
     assert [s["state"] for s in page.evaluate("() => window.__states")] == ["ready"]
     page.locator("[data-revision='r2']").scroll_into_view_if_needed()
