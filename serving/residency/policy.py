@@ -13,12 +13,11 @@ Friedman and Manes, "TinyLFU: A Highly Efficient Cache Admission Policy", 2017):
 - an entry hit again in probation moves to *protected* (most of main), whose overflow goes back to probation.
 
 Tenants share the slots fairly: a tenant holding more than its share of this node's entries (the slots ÷ the
-tenants with entries here) makes room from its own entries or from those of tenants over their share too, never
-from the recurring entries (asked for more than once lately) of a tenant within its share, whatever the
-frequencies say: no tenant can push out another's hot set by asking for many adapters often. With more tenants
-than slots, every holder is over a share under one slot, and frequency alone decides. Entries that are `busy` (a
-request in flight, a load under way) are never victims: the node may stay over capacity until one frees (`shrink`
-again).
+tenants with entries here) makes room from its own entries or from one-off entries (asked for at most once
+lately), never from another tenant's recurring entries, whatever the frequencies say: no tenant can push out
+another's hot set by asking for many adapters often, nor by scanning while its own loads keep the window busy.
+Entries that are `busy` (a request in flight, a load under way) are never victims: the node may stay over
+capacity until one frees (`shrink` again).
 
 Pure: no I/O, no clock. The control plane rebuilds a node's cache from its placements at each decision
 (serving/services/residency.py); benchmarks/long_tail replays traces through the same object.
@@ -205,18 +204,16 @@ class NodeCache(Generic[K]):
     ) -> K | None:
         """The entry to evict. `newcomer`: the tenant of an entry coming in (`incoming`: not in the cache yet) or
         just come in. A tenant within its share (the slots ÷ the tenants with entries) takes the best victim of
-        all; one over its share takes it from its own entries, from tenants over their share too, or from one-off
-        entries, never from the recurring entries of a tenant within its share. With more tenants than slots,
-        every holder is over a share under one slot and frequency alone decides."""
+        all; one over its share takes it from its own entries or from one-off entries, never from another
+        tenant's recurring entries."""
         if newcomer is not None:
             holds = self.owned.get(newcomer, 0)
             tenants = len(self.owned) + (incoming and not holds)
-            if holds and tenants > 1 and (holds + incoming) * tenants > self._capacity >= tenants:
-                owned, tenant_of, capacity = self.owned, self._tenant, self._capacity
+            if holds and tenants > 1 and (holds + incoming) * tenants > self._capacity:
+                tenant_of = self._tenant
 
                 def may_leave(key: K) -> bool:
-                    tenant = tenant_of[key]
-                    return tenant == newcomer or owned[tenant] * tenants > capacity or frequency(key) <= ONE_OFF
+                    return tenant_of[key] == newcomer or frequency(key) <= ONE_OFF
 
                 # None when nothing may leave: the request waits until one of the newcomer's own frees.
                 return self._choose(frequency, busy, may_leave=may_leave, incoming=incoming)
