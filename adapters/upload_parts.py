@@ -131,6 +131,16 @@ def not_open(session: UploadSession) -> Conflict:
     )
 
 
+def _locked_open(session: UploadSession) -> UploadSession:
+    """The session's row, locked for this transaction, if it still takes parts."""
+    locked = UploadSession.objects.select_for_update().filter(id=session.id).first()
+    if locked is None:  # collected meanwhile
+        raise NotFound("Not found.")
+    if locked.state != UploadState.OPEN:
+        raise not_open(locked)
+    return locked
+
+
 def upload_part_put(
     *, session: UploadSession, number: int, body: BinaryIO, checksum: str | None, declared_length: int | None = None
 ) -> UploadPart:
@@ -178,11 +188,7 @@ def upload_part_put(
     del data
     try:
         with transaction.atomic():
-            locked = UploadSession.objects.select_for_update().filter(id=session.id).first()
-            if locked is None:  # collected meanwhile
-                raise NotFound("Not found.")
-            if locked.state != UploadState.OPEN:
-                raise not_open(locked)
+            locked = _locked_open(session)
             existing = UploadPart.objects.filter(session=locked, number=number).first()
             if existing is None:
                 part = UploadPart.objects.create(
@@ -227,11 +233,7 @@ def _s3_part_put(
                 detail={"operation": "store an upload part"},
             ) from None
     with transaction.atomic():
-        locked = UploadSession.objects.select_for_update().filter(id=session.id).first()
-        if locked is None:  # collected meanwhile
-            raise NotFound("Not found.")
-        if locked.state != UploadState.OPEN:
-            raise not_open(locked)
+        locked = _locked_open(session)
         if locked.s3_upload_id != upload_id:
             raise Conflict(
                 f"Upload session {session.id} started its multipart upload again while part {number} was sent; "
