@@ -261,28 +261,22 @@ def nodes_heartbeat(self) -> None:
             if node.state != NodeState.DOWN:
                 nodes.node_set_state(node=node, state=NodeState.DOWN, by=Actor.system(), heartbeat=True)
             continue
-        if node.state == NodeState.DOWN:
+        # A node is seen up again only with records that match what its engine holds: the gateway routes to
+        # the ready placements of up nodes, and a restarted engine holds none of them.
+        with transaction.atomic():
             nodes.node_set_state(
                 node=node,
-                state=NodeState.UP,
+                state=NodeState.UP if node.state == NodeState.DOWN else node.state,
                 by=Actor.system(),
                 engine_version=version,
                 heartbeat=True,
                 max_model_len=context,
             )
-        else:
-            nodes.node_set_state(
-                node=node,
-                state=node.state,
-                by=Actor.system(),
-                engine_version=version,
-                heartbeat=True,
-                max_model_len=context,
-            )
+            if node.state == NodeState.UP:
+                result = nodes.node_reconcile(node=node, loaded=loaded or set(), seen_at=seen_at)
+                if any(result.values()):
+                    log.info("reconciled %s: %s", node, result)
         if node.state == NodeState.UP:
-            result = nodes.node_reconcile(node=node, loaded=loaded or set(), seen_at=seen_at)
-            if any(result.values()):
-                log.info("reconciled %s: %s", node, result)
             for name in residency.stray_loras(node=node, loaded=loaded or set()):
                 log.warning("%s holds %s that no placement accounts for: unloading it", node, name)
                 node_lora_unload.apply_async(kwargs={"node_id": node.id, "name": name}, queue=node.queue)

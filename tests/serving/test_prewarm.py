@@ -160,6 +160,48 @@ def test_heartbeat_marks_nodes_up_and_down_and_reconciles(node, make_revision, e
     assert node.state == "down"
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_node_back_up_is_seen_up_only_with_its_lost_placements_requeued(node, make_revision, engine):
+    """The gateway routes to ready placements of up nodes: between the flip to up and the reconcile, another
+    process would see a restarted engine's lost LoRAs as ready."""
+    import threading
+
+    from django.db import connection
+
+    from serving.models import NodeState, ServingNode
+    from serving.services import nodes
+    from tests.serving.conftest import make_live
+
+    ServingNode.objects.filter(id=node.id).update(state=NodeState.DOWN)
+    engine.health.return_value = True
+    engine.model_entries.return_value = [{"id": "test-dense"}]  # restarted: no LoRA
+    engine.version.return_value = "0.32.0"
+    live = make_revision(1)
+    make_live(live)
+    lost = place(node, live, "ready")
+    seen: list[tuple[str, str]] = []
+
+    def look() -> None:  # another connection, as the gateway's
+        try:
+            seen.append((ServingNode.objects.get(id=node.id).state, Placement.objects.get(id=lost.id).state))
+        finally:
+            connection.close()
+
+    reconcile = nodes.node_reconcile
+
+    def look_and_reconcile(**kwargs):
+        reader = threading.Thread(target=look)
+        reader.start()
+        reader.join()
+        return reconcile(**kwargs)
+
+    with mock.patch.object(nodes, "node_reconcile", side_effect=look_and_reconcile), recorded(*NODE_TASKS):
+        tasks.nodes_heartbeat()
+    assert seen == [("down", "ready")]  # not ("up", "ready"): the node and its records change in one commit
+    node.refresh_from_db()
+    assert node.state == "up" and Placement.objects.get(id=lost.id).state in ("queued", "loading")
+
+
 def test_draining_is_not_a_heartbeat(node):
     from serving.models import NodeState
     from tenants.access import Actor
