@@ -373,9 +373,11 @@ MINT_NODE_PREWARM_MAX_GAP_S = env_float("MINT_NODE_PREWARM_MAX_GAP_S", 10.0, min
 MINT_NODE_COLD_DUTY = min(1.0, env_float("MINT_NODE_COLD_DUTY", 0.5, minimum=0.01))
 # Pacing applies only while another tenant used the node within this many seconds (it protects them); 0: always.
 MINT_NODE_PACING_NEIGHBOUR_S = env_int("MINT_NODE_PACING_NEIGHBOUR_S", 60, minimum=0)
-# Residency (serving/residency/): each node's on-demand slots as a W-TinyLFU cache with tenant shares.
+# Residency (serving/residency/): each node's on-demand slots as a W-TinyLFU cache with a cap per tenant.
 MINT_RESIDENCY_WINDOW = env_float("MINT_RESIDENCY_WINDOW", 0.2, minimum=0.01)  # the window's share of the slots
 MINT_RESIDENCY_PROTECTED = env_float("MINT_RESIDENCY_PROTECTED", 0.8, minimum=0)  # protected's share of main
+# The share of a node's on-demand slots past which a tenant makes room only from its own or one-off entries.
+MINT_RESIDENCY_TENANT_CAP = min(1.0, env_float("MINT_RESIDENCY_TENANT_CAP", 0.5, minimum=0.01))
 MINT_RESIDENCY_FREQUENCY_PERIOD_S = env_int("MINT_RESIDENCY_FREQUENCY_PERIOD_S", 300, minimum=1)  # aging period
 # A placement used or loaded within this many seconds is not evicted for an on-demand load (a request's retry
 # finds what was loaded for it; a working set larger than the node waits instead of thrashing).

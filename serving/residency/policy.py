@@ -1,4 +1,4 @@
-"""One node's on-demand LoRA slots as a cache: W-TinyLFU admission with tenant shares, and where a miss loads.
+"""One node's on-demand LoRA slots as a cache: W-TinyLFU admission with a cap per tenant, and where a miss loads.
 
 A node holds, in vLLM's CPU LoRA cache (`--max-cpu-loras`, the node's `cpu_slots`), its *reserved* revisions
 (aliases a tenant reserved: never evicted for another tenant, outside this cache) and *on-demand* ones: every other
@@ -12,10 +12,19 @@ Friedman and Manes, "TinyLFU: A Highly Efficient Cache Admission Policy", 2017):
   (`frequency`) than main's own victim, the least recently used entry of its *probation* segment; the loser leaves;
 - an entry hit again in probation moves to *protected* (most of main), whose overflow goes back to probation.
 
-Tenants share the slots fairly: a tenant holding more than its share of this node's entries (the slots ÷ the
-tenants with entries here) makes room from its own entries or from one-off entries (asked for at most once
-lately), never from another tenant's recurring entries, whatever the frequencies say: no tenant can push out
-another's hot set by asking for many adapters often, nor by scanning while its own loads keep the window busy.
+Frequency decides what stays, within two bounds that keep one tenant from spending another's slots:
+
+- *a tenant's cap*: a tenant holding its cap (`Shape.tenant` of the slots, or the slots ÷ the tenants with entries
+  here if more) makes room from its own entries or from one-off entries (asked for at most once lately), never
+  from another tenant's recurring entries, however often it asks: no tenant can push out another's hot set by
+  asking for many adapters often. Below its cap it takes the best victim of all, so a tenant whose few adapters
+  are busy keeps them against many tenants' rarely used ones (benchmarks/long_tail: with the cap at an equal
+  share, 16 slots among 13 tenants, the hot tenant's 4 adapters at 4 requests a second thrashed in 1-2 slots);
+- *a scan waits*: when every window entry is busy (a tenant's concurrent first requests, its loads), the
+  newcomer itself is the window's candidate: it is taken in only if asked for more often than main's victim,
+  else the request waits for room (503 and `Retry-After`) instead of pushing out main's least recently used
+  entry without a comparison.
+
 Entries that are `busy` (a request in flight, a load under way) are never victims: the node may stay over
 capacity until one frees (`shrink` again).
 
@@ -52,11 +61,13 @@ _MAIN = (Segment.PROBATION, Segment.PROTECTED)
 
 @dataclass(frozen=True)
 class Shape:
-    """How a node's on-demand slots are divided: the window's fraction of them (one slot at least), and the
-    protected segment's fraction of the rest (main)."""
+    """How a node's on-demand slots are divided: the window's fraction of them (one slot at least), the
+    protected segment's fraction of the rest (main), and the fraction one tenant may hold before it makes room
+    only from its own or one-off entries (its cap; an equal share instead, when that is more)."""
 
     window: float = 0.2
     protected: float = 0.8
+    tenant: float = 0.5
 
 
 class NodeCache(Generic[K]):
@@ -158,14 +169,14 @@ class NodeCache(Generic[K]):
     def miss(self, key: K, tenant: int, *, frequency: Callable[[K], float], busy: Collection[K] = ()) -> Admission[K]:
         """Take in `key` (to be loaded now for a request) if room can be made: the entries that must leave, in the
         order chosen (usually none or one). Not admitted, with nothing else changed, when no entry may leave (all
-        busy, or the tenant is over its share and all of its own are busy): the request waits for room instead of
-        pushing out what is being used, which is what keeps a busy working set larger than the node from
-        thrashing."""
+        busy, the tenant at its cap with all of its own busy, or a rarely asked entry while the window is busy):
+        the request waits for room instead of pushing out what is being used, which is what keeps a busy working
+        set larger than the node from thrashing."""
         # Already over (the capacity fell, or busy entries kept the window long): back within first.
         over = len(self._segment) > self._capacity or len(self.window) > self._window_size
         evicted = self.shrink(frequency=frequency, busy=busy) if over else []
         if len(self._segment) + 1 > self._capacity:
-            victim = self._victim(frequency, busy, tenant, incoming=True)
+            victim = self._victim(frequency, busy, tenant, incoming=key)
             if victim is None:
                 return Admission(False, evicted)
             self.remove(victim)
@@ -200,16 +211,15 @@ class NodeCache(Generic[K]):
     # ------------------------------------------------------------------ the decision
 
     def _victim(
-        self, frequency: Callable[[K], float], busy: Collection[K], newcomer: int | None, *, incoming: bool = False
+        self, frequency: Callable[[K], float], busy: Collection[K], newcomer: int | None, *, incoming: K | None = None
     ) -> K | None:
-        """The entry to evict. `newcomer`: the tenant of an entry coming in (`incoming`: not in the cache yet) or
-        just come in. A tenant within its share (the slots ÷ the tenants with entries) takes the best victim of
-        all; one over its share takes it from its own entries or from one-off entries, never from another
-        tenant's recurring entries."""
+        """The entry to evict for `incoming` (not in the cache yet) of tenant `newcomer`, or to shrink (both
+        None). A tenant below its cap takes the best victim of all; one at its cap takes it from its own entries
+        or from one-off entries, never from another tenant's recurring entries."""
         if newcomer is not None:
             holds = self.owned.get(newcomer, 0)
-            tenants = len(self.owned) + (incoming and not holds)
-            if holds and tenants > 1 and (holds + incoming) * tenants > self._capacity:
+            tenants = len(self.owned) + (not holds)
+            if holds and tenants > 1 and holds + 1 > max(self._capacity * self.shape.tenant, self._capacity / tenants):
                 tenant_of = self._tenant
 
                 def may_leave(key: K) -> bool:
@@ -225,15 +235,22 @@ class NodeCache(Generic[K]):
         busy: Collection[K],
         *,
         may_leave: Callable[[K], bool] | None = None,
-        incoming: bool,
+        incoming: K | None,
     ) -> K | None:
         """TinyLFU between the window's overflow and main's victim (among the entries that `may_leave`, when
-        given: the window's first of them counts as its overflow)."""
-        overflowing = may_leave is not None or len(self.window) + incoming > self._window_size
+        given: the window's first of them counts as its overflow). With no window entry free to leave, the
+        `incoming` entry stands in for the overflow: None (it waits) unless asked for more often than main's
+        victim (a tenant at its cap makes room from its own or one-off entries without it)."""
+        coming = incoming is not None
+        overflowing = may_leave is not None or len(self.window) + coming > self._window_size
         candidate = self._first(_WINDOW, busy, may_leave) if overflowing else None
         resident = self._first(_MAIN, busy, may_leave)
-        if candidate is None:  # nothing in the window may leave: main's victim (idle, as busy ones never leave)
-            return resident if resident is not None else self._first(_WINDOW, busy, may_leave)
+        if candidate is None:
+            if resident is None:  # main holds nothing that may leave: the window's, if any (not overflowing)
+                return self._first(_WINDOW, busy, may_leave)
+            if coming and may_leave is None and overflowing and frequency(incoming) <= frequency(resident):
+                return None
+            return resident
         if resident is None:
             return candidate
         # The window's overflow is admitted to main only if asked for more often than main's victim.

@@ -47,7 +47,11 @@ FREQUENCY_PREFIX = "mint:residency:freq"
 
 
 def shape() -> Shape:
-    return Shape(window=settings.MINT_RESIDENCY_WINDOW, protected=settings.MINT_RESIDENCY_PROTECTED)
+    return Shape(
+        window=settings.MINT_RESIDENCY_WINDOW,
+        protected=settings.MINT_RESIDENCY_PROTECTED,
+        tenant=settings.MINT_RESIDENCY_TENANT_CAP,
+    )
 
 
 def frequency() -> SharedCounts:
@@ -172,8 +176,8 @@ def on_demand(
     """Where a request's revision (loaded nowhere) is loaded: the first node in its preference `order` with a
     free slot (`held`: slots taken per node id), else the best node holding its files (`on_disk`: node ids), else
     its home, making room there by the policy. Tries the next nodes of its order while a node has no room
-    (everything there busy, or the tenant over its share with only busy entries). The caller holds the nodes'
-    row locks."""
+    (everything there busy, the tenant at its cap with only busy entries, or a rarely asked entry while the
+    window is busy). The caller holds the nodes' row locks."""
     node = choose_node(
         order,
         free=lambda n: n.cpu_slots - held.get(n.id, 0),

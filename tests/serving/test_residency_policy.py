@@ -1,4 +1,4 @@
-"""The residency policy as a pure object (serving/residency/): W-TinyLFU segments, tenant shares, busy entries,
+"""The residency policy as a pure object (serving/residency/): W-TinyLFU segments, tenant caps, busy entries,
 where a miss loads, and the frequency's aging. No database: the simulator runs the same code."""
 
 from __future__ import annotations
@@ -116,24 +116,56 @@ def test_a_tenant_without_entries_gets_a_slot_even_with_many_tenants():
     cache.miss(2, tenant=2, frequency=lambda k: 0)
     outcome = cache.miss(3, tenant=3, frequency=lambda k: 0)
     assert outcome.admitted and len(outcome.evicted) == 1 and 3 in cache
-    # More tenants than slots: every holder is over its share and frequency alone decides. Tenant 3's entry, the
+    # Below their caps (one of two slots), frequency alone decides. Tenant 3's entry, the
     # window's overflow, is asked for less often than main's victim (tenant 1's): it leaves, not tenant 1's.
     asked = {1: 5}
     assert cache.miss(4, tenant=3, frequency=lambda k: asked.get(k, 0)).evicted == [3]
     assert 1 in cache
 
 
-def test_a_tenant_over_its_share_never_takes_anothers_recurring_entry_even_with_its_window_busy():
-    cache: NodeCache[int] = NodeCache(6)
+def test_a_tenant_at_its_cap_never_takes_anothers_recurring_entry_even_with_its_window_busy():
+    cache: NodeCache[int] = NodeCache(6, Shape(tenant=0.25))  # the cap: an equal share (2 of 6), more than 1.5
     for key, tenant in ((1, 1), (2, 2), (3, 2), (4, 2), (5, 3), (6, 3)):
         cache.miss(key, tenant=tenant, frequency=lambda k: 0)
     asked = {1: 2, 2: 2, 3: 9, 4: 9, 5: 9, 6: 9}  # tenants 1's and 2's entries are recurring, and the coldest
-    # Tenant 3 (over its share with one more) scans: its window entry is busy loading, so the victim comes from
-    # main, and only its own entries may leave, not tenant 1's or 2's (however cold).
+    # Tenant 3 (at its cap) scans: its window entry is busy loading, so the victim comes from main, and only its
+    # own entries may leave, not tenant 1's or 2's (however cold).
     evicted = cache.miss(7, tenant=3, frequency=lambda k: asked.get(k, 0), busy={6}).evicted
     assert evicted == [5] and all(k in cache for k in (1, 2, 3, 4))
-    # Tenant 1, within its share, takes the best victim of all.
+    # Tenant 1, below its cap, takes the best victim of all.
     assert cache.miss(9, tenant=1, frequency=lambda k: asked.get(k, 0)).admitted and 1 in cache
+
+
+def test_below_its_cap_a_busy_tenant_keeps_its_hot_set_against_many_tenants_rarely_used_entries():
+    # 16 slots, 12 tenants with one adapter each asked for twice lately, and a hot tenant's 3 adapters asked for
+    # a hundred times: an equal share (16 / 13) would make the hot tenant evict its own to load its fourth.
+    cache: NodeCache[int] = NodeCache(16)
+    asked = {key: 2 for key in range(12)} | {100: 100, 101: 100, 102: 100, 103: 100}
+    for key in range(12):
+        cache.miss(key, tenant=key, frequency=lambda k: 0)
+    for key in (100, 101, 102):
+        cache.miss(key, tenant=99, frequency=lambda k: 0)
+    for key in (100, 101, 102):
+        cache.hit(key)
+    cache.miss(200, tenant=50, frequency=lambda k: 0)  # full
+    evicted = cache.miss(103, tenant=99, frequency=lambda k: asked.get(k, 0)).evicted
+    assert len(evicted) == 1 and evicted[0] not in (100, 101, 102)
+    assert all(k in cache for k in (100, 101, 102, 103))
+
+
+def test_a_first_request_waits_rather_than_push_out_mains_victim_unweighed_while_the_window_is_busy():
+    cache: NodeCache[int] = NodeCache(5)  # window 1, main 4
+    for key in range(4):
+        cache.miss(key, tenant=key, frequency=lambda k: 0)
+    cache.miss(10, tenant=9, frequency=lambda k: 0)  # full; 10 in the window
+    asked = dict.fromkeys(range(4), 3) | {10: 1, 11: 1}
+    # Tenant 9 asks for another adapter while its first is still answering: a scan's concurrent first requests.
+    waits = cache.miss(11, tenant=9, frequency=lambda k: asked.get(k, 0), busy={10})
+    assert not waits.admitted and waits.evicted == [] and all(k in cache for k in range(4))
+    # Asked for more often than main's victim, it is taken in without waiting.
+    asked[11] = 5
+    taken = cache.miss(11, tenant=9, frequency=lambda k: asked.get(k, 0), busy={10})
+    assert taken.admitted and taken.evicted == [0]
 
 
 def test_a_one_off_entry_holds_no_claim_to_its_tenants_share():
