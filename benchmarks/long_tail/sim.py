@@ -18,7 +18,7 @@ weights (equal slots), and each revision keeps its best `keep` nodes: the same r
 `keep`, the real order only matters while nodes still have free slots (the first seconds of a trace).
 
 Plain LRU runs through the same driver (`LruCache`: one LRU per node, same routing rule, no window, no
-frequencies, no tenant shares); Belady's optimum replays, per node, the requests the policy routed there.
+frequencies, no tenant cap); Belady's optimum replays, per node, the requests the policy routed there.
 """
 
 from __future__ import annotations
@@ -202,14 +202,14 @@ def simulate(shape, fleet: Fleet, say) -> dict:
     say(f"sim: policy {policy.hits.mean():.4f} hit ratio, {trace.adapters.size / policy.cpu_s:,.0f} decisions/s")
     lru = run(trace, prefs, fleet, lru_cache(fleet.slots))
     say(f"sim: LRU {lru.hits.mean():.4f}")
-    # The policy again with every adapter in one tenant: W-TinyLFU without the tenant shares.
+    # The policy again with every adapter in one tenant: W-TinyLFU without the tenant cap.
     alone = run(
         Trace(trace.adapters, np.zeros_like(trace.tenant_of), trace.scan, trace.scan_phase, trace.scan_tenants),
         prefs,
         fleet,
         policy_cache(fleet.slots),
     )
-    say(f"sim: policy without tenant shares {alone.hits.mean():.4f}")
+    say(f"sim: policy without the tenant cap {alone.hits.mean():.4f}")
     started = time.perf_counter()
     belady = per_node(trace.adapters, policy.nodes, fleet.slots, belady_hits)
     lru_same = per_node(trace.adapters, policy.nodes, fleet.slots, lru_hits)

@@ -40,7 +40,7 @@ def rows_long_tail(d: dict) -> list[Row]:
             None,
         ),
         Row(
-            "simulator: the policy without tenant shares (W-TinyLFU alone); others' hits during scans, policy / LRU",
+            "simulator: the policy without the tenant cap (W-TinyLFU alone); others' hits during scans, policy / LRU",
             f"{fmt(get(d, 'sim_hit_ratio_without_tenant_shares'), digits=3)}; "
             f"{_pair(d, 'sim_scan_phase.hit_ratio', 'sim_scan_phase.hit_ratio_lru')}",
             "",
@@ -168,7 +168,7 @@ def plot_long_tail(d: dict, plt) -> Any:
         ["all requests", "others' during scans"],
         {
             "policy": [get(d, "sim_hit_ratio"), get(d, "sim_scan_phase.hit_ratio")],
-            "policy, no tenant shares": [
+            "policy, no tenant cap": [
                 get(d, "sim_hit_ratio_without_tenant_shares"),
                 get(d, "sim_scan_phase.hit_ratio_without_tenant_shares"),
             ],

@@ -60,7 +60,7 @@ INTRO = {
     "big tenant asks for 50,000 of its coldest adapters once each; 100 nodes of 100 on-demand slots and 1,600 disk "
     "copies, homes by rendezvous (a vectorised 64-bit hash, each adapter's best 4 nodes kept); the same trace "
     "through plain LRU (same routing rule), Belady's optimum per node over the policy's routing, and the policy "
-    "with every adapter in one tenant (no tenant shares). *Live*: the serving stack (vLLM CPU on the tiny Llama, "
+    "with every adapter in one tenant (no tenant cap). *Live*: the serving stack (vLLM CPU on the tiny Llama, "
     "the gateway, the control worker, the node agent) with GPU 4 / CPU 16 / disk 256 adapters and 10,000 live, "
     "unreserved aliases over 100 tenants of Zipf sizes (bulk rows sharing 8 real exports); an open-loop Zipf "
     "(s = 1) stream sized on the node (32 cold loads asked for at once first, for the loads a second it sustains; "
