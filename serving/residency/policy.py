@@ -21,9 +21,8 @@ Frequency decides what stays, within two bounds that keep one tenant from spendi
   are busy keeps them against many tenants' rarely used ones (benchmarks/long_tail: with the cap at an equal
   share, 16 slots among 13 tenants, the hot tenant's 4 adapters at 4 requests a second thrashed in 1-2 slots);
 - *a scan waits*: when every window entry is busy (a tenant's concurrent first requests, its loads), the
-  newcomer itself is the window's candidate: it is taken in only if asked for more often than main's victim,
-  else the request waits for room (503 and `Retry-After`) instead of pushing out main's least recently used
-  entry without a comparison.
+  newcomer itself is the window's candidate: if main's victim is recurring and asked for at least as often, the
+  request waits for room (503 and `Retry-After`) instead of pushing it out without a comparison.
 
 Entries that are `busy` (a request in flight, a load under way) are never victims: the node may stay over
 capacity until one frees (`shrink` again).
@@ -239,8 +238,8 @@ class NodeCache(Generic[K]):
     ) -> K | None:
         """TinyLFU between the window's overflow and main's victim (among the entries that `may_leave`, when
         given: the window's first of them counts as its overflow). With no window entry free to leave, the
-        `incoming` entry stands in for the overflow: None (it waits) unless asked for more often than main's
-        victim (a tenant at its cap makes room from its own or one-off entries without it)."""
+        `incoming` entry stands in for the overflow: None (it waits) when main's victim is recurring and asked for
+        at least as often (a tenant at its cap makes room from its own or one-off entries without it)."""
         coming = incoming is not None
         overflowing = may_leave is not None or len(self.window) + coming > self._window_size
         candidate = self._first(_WINDOW, busy, may_leave) if overflowing else None
@@ -248,8 +247,10 @@ class NodeCache(Generic[K]):
         if candidate is None:
             if resident is None:  # main holds nothing that may leave: the window's, if any (not overflowing)
                 return self._first(_WINDOW, busy, may_leave)
-            if coming and may_leave is None and overflowing and frequency(incoming) <= frequency(resident):
-                return None
+            if coming and may_leave is None and overflowing:
+                asked = frequency(resident)
+                if asked > ONE_OFF and frequency(incoming) <= asked:
+                    return None
             return resident
         if resident is None:
             return candidate
