@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
 ALIASES = 20
 DISTINCT_WEIGHTS = 4  # adapters share a few peft weight sets: registering 20 distinct ones buys nothing here
-STREAM_TOKENS, STREAMS = 480, 8  # within the tiny model's 512-token context
+STREAM_TOKENS, STREAMS = 480, 24  # within the tiny model's 512-token context
 
 
 class SmallEngine(Engine):
@@ -67,6 +67,7 @@ def test_twenty_live_aliases_on_four_slots(
 ):
     Tenant.objects.filter(id=tenant_a.tenant.id).update(
         rate_limit_rpm=100_000,
+        max_inflight_requests=2 * STREAMS,
         max_adapters=100,
         max_concurrent_tasks=ALIASES,
         api_write_rpm=10_000,
@@ -168,6 +169,7 @@ def test_twenty_live_aliases_on_four_slots(
     target = Placement.objects.get(revision__adapter__name=streamed, node=node, state="ready")
     usage: list = []
     chunks_seen: list[str] = []
+    under_way: list[int] = []  # one entry per stream, at its first chunk
     errors: list[BaseException] = []
 
     def stream() -> None:
@@ -181,7 +183,9 @@ def test_twenty_live_aliases_on_four_slots(
                 stream_options={"include_usage": True},
                 extra_body={"min_tokens": STREAM_TOKENS},
             )
-            for chunk in chunks:
+            for i, chunk in enumerate(chunks):
+                if i == 0:
+                    under_way.append(1)
                 if chunk.choices:
                     chunks_seen.append(chunk.choices[0].finish_reason or "")
                 if chunk.usage is not None:
@@ -189,13 +193,14 @@ def test_twenty_live_aliases_on_four_slots(
         except BaseException as exc:  # reported by the waits below
             errors.append(exc)
 
-    # Several streams at once: each engine step carries them all, so they last long enough for the eviction to
-    # land while they run (the tiny model's context is 512 tokens).
+    # Many streams at once: each engine step carries them all, so they last long enough for the eviction to
+    # land while they run (the tiny model's context is 512 tokens; with 8, one CI run in several saw them end
+    # first). The alias is taken down as soon as every stream has its first chunk.
     readers = [threading.Thread(target=stream) for _ in range(STREAMS)]
     for reader in readers:
         reader.start()
     wait(
-        lambda: len(chunks_seen) >= STREAMS or errors,
+        lambda: len(under_way) >= STREAMS or errors,
         timeout=60,
         what="the streams under way",
         logs=lambda: f"{errors} {len(chunks_seen)} chunks\n{logs()}",
