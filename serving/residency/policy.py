@@ -216,8 +216,7 @@ class NodeCache(Generic[K]):
         None). A tenant below its cap takes the best victim of all; one at its cap takes it from its own entries
         or from one-off entries, never from another tenant's recurring entries."""
         if newcomer is not None:
-            holds = self.owned.get(newcomer, 0)
-            tenants = len(self.owned) + (not holds)
+            holds, tenants = self.owned.get(newcomer, 0), len(self.owned)
             if holds and tenants > 1 and holds + 1 > max(self._capacity * self.shape.tenant, self._capacity / tenants):
                 tenant_of = self._tenant
 
