@@ -237,8 +237,10 @@ class NodeCache(Generic[K]):
     ) -> K | None:
         """TinyLFU between the window's overflow and main's victim (among the entries that `may_leave`, when
         given: the window's first of them counts as its overflow). With no window entry free to leave, the
-        `incoming` entry stands in for the overflow: None (it waits) when main's victim is recurring and asked for
-        at least as often (a tenant at its cap makes room from its own or one-off entries without it)."""
+        window's oldest entry still competes for main (busy entries move, they only never leave): asked for more
+        often than main's victim, it joins probation and the victim leaves. Otherwise the `incoming` entry stands
+        in for the overflow: None (it waits) when main's victim is recurring and asked for at least as often (a
+        tenant at its cap makes room from its own or one-off entries without it)."""
         coming = incoming is not None
         overflowing = may_leave is not None or len(self.window) + coming > self._window_size
         candidate = self._first(_WINDOW, busy, may_leave) if overflowing else None
@@ -248,6 +250,12 @@ class NodeCache(Generic[K]):
                 return self._first(_WINDOW, busy, may_leave)
             if coming and may_leave is None and overflowing:
                 asked = frequency(resident)
+                # A hot adapter answering all the time would otherwise hold the window for good, and every
+                # newcomer would have to out-ask main's victim.
+                oldest = next(iter(self.window), None)
+                if oldest is not None and frequency(oldest) > asked:
+                    self._move(oldest, Segment.PROBATION)
+                    return resident
                 if asked > ONE_OFF and frequency(incoming) <= asked:
                     return None
             return resident

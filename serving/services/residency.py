@@ -124,10 +124,17 @@ def node_view(node: ServingNode, *, pins: set[int] | dict[int, int], now: dateti
     """Rebuild `node`'s on-demand cache from its placements (the caller holds the node's row lock)."""
     now = now or timezone.now()
     rows = list(Placement.objects.filter(node=node, state__in=HOLDING_STATES).select_related("revision__adapter"))
-    ready, fixed, speculative = [], 0, []
+    ready, loading, fixed, speculative = [], [], 0, []
     for placement in rows:
-        if placement.state != P.READY or placement.revision_id in pins:
-            fixed += 1
+        if placement.state == P.EVICTING:
+            # Its slot is the load's that replaced it (admission starts that load once vLLM has unloaded this one),
+            # or free once unloaded: counted here too, both would hold one slot and the cache would shrink twice.
+            continue
+        evaluating = placement.priority == Priority.SPECULATIVE and placement.state != P.READY
+        if placement.revision_id in pins or evaluating:
+            fixed += 1  # a pinned revision, or an evaluation's load: outside the cache
+        elif placement.state != P.READY:
+            loading.append(placement)
         elif placement.priority == Priority.SPECULATIVE:
             speculative.append(placement)
         else:
@@ -139,12 +146,17 @@ def node_view(node: ServingNode, *, pins: set[int] | dict[int, int], now: dateti
         segment = Segment(placement.segment) if placement.segment in segments else Segment.WINDOW
         cache_.add(placement.revision_id, placement.revision.adapter.tenant_id, segment)
     cache_.rebalance()
+    # A load on demand under way is the window's newest entry, busy: it counts towards its tenant's cap, and a
+    # scan's next newcomer is weighed against main (not let past because the load left the window a slot short).
+    loading.sort(key=lambda p: (p.queued_at or p.updated_at, p.id))
+    for placement in loading:
+        cache_.add(placement.revision_id, placement.revision.adapter.tenant_id, Segment.WINDOW)
     since = now - timedelta(seconds=settings.MINT_RESIDENCY_MIN_RESIDENT_S)
     busy = {
         p.revision_id
         for p in ready
         if (p.last_used_at is not None and p.last_used_at >= since) or (p.ready_at is not None and p.ready_at >= since)
-    }
+    } | {p.revision_id for p in loading}
     return NodeView(
         node=node,
         cache=cache_,
@@ -200,7 +212,7 @@ def on_demand(
             continue
         if view.speculative:  # an evaluation's borrowed slot is given back first
             return Decision(candidate, [view.speculative[0]], view)
-        counts = estimates([revision_id, *view.ready])
+        counts = estimates([revision_id, *(view.ready.keys() | view.busy)])
         outcome = view.cache.miss(revision_id, tenant_id, frequency=_lookup(counts), busy=view.busy)
         if outcome.admitted:
             return Decision(candidate, [view.ready[k] for k in outcome.evicted], view)
@@ -223,7 +235,8 @@ def make_room(*, order: list[ServingNode], pins: set[int] | dict[int, int]) -> D
             continue
         counts = estimates(list(view.ready))
         view.cache.capacity -= 1  # the slot the pin takes
-        evicted = view.cache.shrink(frequency=_lookup(counts))
+        loading = view.busy - view.ready.keys()  # loads under way: nothing to unload yet
+        evicted = view.cache.shrink(frequency=_lookup(counts), busy=loading)
         if evicted:
             return Decision(node, [view.ready[k] for k in evicted], view)
     return Decision(None, [])

@@ -168,6 +168,25 @@ def test_a_first_request_waits_rather_than_push_out_mains_victim_unweighed_while
     assert taken.admitted and taken.evicted == [0]
 
 
+def test_a_busy_window_entry_asked_more_than_mains_victim_moves_to_main_and_lets_the_newcomer_in():
+    cache: NodeCache[int] = NodeCache(5)  # window 1, main 4
+    for key in range(4):
+        cache.miss(key, tenant=1, frequency=lambda k: 0)
+    cache.miss(10, tenant=2, frequency=lambda k: 0)  # full; 10 in the window
+    asked = dict.fromkeys(range(4), 40) | {10: 10_000, 11: 1}
+    # 10 answers all the time (busy at every decision): it still competes for main, and beats main's victim.
+    taken = cache.miss(11, tenant=3, frequency=lambda k: asked.get(k, 0), busy={10})
+    assert taken.admitted and taken.evicted == [0]
+    assert cache.segment_of(10) == Segment.PROBATION and cache.segment_of(11) == Segment.WINDOW
+    # Asked for less often than main's victim, it stays where it is, and a one-off newcomer waits.
+    asked |= {10: 1, 12: 1}
+    cache.add(10, 2, Segment.WINDOW)
+    cache.remove(11)
+    cache.add(11, 3, Segment.PROBATION)
+    waits = cache.miss(12, tenant=3, frequency=lambda k: asked.get(k, 0), busy={10})
+    assert not waits.admitted and waits.evicted == [] and cache.segment_of(10) == Segment.WINDOW
+
+
 def test_a_one_off_entry_holds_no_claim_to_its_tenants_share():
     cache: NodeCache[int] = NodeCache(6)
     for key, tenant in ((1, 1), (2, 2), (3, 2), (4, 2), (5, 3), (6, 3)):

@@ -66,9 +66,7 @@ def test_a_scan_by_one_tenant_leaves_anothers_hot_set_loaded(node, adapter_a, te
         loaded(placement)
 
     assert evicted >= SCAN - (SLOTS - HOT)  # B's loads made room from the window and from B's own entries
-    assert set(Placement.objects.filter(id__in=[p.id for p in hot_placements]).values_list("state", flat=True)) == {
-        "ready"
-    }
+    assert Placement.objects.filter(id__in=[p.id for p in hot_placements], state="ready").count() == HOT
     assert Placement.objects.filter(node=node).count() == SLOTS
 
 
@@ -83,3 +81,45 @@ def test_without_frequencies_the_same_scan_would_flush_a_plain_lru():
     for key in range(1000, 1000 + SCAN):
         lru.miss(key, tenant=1, frequency=lambda k: 0)
     assert not any(key in lru for key in range(HOT))
+
+
+def test_a_scans_concurrent_first_requests_are_weighed_not_let_past_by_the_loads_under_way(
+    node, adapter_a, tenant_b, dense_base, settings, clean_frequencies
+):
+    """B asks for cold adapters two at a time (each pair in flight together, the victims still unloading): every
+    newcomer is weighed against A's entries as one at a time would be. When loads under way and unloads still
+    draining each took a slot of the rebuilt cache, the second of each pair found it over capacity and pushed out
+    A's entries unweighed."""
+    settings.MINT_NODE_COLD_LOADS = 2
+    ServingNode.objects.filter(id=node.id).update(cpu_slots=SLOTS)
+    node.refresh_from_db()
+    earlier = timezone.now() - timedelta(minutes=1)
+    hot = [
+        AdapterRevision.objects.create(adapter=adapter_a, number=n, state="approved", source_uri="x", export_uri="e")
+        for n in range(1, 7)
+    ]
+    kept = [
+        place(node, r, "ready", last_used_at=earlier, segment="probation" if r.number < 3 else "protected")
+        for r in hot
+    ]
+    residency.record_requests({r.id: 5 for r in hot})
+    scanner = Adapter.objects.create(tenant=tenant_b.tenant, name="scanner", base_model=dense_base)
+    number = iter(range(1, 1000))
+
+    def cold() -> AdapterRevision:
+        revision = AdapterRevision.objects.create(
+            adapter=scanner, number=next(number), state="approved", source_uri="x", export_uri="e"
+        )
+        residency.record_requests({revision.id: 1})
+        return revision
+
+    for _ in range(2):
+        loaded(place(node, cold(), "queued", queued_at=earlier))
+    for pair in range(10):
+        placements = [placement_request(revision=cold(), priority=Priority.COLD_REQUEST) for _ in range(2)]
+        assert all(p is not None and p.state == "queued" for p in placements), f"pair {pair} got no slot"
+        unloaded()
+        for placement in placements:
+            loaded(placement)
+    assert Placement.objects.filter(id__in=[p.id for p in kept], state="ready").count() == len(kept)
+    assert Placement.objects.filter(node=node).count() == SLOTS
