@@ -95,7 +95,9 @@ def inference(path: str) -> Handler:
             caller,
             ref,
             seconds=outcome.wait_s,
-            load=lambda: resolve.resolve(state, caller.tenant_id, ref, model, admit=admit, tally=outcome.tally),
+            load=lambda again=False: resolve.resolve(
+                state, caller.tenant_id, ref, model, admit=admit, tally=outcome.tally, again=again
+            ),
         )
         answer = proxy.AnswerRules()
         if experts:

@@ -228,6 +228,7 @@ async def resolve(
     *,
     admit: Callable[[Resolution], None] | None = None,
     tally=None,
+    again: bool = False,
 ) -> Resolution:
     """The revision `ref` names for this tenant and its ready targets, or a 404/503 `GatewayError`.
 
@@ -238,6 +239,9 @@ async def resolve(
     `admit` decides whether the caller may call the revision found (it raises to refuse: the sampling rules,
     serving/gateway/sampling.py), before anything is loaded for it; without it, only approved revisions are
     callable and a pin of any other answers 404, as before sampling existed.
+
+    `again`: a held request reading its route again, not another request: not counted towards the revision's
+    frequency or the misses (a request held for ten seconds would otherwise count twenty times).
     """
     key = (tenant_id, ref)
     hit, found = state.routes.get(key)
@@ -256,10 +260,12 @@ async def resolve(
         admit(found)
     elif found.state != "approved":
         raise model_not_found(model)
-    state.cold.count(found.revision_id)
+    if not again:
+        state.cold.count(found.revision_id)
     if not found.targets:
-        RESIDENCY_REQUESTS.labels(UNKNOWN, "miss").inc()
-        state.cold.tier(UNKNOWN, "miss")
+        if not again:
+            RESIDENCY_REQUESTS.labels(UNKNOWN, "miss").inc()
+            state.cold.tier(UNKNOWN, "miss")
         seconds = await state.cold.ask(found.revision_id, tenant_id, tally)
         raise NotReady(
             f"Revision r{found.revision_number} of adapter {found.adapter_name!r} is loading on demand; "
@@ -312,11 +318,16 @@ async def model_list(state: RouteState, tenant_id: int) -> tuple[ModelEntry, ...
 
 
 async def resolve_held(
-    state: RouteState, caller: Caller, ref: ModelRef, *, seconds: float, load: Callable[[], Awaitable[Resolution]]
+    state: RouteState,
+    caller: Caller,
+    ref: ModelRef,
+    *,
+    seconds: float,
+    load: Callable[..., Awaitable[Resolution]],
 ) -> Resolution:
     """`load()` (the route of `ref`), or, when it answers 503 for a revision loading on demand and the request
     asked to wait (`seconds` > 0), the route once it is ready: held meanwhile, no longer than `seconds` (then the
-    503 it would have had, with the Retry-After of now)."""
+    503 it would have had, with the Retry-After of now). Read again, it is `load(again=True)`: the same request."""
     try:
         return await load()
     except NotReady as cold:
@@ -327,11 +338,11 @@ async def resolve_held(
     async def again() -> Resolution | None:
         forget(state, caller.tenant_id, ref)
         try:
-            return await load()
+            return await load(again=True)
         except NotReady:
             return None
 
     held = await state.cold.hold(caller.tenant_id, found.revision_id, seconds=seconds, plan=caller.plan, load=again)
     if held is None:
-        return await load()  # still not ready: its 503, with the estimate as it stands now
+        return await load(again=True)  # still not ready: its 503, with the estimate as it stands now
     return held

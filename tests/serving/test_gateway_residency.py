@@ -178,6 +178,25 @@ def test_requests_feed_the_shared_frequencies(world, settings):
     assert residency_services.estimates([world.r1.id])[world.r1.id] >= 5
 
 
+def test_a_held_request_counts_once_however_often_it_reads_its_route(world, settings, estimate):
+    """Held for 1.6 s, a request reads its route again every HOLD_POLL_S: one request for the frequencies, not
+    one per read (cheap counts would buy residency, and make others' newcomers wait behind them)."""
+    settings.MINT_RESIDENCY_FLUSH_S = 3600  # flushed below, once
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    for key in client.scan_iter(f"{residency_services.FREQUENCY_PREFIX}:*"):
+        client.delete(key)
+    token = world.token
+
+    async def scenario():
+        status, _ = await _held(world, token, wait="1.6")
+        await settle(world.state)
+        return status
+
+    assert async_to_sync(scenario)() == 503
+    world.state.cold._flush()
+    assert residency_services.estimates([world.r2.id])[world.r2.id] == 1
+
+
 # ---------------------------------------------------------------- GPU tier affinity
 
 
