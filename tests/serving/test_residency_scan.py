@@ -99,8 +99,7 @@ def test_a_scans_concurrent_first_requests_are_weighed_not_let_past_by_the_loads
         for n in range(1, 7)
     ]
     kept = [
-        place(node, r, "ready", last_used_at=earlier, segment="probation" if r.number < 3 else "protected")
-        for r in hot
+        place(node, r, "ready", last_used_at=earlier, segment="probation" if r.number < 3 else "protected") for r in hot
     ]
     residency.record_requests({r.id: 5 for r in hot})
     scanner = Adapter.objects.create(tenant=tenant_b.tenant, name="scanner", base_model=dense_base)
