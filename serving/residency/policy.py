@@ -173,7 +173,7 @@ class NodeCache(Generic[K]):
         set larger than the node from thrashing."""
         # Already over (the capacity fell, or busy entries kept the window long): back within first.
         over = len(self._segment) > self._capacity or len(self.window) > self._window_size
-        evicted = self.shrink(frequency=frequency, busy=busy) if over else []
+        evicted = self.shrink(frequency=frequency, busy=busy, tenant=tenant) if over else []
         if len(self._segment) + 1 > self._capacity:
             victim = self._victim(frequency, busy, tenant, incoming=key)
             if victim is None:
@@ -184,11 +184,14 @@ class NodeCache(Generic[K]):
         self._settle(_with(busy, key))
         return Admission(True, evicted)
 
-    def shrink(self, *, frequency: Callable[[K], float], busy: Collection[K] = ()) -> list[K]:
-        """Evict until within capacity (or nothing evictable is left), then move the window's overflow to main."""
+    def shrink(
+        self, *, frequency: Callable[[K], float], busy: Collection[K] = (), tenant: int | None = None
+    ) -> list[K]:
+        """Evict until within capacity (or nothing evictable is left), then move the window's overflow to main.
+        For `tenant` (making room for one of its entries), within its cap."""
         evicted: list[K] = []
         while len(self._segment) > self.capacity:
-            victim = self._victim(frequency, busy, None)
+            victim = self._victim(frequency, busy, tenant)
             if victim is None:
                 break  # everything is busy: over capacity until something frees
             self.remove(victim)

@@ -25,12 +25,26 @@ def pinned_roles(*, base_model_id: int | None = None, now=None) -> dict[int, tup
     all: what reserved aliases serve (live and desired targets, the previous live one until its rollback grace
     ends), any alias's pending desired revision (until it flips: an activation never waits on a cache), and
     running canaries' candidates. What an alias that is not reserved serves is on demand (serving/residency/)."""
+    return _pins(base_model_id=base_model_id, now=now)[0]
+
+
+def pins_and_activations(*, base_model_id: int | None = None, now=None) -> tuple[dict[int, int], set[int]]:
+    """`pinned_revisions`, and those of them that only an alias that is not reserved pins, as the revision it waits
+    to flip to: activations of on-demand aliases. Such a load makes room within its tenant's cap on the node's
+    on-demand cache (serving/services/residency.py), as the loads on demand it is one of once the alias flips."""
+    roles, activations = _pins(base_model_id=base_model_id, now=now)
+    return {revision_id: tenant_id for revision_id, (tenant_id, _) in roles.items()}, activations
+
+
+def _pins(*, base_model_id: int | None, now) -> tuple[dict[int, tuple[int, PinRole]], set[int]]:
     now = now or timezone.now()
     pending = Q(desired_revision__isnull=False) & (Q(revision__isnull=True) | ~Q(desired_revision=F("revision")))
     aliases = Alias.objects.filter(Q(reserved=True) | Q(canary_revision__isnull=False) | pending)
     if base_model_id is not None:
         aliases = aliases.filter(adapter__base_model_id=base_model_id)
     pins: dict[int, tuple[int, PinRole]] = {}
+    activations: set[int] = set()
+    reserved_pins: set[int] = set()  # pinned by a reserved alias or as a canary: never on demand
     for live, desired, previous, until, canary, tenant_id, reserved in aliases.values_list(
         "revision_id",
         "desired_revision_id",
@@ -42,12 +56,17 @@ def pinned_roles(*, base_model_id: int | None = None, now=None) -> dict[int, tup
     ):
         if reserved:
             held = (live, desired, previous if until is not None and until >= now else None, canary)
+            reserved_pins.update(r for r in held if r)
         else:
             held = (None, desired if desired != live else None, None, canary)
+            if held[PinRole.DESIRED]:
+                activations.add(held[PinRole.DESIRED])
+            if canary:
+                reserved_pins.add(canary)
         for role, revision_id in zip(PinRole, held, strict=True):
             if revision_id and (revision_id not in pins or role < pins[revision_id][1]):
                 pins[revision_id] = (tenant_id, role)
-    return pins
+    return pins, activations - reserved_pins
 
 
 def pinned_revisions(*, base_model_id: int | None = None, now=None) -> dict[int, int]:

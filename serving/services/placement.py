@@ -16,7 +16,7 @@ from django.utils import timezone
 from adapters.models import AdapterRevision
 from serving import selectors
 from serving.models import HOLDING_STATES, NodeState, Placement, PlacementState, Priority, ServingNode, lora_name
-from serving.selectors.pins import pinned_revisions
+from serving.selectors.pins import pinned_revisions, pins_and_activations
 from serving.services import capacity, outbox, rendezvous, residency
 from serving.services.admission import admit
 from tenants.access import Actor
@@ -129,7 +129,7 @@ def place(revision: AdapterRevision, priority: int, *, row: Placement | None) ->
         return _queue(row, revision, node=home, priority=priority)
     if priority == Priority.SPECULATIVE:
         return row  # speculative (an evaluation): only a free slot, never an eviction
-    pins = pinned_revisions(base_model_id=adapter.base_model_id)
+    pins, activating = pins_and_activations(base_model_id=adapter.base_model_id)
     tenant_id = adapter.tenant_id
 
     def take(victim: Placement, reason: str | None = None) -> Placement:
@@ -150,11 +150,15 @@ def place(revision: AdapterRevision, priority: int, *, row: Placement | None) ->
             held=holding,
             pins=pins,
             on_disk=residency.disk_nodes(revision.id),
+            activating=activating,
         )
         return row if decision.node is None else _carry_out(decision, row, revision, priority)
     if (node := _take_borrowed(locked)) is not None:
         return _queue(row, revision, node=node, priority=priority)
-    if (decision := residency.make_room(order=order, pins=pins)).node is not None:
+    # An on-demand alias's activation makes room within its tenant's cap; a reserved pin outranks the cache.
+    activation = tenant_id if revision.id in activating else None
+    decision = residency.make_room(order=order, pins=pins, activating=activating, tenant_id=activation)
+    if decision.node is not None:
         return _carry_out(decision, row, revision, priority)
     shares = capacity.shares(base_model_id=adapter.base_model_id, requester=tenant_id, pins=pins)
     if shares.may_take(tenant_id):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -37,7 +38,7 @@ from serving.models import (
 )
 from serving.residency import stats
 from serving.residency.frequency import SharedCounts
-from serving.residency.policy import NodeCache, Segment, Shape, choose_node
+from serving.residency.policy import ONE_OFF, NodeCache, Segment, Shape, choose_node
 from serving.selectors.residency import redis_client
 
 log = logging.getLogger(__name__)
@@ -58,15 +59,26 @@ def frequency() -> SharedCounts:
     return SharedCounts(FREQUENCY_PREFIX, settings.MINT_RESIDENCY_FREQUENCY_PERIOD_S)
 
 
-def estimates(revision_ids: list[int]) -> dict[int, int]:
-    """Requests per revision over the last one or two frequency periods (0 for each when Redis cannot be read)."""
+def estimates(revision_ids: list[int]) -> dict[int, int] | None:
+    """Requests per revision over the last one or two frequency periods; None when Redis cannot be read."""
     import redis
 
     try:
         return frequency().estimates(redis_client(), revision_ids, time.time())
     except redis.RedisError as exc:
         log.warning("residency: frequencies unavailable (%s); deciding by recency only", exc)
-        return {}
+        return None
+
+
+def _lookup(revision_ids: list[int], *, incoming: int | None = None) -> Callable[[int], int]:
+    """How often the policy reads each of `revision_ids` as asked for. Without frequencies (Redis unreadable)
+    recency decides, and no cap opens: every entry counts as recurring (a tenant at its cap never takes another's
+    entries for one-off ones), and the `incoming` one as asked for more (it never waits on counts nobody can
+    read)."""
+    counts = estimates(revision_ids)
+    if counts is None:
+        return lambda key: ONE_OFF + (2 if key == incoming else 1)
+    return lambda key: counts.get(key, 0)
 
 
 def record_requests(counts: dict[int, int], tiers: dict[tuple[str, str], int] | None = None) -> None:
@@ -120,8 +132,15 @@ class NodeView:
     pending: int = 0  # loads not ready yet (queued, loading, warming), each holding the slot it was given
 
 
-def node_view(node: ServingNode, *, pins: set[int] | dict[int, int], now: datetime | None = None) -> NodeView:
-    """Rebuild `node`'s on-demand cache from its placements (the caller holds the node's row lock)."""
+def node_view(
+    node: ServingNode,
+    *,
+    pins: set[int] | dict[int, int],
+    activating: Collection[int] = (),
+    now: datetime | None = None,
+) -> NodeView:
+    """Rebuild `node`'s on-demand cache from its placements (the caller holds the node's row lock). `activating`:
+    pins of on-demand aliases waiting to flip (`selectors.pins.pins_and_activations`), their tenants' entries."""
     now = now or timezone.now()
     rows = list(Placement.objects.filter(node=node, state__in=HOLDING_STATES).select_related("revision__adapter"))
     ready, loading, fixed, speculative = [], [], 0, []
@@ -131,7 +150,9 @@ def node_view(node: ServingNode, *, pins: set[int] | dict[int, int], now: dateti
             # or free once unloaded: counted here too, both would hold one slot and the cache would shrink twice.
             continue
         evaluating = placement.priority == Priority.SPECULATIVE and placement.state != P.READY
-        if placement.revision_id in pins or evaluating:
+        if placement.revision_id in activating:
+            loading.append(placement)  # an on-demand alias's next revision: its tenant's, busy until the flip
+        elif placement.revision_id in pins or evaluating:
             fixed += 1  # a pinned revision, or an evaluation's load: outside the cache
         elif placement.state != P.READY:
             loading.append(placement)
@@ -184,6 +205,7 @@ def on_demand(
     held: dict[int, int],
     pins: set[int] | dict[int, int],
     on_disk: set[int],
+    activating: Collection[int] = (),
 ) -> Decision:
     """Where a request's revision (loaded nowhere) is loaded: the first node in its preference `order` with a
     free slot (`held`: slots taken per node id), else the best node holding its files (`on_disk`: node ids), else
@@ -202,7 +224,7 @@ def on_demand(
         return Decision(node, [])
     tried = [node, *(n for n in order if n.id != node.id)][: settings.MINT_RESIDENCY_NODE_CHOICES]
     for candidate in tried:
-        view = node_view(candidate, pins=pins)
+        view = node_view(candidate, pins=pins, activating=activating)
         if view.pending > settings.MINT_NODE_COLD_LOADS:
             # Loads wait here already beyond those the node runs at once. An eviction now would empty a slot that
             # no load fills for a while (the victim leaves at once, its replacement waits its turn): with requests
@@ -212,31 +234,35 @@ def on_demand(
             continue
         if view.speculative:  # an evaluation's borrowed slot is given back first
             return Decision(candidate, [view.speculative[0]], view)
-        counts = estimates([revision_id, *(view.ready.keys() | view.busy)])
-        outcome = view.cache.miss(revision_id, tenant_id, frequency=_lookup(counts), busy=view.busy)
+        asked = _lookup([revision_id, *(view.ready.keys() | view.busy)], incoming=revision_id)
+        outcome = view.cache.miss(revision_id, tenant_id, frequency=asked, busy=view.busy)
         if outcome.admitted:
             return Decision(candidate, [view.ready[k] for k in outcome.evicted], view)
     return Decision(None, [])
 
 
-def _lookup(counts: dict[int, int]):
-    return lambda key: counts.get(key, 0)
-
-
-def make_room(*, order: list[ServingNode], pins: set[int] | dict[int, int]) -> Decision:
+def make_room(
+    *,
+    order: list[ServingNode],
+    pins: set[int] | dict[int, int],
+    activating: Collection[int] = (),
+    tenant_id: int | None = None,
+) -> Decision:
     """Where a pinned revision (a reserved alias, an activation, a canary) may take an on-demand entry's slot:
     the first node of its order with one to give, the policy choosing which (busy ones too: a pin outranks the
-    cache, and an unload waits for the requests in flight)."""
+    cache, and an unload waits for the requests in flight). With `tenant_id`, the revision is an on-demand alias's
+    activation of that tenant: room is made within the tenant's cap, so that activating many aliases at once
+    cannot push out other tenants' recurring entries."""
     for node in order:
-        view = node_view(node, pins=pins)
+        view = node_view(node, pins=pins, activating=activating)
         if view.speculative:
             return Decision(node, [view.speculative[0]], view)
         if not view.ready:
             continue
-        counts = estimates(list(view.ready))
+        asked = _lookup(list(view.ready))
         view.cache.capacity -= 1  # the slot the pin takes
         loading = view.busy - view.ready.keys()  # loads under way: nothing to unload yet
-        evicted = view.cache.shrink(frequency=_lookup(counts), busy=loading)
+        evicted = view.cache.shrink(frequency=asked, busy=loading, tenant=tenant_id)
         if evicted:
             return Decision(node, [view.ready[k] for k in evicted], view)
     return Decision(None, [])

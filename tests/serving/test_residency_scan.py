@@ -4,6 +4,7 @@ cold adapters once each, every one of B's loaded in turn (serving/services/resid
 from __future__ import annotations
 
 from datetime import timedelta
+from unittest import mock
 
 import pytest
 import redis
@@ -122,3 +123,32 @@ def test_a_scans_concurrent_first_requests_are_weighed_not_let_past_by_the_loads
             loaded(placement)
     assert Placement.objects.filter(id__in=[p.id for p in kept], state="ready").count() == len(kept)
     assert Placement.objects.filter(node=node).count() == SLOTS
+
+
+def test_without_frequencies_recency_decides_and_no_tenants_cap_opens(node, adapter_a, tenant_b, dense_base):
+    """Redis unreadable: no counts, so every entry counts as recurring. A tenant below its cap still gets its load
+    (by recency), but a tenant at its cap never takes another tenant's entries as if they were one-off."""
+    import redis as redis_lib
+
+    ServingNode.objects.filter(id=node.id).update(cpu_slots=4)
+    node.refresh_from_db()
+    earlier, now = timezone.now() - timedelta(minutes=1), timezone.now()
+    other = Adapter.objects.create(tenant=tenant_b.tenant, name="other", base_model=dense_base)
+    revisions = [
+        AdapterRevision.objects.create(adapter=a, number=n, state="approved", source_uri="x", export_uri="e")
+        for a, n in ((other, 1), (other, 2), (other, 3), (adapter_a, 1), (adapter_a, 2), (adapter_a, 3))
+    ]
+    theirs = [place(node, r, "ready", last_used_at=earlier, segment="probation") for r in revisions[:3]]
+    place(node, revisions[3], "ready", last_used_at=now, ready_at=now)  # A's, busy: the node is full
+    unreadable = redis_lib.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    with mock.patch("serving.services.residency.redis_client", return_value=unreadable):
+        # A below its cap (one entry of four): its load is taken in, by recency.
+        first = placement_request(revision=revisions[4], priority=Priority.COLD_REQUEST)
+        assert first is not None and first.state == "queued"
+        unloaded()
+        Placement.objects.filter(id=first.id).update(state="ready", ready_at=now)
+        Placement.objects.filter(revision__adapter=adapter_a).update(last_used_at=timezone.now())  # both busy
+        left = Placement.objects.filter(id__in=[p.id for p in theirs], state="ready").count()
+        # A at its cap (two of four), both of its own busy: it waits rather than take B's last entries.
+        assert placement_request(revision=revisions[5], priority=Priority.COLD_REQUEST) is None
+    assert Placement.objects.filter(id__in=[p.id for p in theirs], state="ready").count() == left == 2
