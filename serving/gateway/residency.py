@@ -35,6 +35,7 @@ from serving.gateway import GatewayError
 from serving.gateway.metrics import COLD_HELD, RESIDENCY_REQUESTS
 from serving.models import Priority
 from serving.selectors import residency as readiness
+from serving.selectors.pins import pinned_revisions
 from serving.services import residency as admission
 from serving.services.placement import placement_request
 
@@ -82,12 +83,15 @@ def cold_load_sync(revision_id: int) -> float:
 
 
 def spread_sync(revision_id: int, replicas: int) -> None:
-    """One more placement of a revision busy on every replica it has (at request priority, within its tenant's
-    share): `ColdStarts.maybe_spread` asks."""
+    """One more placement of an on-demand revision busy on every replica it has (at request priority, within its
+    tenant's share, at most the plan's `max_replicas`): `ColdStarts.maybe_spread` asks. A pinned revision's
+    replicas are its alias's setting: a replica spread from it would be pinned too, and never given back."""
     try:
         revision = adapter_selectors.revision_with_adapter(revision_id=revision_id)
-        if revision is not None:
-            placement_request(revision=revision, priority=Priority.COLD_REQUEST, replicas=replicas)
+        if revision is None or revision.id in pinned_revisions(base_model_id=revision.adapter.base_model_id):
+            return
+        replicas = min(replicas, revision.adapter.tenant.max_replicas)
+        placement_request(revision=revision, priority=Priority.COLD_REQUEST, replicas=replicas)
     except Exception:
         log.exception("spreading revision %s failed", revision_id)
 

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from serving import tasks
-from serving.gateway.residency import ColdStarts
+from serving.gateway.residency import ColdStarts, spread_sync
 from serving.gateway.routes import Resolution, Target
 from serving.models import Alias, ColdStart, NodeCopy, Placement, lora_name
 from serving.residency import stats
@@ -23,6 +23,8 @@ from serving.services.admission import placement_warmed
 from serving.services.placement import evict
 from serving.services.residency import node_copies_over_budget, node_copy_used, stray_loras
 from serving.vllm import busy_loras_of
+from tenants.models import Tenant
+from tests.factories import ServingNodeFactory
 from tests.frontend.conftest import page_client
 from tests.metrics_scrape import scrape_metrics
 from tests.serving.conftest import approved_revision, place
@@ -164,3 +166,22 @@ def test_a_revision_busy_on_every_replica_asks_for_one_more_placement_once(setti
     assert not cold.maybe_spread(resolution, Counter({7: 9}))  # asked already: once per 30 s
     (call,) = db.run.call_args_list
     assert call.args[1:] == (11, 2)  # spread_sync(revision 11, 2 replicas)
+
+
+def test_a_spread_places_an_on_demand_revision_again_within_the_plan_never_a_pinned_one(
+    node, adapter_a, dense_base, tmp_path
+):
+    ServingNodeFactory(name="node-2", base_model=dense_base, cpu_slots=3, cache_dir=str(tmp_path / "node-2"))
+    hot, reserved = approved_revision(adapter_a, 1), approved_revision(adapter_a, 2)
+    place(node, hot, "ready")
+    place(node, reserved, "ready")
+    Alias.objects.create(adapter=adapter_a, name="production", revision=reserved, reserved=True)
+    Tenant.objects.filter(id=adapter_a.tenant_id).update(max_replicas=1)
+
+    spread_sync(reserved.id, 2)  # its alias's replicas say how many it has: a spread one would stay pinned
+    spread_sync(hot.id, 2)  # above the plan's max_replicas
+    assert Placement.objects.filter(revision__in=(hot, reserved)).count() == 2
+
+    Tenant.objects.filter(id=adapter_a.tenant_id).update(max_replicas=2)
+    spread_sync(hot.id, 3)
+    assert sorted(Placement.objects.filter(revision=hot).values_list("node__name", flat=True)) == ["node-1", "node-2"]
