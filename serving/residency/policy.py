@@ -171,8 +171,12 @@ class NodeCache(Generic[K]):
         busy, the tenant at its cap with all of its own busy, or a rarely asked entry while the window is busy):
         the request waits for room instead of pushing out what is being used, which is what keeps a busy working
         set larger than the node from thrashing."""
-        # Already over (the capacity fell, or busy entries kept the window long): back within first.
-        over = len(self._segment) > self._capacity or len(self.window) > self._window_size
+        # Already over (the capacity fell, or entries no longer busy kept the window long): back within first. Busy
+        # window entries (loads under way) do not count: settling would move idle ones to main unweighed.
+        over = len(self._segment) > self._capacity or (
+            len(self.window) > self._window_size
+            and (not busy or sum(key not in busy for key in self.window) > self._window_size)
+        )
         evicted = self.shrink(frequency=frequency, busy=busy, tenant=tenant) if over else []
         if len(self._segment) + 1 > self._capacity:
             victim = self._victim(frequency, busy, tenant, incoming=key)

@@ -257,10 +257,12 @@ def make_room(
         view = node_view(node, pins=pins, activating=activating)
         if view.speculative:
             return Decision(node, [view.speculative[0]], view)
+        view.cache.capacity -= 1  # the slot the pin takes
+        if len(view.cache) <= view.cache.capacity:
+            return Decision(node, [], view)  # one is freeing (an unload with no load queued in its place)
         if not view.ready:
             continue
         asked = _lookup(list(view.ready))
-        view.cache.capacity -= 1  # the slot the pin takes
         loading = view.busy - view.ready.keys()  # loads under way: nothing to unload yet
         evicted = view.cache.shrink(frequency=asked, busy=loading, tenant=tenant_id)
         if evicted:

@@ -1,6 +1,7 @@
-"""Activations of on-demand aliases (not reserved) against the node's on-demand cache: the revision an alias waits
-to flip to is pinned until the flip, and its load makes room within its tenant's cap, so a tenant activating many
-aliases at once pushes out its own or one-off entries, never another tenant's recurring ones."""
+"""Pins making room in a node's on-demand cache. An activation of an on-demand alias (not reserved): the revision
+the alias waits to flip to is pinned until the flip, and its load makes room within its tenant's cap, so a tenant
+activating many aliases at once pushes out its own or one-off entries, never another tenant's recurring ones. A
+slot freeing (an unload with nothing queued in its place) is taken before anything is evicted."""
 
 from __future__ import annotations
 
@@ -70,3 +71,17 @@ def test_a_reserved_aliases_revision_is_not_an_on_demand_activation(node, adapte
     Alias.objects.create(adapter=adapter_a, name="r", revision=live, desired_revision=waiting, reserved=True)
     pins, activating = pins_and_activations(base_model_id=dense_base.id)
     assert {waiting.id, live.id} <= set(pins) and not activating
+
+
+def test_a_pin_takes_a_slot_that_is_freeing_before_it_evicts_anything(node, adapter_a, dense_base):
+    earlier = timezone.now() - timedelta(minutes=1)
+    on_demand, leaving, reserved, pinned = _revisions(adapter_a, range(1, 5))
+    kept = place(node, on_demand, "ready", last_used_at=earlier)
+    place(node, leaving, "evicting")  # unloading, nothing queued in its place
+    place(node, reserved, "ready")
+    Alias.objects.create(adapter=adapter_a, name="production", revision=reserved, reserved=True)
+    Alias.objects.create(adapter=adapter_a, name="staging", revision=pinned, desired_revision=pinned, reserved=True)
+
+    placed = placement_request(revision=pinned, priority=Priority.ACTIVATION)
+    assert placed is not None and placed.state == "queued" and placed.node_id == node.id
+    assert Placement.objects.get(id=kept.id).state == "ready"

@@ -187,6 +187,18 @@ def test_a_busy_window_entry_asked_more_than_mains_victim_moves_to_main_and_lets
     assert not waits.admitted and waits.evicted == [] and cache.segment_of(10) == Segment.WINDOW
 
 
+def test_a_load_under_way_in_the_window_does_not_let_an_idle_window_entry_into_main_unweighed():
+    cache: NodeCache[str] = NodeCache(5)  # window 1, main 4
+    for key in ("a1", "a2", "a3"):
+        cache.add(key, 1, Segment.PROBATION)
+    cache.add("w", 1, Segment.WINDOW)  # asked for once, idle
+    cache.add("loading", 1, Segment.WINDOW)  # a load under way: busy, the window's newest
+    asked = {"a1": 5, "a2": 5, "a3": 5, "w": 1, "loading": 1, "new": 1}
+    taken = cache.miss("new", 1, frequency=asked.__getitem__, busy={"loading"})
+    assert taken.admitted and taken.evicted == ["w"]
+    assert [cache.segment_of(k) for k in ("a1", "a2", "a3")] == [Segment.PROBATION] * 3
+
+
 def test_a_one_off_entry_holds_no_claim_to_its_tenants_share():
     cache: NodeCache[int] = NodeCache(6)
     for key, tenant in ((1, 1), (2, 2), (3, 2), (4, 2), (5, 3), (6, 3)):
