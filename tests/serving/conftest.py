@@ -84,3 +84,22 @@ def make_live(revision: AdapterRevision, *, desired: AdapterRevision | None = No
         desired_revision=desired or revision,
         reserved=reserved,
     )
+
+
+@pytest.fixture
+def clean_frequencies():
+    """The residency frequencies in Redis start (and end) empty."""
+    import redis
+    from django.conf import settings
+
+    from serving.services import residency
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+
+    def clear() -> None:
+        for key in client.scan_iter(f"{residency.FREQUENCY_PREFIX}:*"):
+            client.delete(key)
+
+    clear()
+    yield
+    clear()

@@ -8,8 +8,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-import redis
-from django.conf import settings
 from django.utils import timezone
 
 from adapters.models import Adapter, AdapterRevision
@@ -19,17 +17,7 @@ from serving.services import residency
 from serving.services.placement import placement_request
 from tests.serving.conftest import place
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent")]
-
-
-@pytest.fixture(autouse=True)
-def clean_frequencies():
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    for key in client.scan_iter(f"{residency.FREQUENCY_PREFIX}:*"):
-        client.delete(key)
-    yield
-    for key in client.scan_iter(f"{residency.FREQUENCY_PREFIX}:*"):
-        client.delete(key)
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent", "clean_frequencies")]
 
 
 def _revisions(adapter: Adapter, numbers: range) -> list[AdapterRevision]:

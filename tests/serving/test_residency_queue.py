@@ -7,23 +7,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-import redis
-from django.conf import settings
 from django.utils import timezone
 
 from serving.models import Placement, Priority
-from serving.services import residency
 from serving.services.placement import placement_request
 from tests.serving.conftest import place
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent")]
-
-
-@pytest.fixture(autouse=True)
-def no_frequencies():
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    for key in client.scan_iter(f"{residency.FREQUENCY_PREFIX}:*"):
-        client.delete(key)
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent", "clean_frequencies")]
 
 
 def test_a_cold_request_behind_a_queued_load_evicts_nothing(node, make_revision, settings):

@@ -7,7 +7,6 @@ from datetime import timedelta
 from unittest import mock
 
 import pytest
-import redis
 from django.conf import settings
 from django.utils import timezone
 
@@ -20,16 +19,6 @@ from tests.serving.conftest import place
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent")]
 
 SLOTS, HOT, SCAN = 8, 4, 200
-
-
-@pytest.fixture
-def clean_frequencies():
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    for key in client.scan_iter(f"{residency.FREQUENCY_PREFIX}:*"):
-        client.delete(key)
-    yield
-    for key in client.scan_iter(f"{residency.FREQUENCY_PREFIX}:*"):
-        client.delete(key)
 
 
 def loaded(placement: Placement) -> None:
