@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import benchmarks.long_tail
 from benchmarks.common import parser, write_result
@@ -26,6 +28,7 @@ def main() -> int:
     p.add_argument("--pairs", type=int, help="quiet/scan window pairs")
     p.add_argument("--window", type=float, help="seconds per window")
     p.add_argument("--redis-db", type=int, help="the live stack's Redis database (default 11; flushed at the start)")
+    p.add_argument("--records", type=Path, help="also write every live request's record here (JSON, gzip)")
     args = p.parse_args()
     figures: dict = {}
     previous = args.out / "long_tail.json"
@@ -63,6 +66,9 @@ def main() -> int:
             if value is not None:
                 setattr(params, name, value)
         outcome = run(params, say)
+        if args.records:
+            with gzip.open(args.records, "wt") as out:
+                json.dump({k: outcome[k] for k in ("records", "revision_of", "ready", "windows")}, out)
         figures |= live_figures(outcome) | stall_figures(outcome["stall"])
         figures["live_params"] = outcome["params"]
         figures["placement"] = outcome["placement"]

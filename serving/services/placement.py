@@ -6,9 +6,12 @@ what waits for room is placed again when a slot frees (serving/services/failover
 from __future__ import annotations
 
 import logging
+import math
+import time
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Case, Count, F, Value, When
 from django.utils import timezone
@@ -16,6 +19,7 @@ from django.utils import timezone
 from adapters.models import AdapterRevision
 from serving import selectors
 from serving.models import HOLDING_STATES, NodeState, Placement, PlacementState, Priority, ServingNode, lora_name
+from serving.selectors import residency as readiness
 from serving.selectors.pins import pinned_revisions, pins_and_activations
 from serving.services import capacity, outbox, rendezvous, residency
 from serving.services.admission import admit
@@ -50,8 +54,9 @@ def placement_request(*, revision: AdapterRevision, priority: int, replicas: int
     Returns a placement of it, existing or new (existing ones keep the higher priority): `queued` for
     admission when a slot is free or may be taken under the capacity rules (serving/services/capacity.py);
     for a pinned revision (an alias names it) that finds no room, `waiting` with its reason, placed by
-    `placements_retry` when capacity frees. None for a cold request that finds no room (the caller's 503
-    asks it to come back) and when no node of the base model can load the revision. Each replica goes to the
+    `placements_retry` when capacity frees; for a request's revision, `waiting` in line for an on-demand slot
+    (`_wait_for_room`), or None when it may not wait (the caller's 503 asks it to come back). None too when no
+    node of the base model can load the revision. Each replica goes to the
     first node of the revision's rendezvous order with room that holds none of it yet; a placement on a node
     that is down holds nothing (failover places the revision again elsewhere).
     """
@@ -152,7 +157,11 @@ def place(revision: AdapterRevision, priority: int, *, row: Placement | None) ->
             on_disk=residency.disk_nodes(revision.id),
             activating=activating,
         )
-        return row if decision.node is None else _carry_out(decision, row, revision, priority)
+        if decision.node is not None:
+            return _carry_out(decision, row, revision, priority)
+        if priority == Priority.COLD_REQUEST:
+            return _wait_for_room(row, revision, node=order[0], tenant_id=tenant_id, pins=pins)
+        return row
     if (node := _take_borrowed(locked)) is not None:
         return _queue(row, revision, node=node, priority=priority)
     # An on-demand alias's activation makes room within its tenant's cap; a reserved pin outranks the cache.
@@ -201,8 +210,11 @@ def _queue(row: Placement | None, revision: AdapterRevision, *, node: ServingNod
     if row is None:
         row = Placement.objects.create(node=node, revision=revision, priority=priority, queued_at=now, updated_at=now)
     else:
+        # A request's ask that waited in line keeps the time it was asked: its place in admission's order, and
+        # its cold start counted from the request.
+        asked = row.queued_at if row.state == P.WAITING and row.priority == Priority.COLD_REQUEST else now
         row.node, row.state, row.attempts, row.failure_reason = node, P.QUEUED, 0, ""
-        row.priority, row.queued_at, row.updated_at = max(row.priority, priority), now, now
+        row.priority, row.queued_at, row.updated_at = max(row.priority, priority), asked, now
         row.save(update_fields=["node", "state", "attempts", "failure_reason", "priority", "queued_at", "updated_at"])
     outbox.placement_event(row.id, state=P.QUEUED, updated_at=now, revision=revision, node=node)
     transaction.on_commit(lambda: admit(node_id=node.id))
@@ -232,6 +244,43 @@ def _wait(row: Placement | None, revision: AdapterRevision, *, node: ServingNode
     outbox.placement_event(row.id, state=P.WAITING, updated_at=now, revision=revision, node=node, reason=reason)
     log.info("%s waits for capacity: %s", revision, reason)
     return row
+
+
+def _wait_for_room(
+    row: Placement | None, revision: AdapterRevision, *, node: ServingNode, tenant_id: int, pins: dict[int, int]
+) -> Placement | None:
+    """A request's revision that finds no room now (every entry there in use, or loads queued ahead) waits for it
+    in line, first asked first served (`failover.on_demand_retry`, run when an entry should be free again and
+    whenever a slot frees), for MINT_RESIDENCY_WAIT_S from its first ask. Not when the node holds nothing on
+    demand that could leave (its slots are all pinned), when the revision is loaded or loading elsewhere already
+    (a spread asks again later), or when the tenant has MINT_RESIDENCY_WAITING_PER_TENANT asks waiting: then
+    nothing waits, and the caller's 503 asks the client to come back."""
+    on_demand = Placement.objects.filter(node=node, state__in=HOLDING_STATES).exclude(revision_id__in=list(pins))
+    if not on_demand.exists():
+        return row
+    if row is None or row.state != P.WAITING:
+        served = Placement.objects.filter(revision=revision, node__state=NodeState.UP).exclude(
+            state__in=(P.WAITING, P.FAILED)
+        )
+        waiting = Placement.objects.filter(
+            state=P.WAITING, priority=Priority.COLD_REQUEST, revision__adapter__tenant_id=tenant_id
+        )
+        if served.exists() or waiting.count() >= settings.MINT_RESIDENCY_WAITING_PER_TENANT:
+            return row
+    reason = f"waiting in line for an on-demand slot on {node.name}: every entry there is in use or loads wait"
+    row = _wait(row, revision, node=node, priority=Priority.COLD_REQUEST, reason=reason)
+    on_demand_retry_later(node)
+    return row
+
+
+def on_demand_retry_later(node: ServingNode) -> None:
+    """Place what waits for an on-demand slot of `node`'s base model when one of its entries should be free
+    (`readiness.room_in_s`): one task per base model and second, however many wait."""
+    delay = readiness.room_in_s(node)
+    due = int(time.time() + delay)
+    if cache.add(f"serving:on-demand-retry:{node.base_model_id}:{due}", 1, timeout=max(1, math.ceil(delay) + 1)):
+        base_model_id = node.base_model_id
+        transaction.on_commit(lambda: outbox.send("placements_on_demand", countdown=delay, base_model_id=base_model_id))
 
 
 def evict(victim: Placement, *, reason: str | None) -> None:

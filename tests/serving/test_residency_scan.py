@@ -139,5 +139,5 @@ def test_without_frequencies_recency_decides_and_no_tenants_cap_opens(node, adap
         Placement.objects.filter(revision__adapter=adapter_a).update(last_used_at=timezone.now())  # both busy
         left = Placement.objects.filter(id__in=[p.id for p in theirs], state="ready").count()
         # A at its cap (two of four), both of its own busy: it waits rather than take B's last entries.
-        assert placement_request(revision=revisions[5], priority=Priority.COLD_REQUEST) is None
+        assert placement_request(revision=revisions[5], priority=Priority.COLD_REQUEST).state == "waiting"
     assert Placement.objects.filter(id__in=[p.id for p in theirs], state="ready").count() == left == 2
