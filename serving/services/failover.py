@@ -111,8 +111,8 @@ def on_demand_retry(
     """Give the on-demand room that freed to the requests waiting in line for it (`placement._wait_for_room`):
     first asked, first tried. A tenant whose ask still finds no room (at its cap with its own entries in use)
     is passed over for the rest of the round, and a node stops being tried after three refusals in a round (its
-    entries are all in use): a round costs a few tries, however many wait. An ask waiting longer than
-    MINT_RESIDENCY_WAIT_S is dropped (its client has given up, or asks again and gets back in line)."""
+    entries are all in use): a round costs a few tries, however many wait. An ask its client has not renewed
+    within MINT_RESIDENCY_WAIT_S is dropped (the client gave up; if it asks again, it gets back in line)."""
     if pins is None:
         pins = pinned_revisions(base_model_id=base_model_id)
     waiting = Placement.objects.filter(state=P.WAITING, priority=Priority.COLD_REQUEST).exclude(
@@ -121,7 +121,7 @@ def on_demand_retry(
     if base_model_id is not None:
         waiting = waiting.filter(node__base_model_id=base_model_id)
     since = timezone.now() - timedelta(seconds=settings.MINT_RESIDENCY_WAIT_S)
-    expired, _ = waiting.filter(queued_at__lt=since).delete()
+    expired, _ = waiting.filter(updated_at__lt=since).delete()
     placed, stuck, refused = 0, set(), Counter()
     rows = waiting.select_related("revision__adapter__tenant", "node").order_by("queued_at", "id")[:limit]
     for row in rows:
@@ -132,7 +132,7 @@ def on_demand_retry(
             locked = Placement.objects.select_for_update().filter(id=row.id, state=P.WAITING).first()
             if locked is None:
                 continue
-            result = place(row.revision, locked.priority, row=locked)
+            result = place(row.revision, locked.priority, row=locked, asked=False)
         if result is not None and result.state == P.QUEUED:
             placed += 1
         else:

@@ -88,11 +88,12 @@ def placement_request(*, revision: AdapterRevision, priority: int, replicas: int
         return holding[0] if holding else placed
 
 
-def place(revision: AdapterRevision, priority: int, *, row: Placement | None) -> Placement | None:
+def place(revision: AdapterRevision, priority: int, *, row: Placement | None, asked: bool = True) -> Placement | None:
     """Find room for a revision (inside the caller's transaction) and queue it there, or make it wait.
 
     `row` is the revision's existing placement that is not holding a slot (failed, waiting, or on a node
-    that went down), reused rather than duplicated.
+    that went down), reused rather than duplicated. `asked`: somebody asked for it now (not a retry of what
+    waits), which keeps a request's ask in line (`_wait_for_room`).
     """
     adapter = revision.adapter
     if row is not None and row.state == P.FAILED and priority < Priority.ACTIVATION:
@@ -160,7 +161,7 @@ def place(revision: AdapterRevision, priority: int, *, row: Placement | None) ->
         if decision.node is not None:
             return _carry_out(decision, row, revision, priority)
         if priority == Priority.COLD_REQUEST:
-            return _wait_for_room(row, revision, node=order[0], tenant_id=tenant_id, pins=pins)
+            return _wait_for_room(row, revision, node=order[0], tenant_id=tenant_id, pins=pins, asked=asked)
         return row
     if (node := _take_borrowed(locked)) is not None:
         return _queue(row, revision, node=node, priority=priority)
@@ -210,11 +211,8 @@ def _queue(row: Placement | None, revision: AdapterRevision, *, node: ServingNod
     if row is None:
         row = Placement.objects.create(node=node, revision=revision, priority=priority, queued_at=now, updated_at=now)
     else:
-        # A request's ask that waited in line keeps the time it was asked: its place in admission's order, and
-        # its cold start counted from the request.
-        asked = row.queued_at if row.state == P.WAITING and row.priority == Priority.COLD_REQUEST else now
         row.node, row.state, row.attempts, row.failure_reason = node, P.QUEUED, 0, ""
-        row.priority, row.queued_at, row.updated_at = max(row.priority, priority), asked, now
+        row.priority, row.queued_at, row.updated_at = max(row.priority, priority), now, now
         row.save(update_fields=["node", "state", "attempts", "failure_reason", "priority", "queued_at", "updated_at"])
     outbox.placement_event(row.id, state=P.QUEUED, updated_at=now, revision=revision, node=node)
     transaction.on_commit(lambda: admit(node_id=node.id))
@@ -247,18 +245,29 @@ def _wait(row: Placement | None, revision: AdapterRevision, *, node: ServingNode
 
 
 def _wait_for_room(
-    row: Placement | None, revision: AdapterRevision, *, node: ServingNode, tenant_id: int, pins: dict[int, int]
+    row: Placement | None,
+    revision: AdapterRevision,
+    *,
+    node: ServingNode,
+    tenant_id: int,
+    pins: dict[int, int],
+    asked: bool,
 ) -> Placement | None:
     """A request's revision that finds no room now (every entry there in use, or loads queued ahead) waits for it
-    in line, first asked first served (`failover.on_demand_retry`, run when an entry should be free again and
-    whenever a slot frees), for MINT_RESIDENCY_WAIT_S from its first ask. Not when the node holds nothing on
+    in line (`failover.on_demand_retry`, run when an entry should be free again, when a load ends and whenever a
+    slot frees) while its client keeps asking: an ask not renewed within MINT_RESIDENCY_WAIT_S leaves the line (a
+    load for a client that gave up would hold up those still asking). Nothing waits when the node holds nothing on
     demand that could leave (its slots are all pinned), when the revision is loaded or loading elsewhere already
-    (a spread asks again later), or when the tenant has MINT_RESIDENCY_WAITING_PER_TENANT asks waiting: then
-    nothing waits, and the caller's 503 asks the client to come back."""
+    (a spread asks again later), or when the tenant has MINT_RESIDENCY_WAITING_PER_TENANT asks waiting: the
+    caller's 503 asks the client to come back."""
     on_demand = Placement.objects.filter(node=node, state__in=HOLDING_STATES).exclude(revision_id__in=list(pins))
     if not on_demand.exists():
         return row
-    if row is None or row.state != P.WAITING:
+    if row is not None and row.state == P.WAITING:
+        if asked:  # the client asked again: still there (no event: nothing changed that anyone shows)
+            row.updated_at = timezone.now()
+            Placement.objects.filter(id=row.id).update(updated_at=row.updated_at)
+    else:
         served = Placement.objects.filter(revision=revision, node__state=NodeState.UP).exclude(
             state__in=(P.WAITING, P.FAILED)
         )
@@ -267,8 +276,8 @@ def _wait_for_room(
         )
         if served.exists() or waiting.count() >= settings.MINT_RESIDENCY_WAITING_PER_TENANT:
             return row
-    reason = f"waiting in line for an on-demand slot on {node.name}: every entry there is in use or loads wait"
-    row = _wait(row, revision, node=node, priority=Priority.COLD_REQUEST, reason=reason)
+        reason = f"waiting in line for an on-demand slot on {node.name}: every entry there is in use or loads wait"
+        row = _wait(row, revision, node=node, priority=Priority.COLD_REQUEST, reason=reason)
     on_demand_retry_later(node)
     return row
 
