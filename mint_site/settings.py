@@ -382,11 +382,6 @@ MINT_RESIDENCY_FREQUENCY_PERIOD_S = env_int("MINT_RESIDENCY_FREQUENCY_PERIOD_S",
 # A placement used or loaded within this many seconds is not evicted for an on-demand load (a request's retry
 # finds what was loaded for it; a working set larger than the node waits instead of thrashing).
 MINT_RESIDENCY_MIN_RESIDENT_S = env_float("MINT_RESIDENCY_MIN_RESIDENT_S", 5.0, minimum=0)
-# An on-demand load that finds no room waits for it in line (the first asker gets the next slot) while its
-# client keeps asking: it leaves the line when not asked for again within this many seconds. At most this many
-# asks of one tenant wait at once.
-MINT_RESIDENCY_WAIT_S = env_float("MINT_RESIDENCY_WAIT_S", 10.0, minimum=0)
-MINT_RESIDENCY_WAITING_PER_TENANT = env_int("MINT_RESIDENCY_WAITING_PER_TENANT", 16, minimum=0)
 MINT_RESIDENCY_FLUSH_S = env_float("MINT_RESIDENCY_FLUSH_S", 1.0, minimum=0)  # gateway request counts → Redis
 MINT_RESIDENCY_NODE_CHOICES = env_int("MINT_RESIDENCY_NODE_CHOICES", 3, minimum=1)  # nodes a load may try
 MINT_RESIDENCY_DISK_CHOICES = env_int("MINT_RESIDENCY_DISK_CHOICES", 3, minimum=1)  # best nodes checked for files

@@ -241,12 +241,6 @@ def node_admit(self, *, node_id: int) -> None:
     admission.admit_after_pause(node_id=node_id)
 
 
-@shared_task(ignore_result=True)
-def placements_on_demand(*, base_model_id: int) -> None:
-    """An on-demand slot should be free now: place the requests' revisions waiting in line for one."""
-    failover.on_demand_retry(base_model_id=base_model_id)
-
-
 @shared_task(bind=True, ignore_result=True)
 def nodes_heartbeat(self) -> None:
     """Beat: read each node's /health and /v1/models, record up/down, and reconcile up nodes."""

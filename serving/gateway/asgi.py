@@ -118,6 +118,7 @@ def _endpoint(handle: Handler, *, spends_tokens: bool = False) -> Callable[[Requ
             body = await _read(request)  # only once the caller is known: nobody gets the body read
             outcome.tenant, outcome.caller = caller.tenant_slug, caller
             outcome.wait_s = cold.wait_asked(request.headers, caller.plan)  # X-Mint-Wait: hold for a load
+            outcome.retry = cold.is_retry(request.headers)
             outcome.tally.tenant_id, outcome.tally.key_id = caller.tenant_id, caller.key_id
             limit = caller.plan.max_inflight_requests
             release = state.inflight_cap.take(caller.tenant_id, limit)

@@ -55,6 +55,7 @@ class Outcome:
     on_end: Callable[[], None] | None = None  # what must wait for the answer's end (a streamed canary request's count)
     kind: str = UsageKind.INFERENCE  # what it is metered as: `sampling` when a key's sampling right served it
     wait_s: float = 0.0  # how long it may be held for a load on demand (X-Mint-Wait; serving/gateway/residency.py)
+    retry: bool = False  # a retry of a request the client sent before (serving/gateway/residency.py `is_retry`)
     reservation: Reservation | None = None  # what its admission reserved on its token limits, settled at its end
 
 
@@ -96,7 +97,7 @@ def inference(path: str) -> Handler:
             ref,
             seconds=outcome.wait_s,
             load=lambda again=False: resolve.resolve(
-                state, caller.tenant_id, ref, model, admit=admit, tally=outcome.tally, again=again
+                state, caller.tenant_id, ref, model, admit=admit, tally=outcome.tally, again=again or outcome.retry
             ),
         )
         answer = proxy.AnswerRules()

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WAIT_HEADER = "x-mint-wait"
+RETRY_HEADER = "x-stainless-retry-count"
 HOLD_POLL_S = 0.5  # a held request re-reads its route this often when no ready event woke it
 ASK_TIMEOUT_S = 1.0  # the first request of a cold revision waits this long for the control plane's answer
 _ASKED = 10_000  # revisions whose readiness estimate a process remembers (bounded like the other caches)
@@ -55,6 +56,15 @@ _ASKED = 10_000  # revisions whose readiness estimate a process remembers (bound
 def retry_after(seconds: float) -> int:
     """`Retry-After` for an expected wait: whole seconds, rounded up, 1 at least."""
     return max(1, math.ceil(seconds - 1e-9))
+
+
+def is_retry(headers) -> bool:
+    """Whether the client marks the request as a retry of one it sent before (`X-Stainless-Retry-Count` above 0,
+    as the official `openai` clients send after a 503 and its `Retry-After`): the same request, not counted again
+    towards its revision's frequency. Counted per attempt, every cold request retried once would read as asked
+    for twice, and no entry loaded on demand would ever count as one-off (serving/residency/policy.py)."""
+    raw = headers.get(RETRY_HEADER)
+    return raw is not None and raw.strip() not in ("", "0")
 
 
 def wait_asked(headers, plan) -> float:

@@ -2,8 +2,7 @@
 
 `expected_ready_s` is what the gateway's 503 `Retry-After` says: the node's loads ahead of it (its place in the
 admission queue) times the node's measured load time (fetch + load + warm-up of its recent placements), plus
-what it waits for: a pacing pause, or, for an ask waiting in line for room, the time until an entry may leave
-(`room_in_s`: MINT_RESIDENCY_MIN_RESIDENT_S after its last use) and a load turn for each ask ahead of it.
+what it waits for: a pacing pause, or room (an entry must stay MINT_RESIDENCY_MIN_RESIDENT_S before it may leave).
 """
 
 from __future__ import annotations
@@ -15,9 +14,8 @@ from functools import cache
 from django.conf import settings
 from django.utils import timezone
 
-from serving.models import ColdStart, NodeCopy, Placement, PlacementState, PrewarmTurn, Priority, ServingNode
+from serving.models import ColdStart, NodeCopy, Placement, PlacementState, PrewarmTurn
 from serving.residency import stats
-from serving.selectors.pins import pinned_revisions
 
 P = PlacementState
 DEFAULT_LOAD_S = 1.0  # a node that never loaded anything: a guess, replaced by measurements after its first load
@@ -95,20 +93,13 @@ def expected_ready_s(revision_id: int, *, now: datetime | None = None) -> float:
         Placement.objects.filter(revision_id=revision_id)
         .exclude(state__in=(P.EVICTING, P.FAILED))
         .values_list(
-            "node__name",
-            "node_id",
-            "state",
-            "started_at",
-            "priority",
-            "queued_at",
-            "revision__adapter__tenant_id",
-            "node__base_model_id",
+            "node__name", "node_id", "state", "started_at", "priority", "queued_at", "revision__adapter__tenant_id"
         )
     )
     if any(state == P.READY for _, _, state, *_ in rows):
         return 0.0
     estimates = []
-    for node_name, node_id, state, started_at, priority, queued_at, tenant_id, base_model_id in rows:
+    for node_name, node_id, state, started_at, priority, queued_at, tenant_id in rows:
         load_s = node_load_s(node_id)
         if state in (P.LOADING, P.WARMING):
             elapsed = (now - started_at).total_seconds() if started_at else 0.0
@@ -124,40 +115,11 @@ def expected_ready_s(revision_id: int, *, now: datetime | None = None) -> float:
             waited = (now - queued_at).total_seconds()
             own = max(load_s, node_cold_s(node_id, node_name) - waited)  # its own load, as loads here have gone
             estimates.append(turns * load_s + own + _pause_s(node_id, tenant_id, now))
-        elif state == P.WAITING and priority == Priority.COLD_REQUEST:
-            # In line for an on-demand slot: room first, then a load turn for each ask ahead and each load
-            # queued or under way, then its own.
-            ahead = Placement.objects.filter(
-                node_id=node_id, state=P.WAITING, priority=Priority.COLD_REQUEST, queued_at__lt=queued_at
-            ).count()
-            pending = Placement.objects.filter(node_id=node_id, state__in=(P.QUEUED, P.LOADING, P.WARMING)).count()
-            turns = (ahead + pending) / max(1, settings.MINT_NODE_COLD_LOADS)
-            estimates.append(_room_in_s(node_id, base_model_id, now) + (turns + 1) * load_s)
         elif state == P.WAITING:
             estimates.append(settings.MINT_RESIDENCY_MIN_RESIDENT_S + load_s)
     if not estimates:  # no room was found for it: an entry frees within the minimum residency
         return float(settings.MINT_RESIDENCY_MIN_RESIDENT_S) + DEFAULT_LOAD_S
     return min(estimates)
-
-
-def room_in_s(node: ServingNode, *, now: datetime | None = None) -> float:
-    """Seconds until one of the node's on-demand entries should be free to leave: its least recently used one
-    leaves MINT_RESIDENCY_MIN_RESIDENT_S after its last use or load (if nothing uses it meanwhile); 0 when one
-    may leave now; the minimum residency when the node holds none (its slots are pinned, or loading)."""
-    return _room_in_s(node.id, node.base_model_id, now or timezone.now())
-
-
-def _room_in_s(node_id: int, base_model_id: int, now: datetime) -> float:
-    hold = settings.MINT_RESIDENCY_MIN_RESIDENT_S
-    rows = (
-        Placement.objects.filter(node_id=node_id, state=P.READY)
-        .exclude(revision_id__in=list(pinned_revisions(base_model_id=base_model_id, now=now)))
-        .values_list("last_used_at", "ready_at")
-    )
-    frees = [max(t for t in times if t is not None) for times in rows if any(times)]
-    if not frees:
-        return float(hold)
-    return max(0.0, (min(frees) - now).total_seconds() + hold)
 
 
 def _pause_s(node_id: int, tenant_id: int, now: datetime) -> float:

@@ -200,11 +200,6 @@ def placement_warmed(*, placement: Placement, warm_ms: float) -> bool:
         if placement.priority == Priority.COLD_REQUEST:
             residency.cold_start_done(placement=placement, now=now)
         residency.record_load(placement=placement, now=now)
-        # Requests waiting in line because loads were queued here ahead of them get their turn now.
-        waiting = Placement.objects.filter(node_id=placement.node_id, state=P.WAITING, priority=Priority.COLD_REQUEST)
-        if waiting.exists():
-            base_model_id = placement.node.base_model_id
-            transaction.on_commit(lambda: outbox.send("placements_on_demand", base_model_id=base_model_id))
     return moved
 
 

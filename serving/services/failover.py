@@ -5,9 +5,7 @@ again (failover); a revision nothing names any more leaves the nodes, freeing it
 from __future__ import annotations
 
 from collections import Counter
-from datetime import timedelta
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, F, OuterRef, Q, Subquery, Window
 from django.db.models.functions import Coalesce, RowNumber
@@ -16,7 +14,7 @@ from django.utils import timezone
 from adapters.models import AdapterRevision, RevisionState, replicas_sql
 from serving import selectors
 from serving.models import ACTIVE_STATES, HOLDING_STATES, NodeState, Placement, PlacementState, Priority, ServingNode
-from serving.selectors.pins import PinRole, pinned_revisions, pinned_roles
+from serving.selectors.pins import PinRole, pinned_roles
 from serving.services import outbox
 from serving.services.admission import admit
 from serving.services.placement import evict, place, placement_request
@@ -45,9 +43,7 @@ def placements_retry(*, base_model_id: int | None = None, limit: int = 200) -> d
     waiting = Placement.objects.filter(state=P.WAITING)
     if base_model_id is not None:
         waiting = waiting.filter(node__base_model_id=base_model_id)
-    # Requests' revisions waiting in line for an on-demand slot are `on_demand_retry`'s (after the pinned ones).
-    dropped, _ = waiting.exclude(revision_id__in=list(pins)).exclude(priority=Priority.COLD_REQUEST).delete()
-    waiting = waiting.filter(revision_id__in=list(pins))
+    dropped, _ = waiting.exclude(revision_id__in=list(pins)).delete()
     held = Counter(
         Placement.objects.filter(state__in=HOLDING_STATES).values_list("revision__adapter__tenant_id", flat=True)
     )
@@ -101,44 +97,7 @@ def placements_retry(*, base_model_id: int | None = None, limit: int = 200) -> d
     for revision_id in chosen:
         revision = revisions[revision_id]
         placement_request(revision=revision, priority=Priority.ACTIVATION, replicas=revision.adapter.replica_count)
-    on_demand = on_demand_retry(base_model_id=base_model_id, pins=pins)
-    return {"dropped": dropped, "placed": placed, "requested": len(chosen), **on_demand}
-
-
-def on_demand_retry(
-    *, base_model_id: int | None = None, pins: dict[int, int] | None = None, limit: int = 50
-) -> dict[str, int]:
-    """Give the on-demand room that freed to the requests waiting in line for it (`placement._wait_for_room`):
-    first asked, first tried. A tenant whose ask still finds no room (at its cap with its own entries in use)
-    is passed over for the rest of the round, and a node stops being tried after three refusals in a round (its
-    entries are all in use): a round costs a few tries, however many wait. An ask its client has not renewed
-    within MINT_RESIDENCY_WAIT_S is dropped (the client gave up; if it asks again, it gets back in line)."""
-    if pins is None:
-        pins = pinned_revisions(base_model_id=base_model_id)
-    waiting = Placement.objects.filter(state=P.WAITING, priority=Priority.COLD_REQUEST).exclude(
-        revision_id__in=list(pins)
-    )
-    if base_model_id is not None:
-        waiting = waiting.filter(node__base_model_id=base_model_id)
-    since = timezone.now() - timedelta(seconds=settings.MINT_RESIDENCY_WAIT_S)
-    expired, _ = waiting.filter(updated_at__lt=since).delete()
-    placed, stuck, refused = 0, set(), Counter()
-    rows = waiting.select_related("revision__adapter__tenant", "node").order_by("queued_at", "id")[:limit]
-    for row in rows:
-        tenant_id = row.revision.adapter.tenant_id
-        if tenant_id in stuck or refused[row.node_id] >= 3:
-            continue
-        with transaction.atomic():
-            locked = Placement.objects.select_for_update().filter(id=row.id, state=P.WAITING).first()
-            if locked is None:
-                continue
-            result = place(row.revision, locked.priority, row=locked, asked=False)
-        if result is not None and result.state == P.QUEUED:
-            placed += 1
-        else:
-            stuck.add(tenant_id)
-            refused[row.node_id] += 1
-    return {"expired": expired, "placed_on_demand": placed}
+    return {"dropped": dropped, "placed": placed, "requested": len(chosen)}
 
 
 def _failover_order(revision_ids: list[int], roles: dict[int, tuple[int, int]], held: Counter[int]) -> list[int]:

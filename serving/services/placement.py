@@ -6,12 +6,9 @@ what waits for room is placed again when a slot frees (serving/services/failover
 from __future__ import annotations
 
 import logging
-import math
-import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Case, Count, F, Value, When
 from django.utils import timezone
@@ -19,7 +16,6 @@ from django.utils import timezone
 from adapters.models import AdapterRevision
 from serving import selectors
 from serving.models import HOLDING_STATES, NodeState, Placement, PlacementState, Priority, ServingNode, lora_name
-from serving.selectors import residency as readiness
 from serving.selectors.pins import pinned_revisions, pins_and_activations
 from serving.services import capacity, outbox, rendezvous, residency
 from serving.services.admission import admit
@@ -54,9 +50,8 @@ def placement_request(*, revision: AdapterRevision, priority: int, replicas: int
     Returns a placement of it, existing or new (existing ones keep the higher priority): `queued` for
     admission when a slot is free or may be taken under the capacity rules (serving/services/capacity.py);
     for a pinned revision (an alias names it) that finds no room, `waiting` with its reason, placed by
-    `placements_retry` when capacity frees; for a request's revision, `waiting` in line for an on-demand slot
-    (`_wait_for_room`), or None when it may not wait (the caller's 503 asks it to come back). None too when no
-    node of the base model can load the revision. Each replica goes to the
+    `placements_retry` when capacity frees. None for a cold request that finds no room (the caller's 503
+    asks it to come back) and when no node of the base model can load the revision. Each replica goes to the
     first node of the revision's rendezvous order with room that holds none of it yet; a placement on a node
     that is down holds nothing (failover places the revision again elsewhere).
     """
@@ -88,12 +83,11 @@ def placement_request(*, revision: AdapterRevision, priority: int, replicas: int
         return holding[0] if holding else placed
 
 
-def place(revision: AdapterRevision, priority: int, *, row: Placement | None, asked: bool = True) -> Placement | None:
+def place(revision: AdapterRevision, priority: int, *, row: Placement | None) -> Placement | None:
     """Find room for a revision (inside the caller's transaction) and queue it there, or make it wait.
 
     `row` is the revision's existing placement that is not holding a slot (failed, waiting, or on a node
-    that went down), reused rather than duplicated. `asked`: somebody asked for it now (not a retry of what
-    waits), which keeps a request's ask in line (`_wait_for_room`).
+    that went down), reused rather than duplicated.
     """
     adapter = revision.adapter
     if row is not None and row.state == P.FAILED and priority < Priority.ACTIVATION:
@@ -158,11 +152,7 @@ def place(revision: AdapterRevision, priority: int, *, row: Placement | None, as
             on_disk=residency.disk_nodes(revision.id),
             activating=activating,
         )
-        if decision.node is not None:
-            return _carry_out(decision, row, revision, priority)
-        if priority == Priority.COLD_REQUEST:
-            return _wait_for_room(row, revision, node=order[0], tenant_id=tenant_id, pins=pins, asked=asked)
-        return row
+        return row if decision.node is None else _carry_out(decision, row, revision, priority)
     if (node := _take_borrowed(locked)) is not None:
         return _queue(row, revision, node=node, priority=priority)
     # An on-demand alias's activation makes room within its tenant's cap; a reserved pin outranks the cache.
@@ -242,54 +232,6 @@ def _wait(row: Placement | None, revision: AdapterRevision, *, node: ServingNode
     outbox.placement_event(row.id, state=P.WAITING, updated_at=now, revision=revision, node=node, reason=reason)
     log.info("%s waits for capacity: %s", revision, reason)
     return row
-
-
-def _wait_for_room(
-    row: Placement | None,
-    revision: AdapterRevision,
-    *,
-    node: ServingNode,
-    tenant_id: int,
-    pins: dict[int, int],
-    asked: bool,
-) -> Placement | None:
-    """A request's revision that finds no room now (every entry there in use, or loads queued ahead) waits for it
-    in line (`failover.on_demand_retry`, run when an entry should be free again, when a load ends and whenever a
-    slot frees) while its client keeps asking: an ask not renewed within MINT_RESIDENCY_WAIT_S leaves the line (a
-    load for a client that gave up would hold up those still asking). Nothing waits when the node holds nothing on
-    demand that could leave (its slots are all pinned), when the revision is loaded or loading elsewhere already
-    (a spread asks again later), or when the tenant has MINT_RESIDENCY_WAITING_PER_TENANT asks waiting: the
-    caller's 503 asks the client to come back."""
-    on_demand = Placement.objects.filter(node=node, state__in=HOLDING_STATES).exclude(revision_id__in=list(pins))
-    if not on_demand.exists():
-        return row
-    if row is not None and row.state == P.WAITING:
-        if asked:  # the client asked again: still there (no event: nothing changed that anyone shows)
-            row.updated_at = timezone.now()
-            Placement.objects.filter(id=row.id).update(updated_at=row.updated_at)
-    else:
-        served = Placement.objects.filter(revision=revision, node__state=NodeState.UP).exclude(
-            state__in=(P.WAITING, P.FAILED)
-        )
-        waiting = Placement.objects.filter(
-            state=P.WAITING, priority=Priority.COLD_REQUEST, revision__adapter__tenant_id=tenant_id
-        )
-        if served.exists() or waiting.count() >= settings.MINT_RESIDENCY_WAITING_PER_TENANT:
-            return row
-        reason = f"waiting in line for an on-demand slot on {node.name}: every entry there is in use or loads wait"
-        row = _wait(row, revision, node=node, priority=Priority.COLD_REQUEST, reason=reason)
-    on_demand_retry_later(node)
-    return row
-
-
-def on_demand_retry_later(node: ServingNode) -> None:
-    """Place what waits for an on-demand slot of `node`'s base model when one of its entries should be free
-    (`readiness.room_in_s`): one task per base model and second, however many wait."""
-    delay = readiness.room_in_s(node)
-    due = int(time.time() + delay)
-    if cache.add(f"serving:on-demand-retry:{node.base_model_id}:{due}", 1, timeout=max(1, math.ceil(delay) + 1)):
-        base_model_id = node.base_model_id
-        transaction.on_commit(lambda: outbox.send("placements_on_demand", countdown=delay, base_model_id=base_model_id))
 
 
 def evict(victim: Placement, *, reason: str | None) -> None:

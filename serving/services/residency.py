@@ -128,6 +128,7 @@ class NodeView:
     cache: NodeCache[int]
     ready: dict[int, Placement]  # revision id → its ready on-demand placement here
     busy: set[int]
+    used: set[int] = field(default_factory=set)  # of `busy`, those busy only for having served a request lately
     speculative: list[Placement] = field(default_factory=list)  # ready, borrowed by an evaluation: first to go
     pending: int = 0  # loads not ready yet (queued, loading, warming), each holding the slot it was given
 
@@ -173,16 +174,20 @@ def node_view(
     for placement in loading:
         cache_.add(placement.revision_id, placement.revision.adapter.tenant_id, Segment.WINDOW)
     since = now - timedelta(seconds=settings.MINT_RESIDENCY_MIN_RESIDENT_S)
-    busy = {
-        p.revision_id
-        for p in ready
-        if (p.last_used_at is not None and p.last_used_at >= since) or (p.ready_at is not None and p.ready_at >= since)
-    } | {p.revision_id for p in loading}
+    busy, used = {p.revision_id for p in loading}, set()
+    for p in ready:
+        served = p.last_used_at is not None and p.ready_at is not None and p.last_used_at > p.ready_at
+        if p.ready_at is not None and p.ready_at >= since and not served:
+            busy.add(p.revision_id)  # loaded for a request whose client has not come back for it yet
+        elif p.last_used_at is not None and p.last_used_at >= since:
+            busy.add(p.revision_id)
+            used.add(p.revision_id)
     return NodeView(
         node=node,
         cache=cache_,
         ready={p.revision_id: p for p in ready},
         busy=busy,
+        used=used,
         speculative=speculative,
         pending=sum(1 for p in rows if p.state in (P.QUEUED, P.LOADING, P.WARMING)),
     )
@@ -235,7 +240,10 @@ def on_demand(
         if view.speculative:  # an evaluation's borrowed slot is given back first
             return Decision(candidate, [view.speculative[0]], view)
         asked = _lookup([revision_id, *(view.ready.keys() | view.busy)], incoming=revision_id)
-        outcome = view.cache.miss(revision_id, tenant_id, frequency=asked, busy=view.busy)
+        # A one-off entry that served the request it was loaded for is kept for nobody: it may leave at once (a
+        # scan's, a tail request's), so the window turns over as fast as the node loads.
+        busy = view.busy - {k for k in view.used if asked(k) <= ONE_OFF}
+        outcome = view.cache.miss(revision_id, tenant_id, frequency=asked, busy=busy)
         if outcome.admitted:
             return Decision(candidate, [view.ready[k] for k in outcome.evicted], view)
     return Decision(None, [])

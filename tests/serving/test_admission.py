@@ -19,6 +19,7 @@ from serving.services.aliases import placement_ready
 from serving.services.failover import placement_forget
 from serving.services.nodes import node_reconcile
 from serving.services.placement import eviction_victim, placement_request
+from serving.services.residency import record_requests
 from tests.metrics_scrape import scrape_metrics
 from tests.serving.conftest import claim_concurrently, make_live, place
 from tests.serving.sent_tasks import NODE_TASKS, recorded, sent_of
@@ -99,7 +100,7 @@ def test_no_up_node_means_no_placement(node, make_revision):
 
 
 def test_eviction_takes_the_least_recently_used_unprotected_placement(
-    node, make_revision, sent, django_capture_on_commit_callbacks
+    node, make_revision, sent, django_capture_on_commit_callbacks, clean_frequencies
 ):
     now = timezone.now()
     live, old, recent = make_revision(1), make_revision(2), make_revision(3)
@@ -107,6 +108,7 @@ def test_eviction_takes_the_least_recently_used_unprotected_placement(
     place(node, live, "ready", last_used_at=now - timedelta(hours=5))  # oldest, but live
     old_placement = place(node, old, "ready", last_used_at=now - timedelta(hours=1))
     place(node, recent, "ready", last_used_at=now)
+    record_requests({recent.id: 2})  # in use, and asked for more than once
 
     with (
         mock.patch("serving.services.outbox.live_event") as events,

@@ -230,7 +230,7 @@ def test_retry_drops_what_nobody_pins_and_requests_what_lost_its_placement(node,
     Placement.objects.create(node=node, revision=stale, state="waiting", failure_reason="x")
     pin(lost, "production")
     result = placements_retry()
-    assert result == {"dropped": 1, "placed": 0, "requested": 1, "expired": 0, "placed_on_demand": 0}
+    assert result == {"dropped": 1, "placed": 0, "requested": 1}
     assert not Placement.objects.filter(revision=stale).exists()
     assert Placement.objects.get(revision=lost).state == "queued"
 
@@ -261,17 +261,20 @@ def test_a_load_on_demand_past_the_tenants_share_spares_anothers_recurring_entry
         assert evicting == [theirs.id]
 
 
-def test_a_load_on_demand_waits_rather_than_evict_what_is_in_use(node, adapter_a, revisions_of, settings):
-    """Every entry was used within MINT_RESIDENCY_MIN_RESIDENT_S: nothing leaves, the request waits in line for
-    room (its 503 says when to come back), and a pinned revision would still take a slot."""
+def test_a_load_on_demand_waits_rather_than_evict_what_is_in_use(
+    node, adapter_a, revisions_of, settings, clean_frequencies
+):
+    """Every entry, asked for more than once, was used within MINT_RESIDENCY_MIN_RESIDENT_S: nothing leaves, the
+    request gets no placement (its 503 says when to come back), and a pinned revision would still take a slot."""
     settings.MINT_RESIDENCY_MIN_RESIDENT_S = 30
     now = timezone.now()
     busy = revisions_of("a", 3)
     for revision in busy:
         place(node, revision, "ready", last_used_at=now)
+    record_requests({revision.id: ONE_OFF + 1 for revision in busy})
     (cold,) = revisions_of("b", 1)
-    assert placement_request(revision=cold, priority=Priority.COLD_REQUEST).state == "waiting"
-    assert set(Placement.objects.filter(revision__in=busy).values_list("state", flat=True)) == {"ready"}
+    assert placement_request(revision=cold, priority=Priority.COLD_REQUEST) is None
+    assert set(Placement.objects.values_list("state", flat=True)) == {"ready"}
     (pinned,) = revisions_of("b", 1, start=2)
     pin(pinned, "production")
     assert placement_request(revision=pinned, priority=Priority.ACTIVATION).state == "queued"

@@ -224,3 +224,28 @@ def test_a_request_goes_where_its_adapter_is_active_when_the_other_batch_is_full
         gpu.use(Target(placement_id=9, node_name="node-2", node_url="", lora_name=name, gpu_slots=2))
     assert {pick(Counter(), (hot, other), active=gpu.holds).node_name for _ in range(40)} == {"node-1"}
     assert gpu.use(hot) == "gpu" and gpu.use(other) == "cpu"
+
+
+def test_a_retry_the_client_marks_counts_as_the_same_request(world, settings, estimate):
+    """The official openai client retries a 503 after its Retry-After, marking each try (X-Stainless-Retry-Count:
+    0, 1, 2): one request for the frequencies, not three (counted per try, every cold request retried once read as
+    asked for twice, and nothing loaded on demand was ever one-off)."""
+    settings.MINT_RESIDENCY_FLUSH_S = 3600  # flushed below, once
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    for key in client.scan_iter(f"{residency_services.FREQUENCY_PREFIX}:*"):
+        client.delete(key)
+    token = world.token
+
+    async def scenario():
+        statuses = []
+        async with site(world.state) as http:
+            for attempt in range(3):
+                headers = {"Authorization": f"Bearer {token}", "X-Stainless-Retry-Count": str(attempt)}
+                body = {"model": "support-bot@r2", "prompt": "Hi", "max_tokens": 4}
+                statuses.append((await http.post("/v1/completions", json=body, headers=headers)).status_code)
+        await settle(world.state)
+        return statuses
+
+    assert async_to_sync(scenario)() == [503, 503, 503]
+    world.state.cold._flush()
+    assert residency_services.estimates([world.r2.id])[world.r2.id] == 1

@@ -1,5 +1,5 @@
 """A load on demand evicts only when it can start soon: with loads already waiting on the node beyond those it runs
-at once, a cold request takes no ready revision out (it gets its 503 and waits in line), so a burst of misses cannot
+at once, a cold request takes no ready revision out (it gets its 503 and asks again), so a burst of misses cannot
 drain the node's ready set while its loads queue."""
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ def test_a_cold_request_behind_a_queued_load_evicts_nothing(node, make_revision,
     assert Placement.objects.filter(id__in=[p.id for p in ready], state="evicting").delete()[0] == 1  # unloaded
 
     # One load runs and one waits: another cold request would evict the last ready revision for a load that
-    # cannot start before the two ahead of it. It waits in line instead, and nothing leaves.
+    # cannot start before the two ahead of it. It is refused instead, and nothing leaves.
     refused = placement_request(revision=make_revision(5), priority=Priority.COLD_REQUEST)
-    assert refused is not None and refused.state == "waiting"
+    assert refused is None
     assert Placement.objects.filter(id__in=[p.id for p in ready], state="ready").count() == 1
+    assert not Placement.objects.filter(revision__number=5).exists()
 
 
 def test_loads_the_node_runs_at_once_may_all_make_room(node, make_revision, settings):

@@ -139,5 +139,24 @@ def test_without_frequencies_recency_decides_and_no_tenants_cap_opens(node, adap
         Placement.objects.filter(revision__adapter=adapter_a).update(last_used_at=timezone.now())  # both busy
         left = Placement.objects.filter(id__in=[p.id for p in theirs], state="ready").count()
         # A at its cap (two of four), both of its own busy: it waits rather than take B's last entries.
-        assert placement_request(revision=revisions[5], priority=Priority.COLD_REQUEST).state == "waiting"
+        assert placement_request(revision=revisions[5], priority=Priority.COLD_REQUEST) is None
     assert Placement.objects.filter(id__in=[p.id for p in theirs], state="ready").count() == left == 2
+
+
+def test_a_one_off_entry_that_served_its_request_may_leave_at_once(node, make_revision, settings, clean_frequencies):
+    """Of entries used within MINT_RESIDENCY_MIN_RESIDENT_S, one loaded for a request whose client has not come
+    back yet stays (its retry must find it), and so does one asked for often; one asked for once that served
+    that request is kept for nobody: a scan's or a tail request's, it leaves for the next load at once."""
+    settings.MINT_RESIDENCY_MIN_RESIDENT_S = 30
+    now = timezone.now()
+    loaded = now - timedelta(seconds=2)
+    awaiting = place(node, make_revision(1), "ready", ready_at=loaded, last_used_at=loaded)
+    once = place(node, make_revision(2), "ready", ready_at=loaded, last_used_at=now)
+    often = place(node, make_revision(3), "ready", ready_at=loaded, last_used_at=now)
+    residency.record_requests({once.revision_id: 1, often.revision_id: 6})
+
+    placed = placement_request(revision=make_revision(4), priority=Priority.COLD_REQUEST)
+    assert placed.state == "queued"
+    assert set(Placement.objects.filter(state="evicting").values_list("id", flat=True)) == {once.id}
+    assert placement_request(revision=make_revision(5), priority=Priority.COLD_REQUEST) is None  # nothing more leaves
+    assert Placement.objects.filter(id__in=(awaiting.id, often.id), state="ready").count() == 2
