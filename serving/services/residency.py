@@ -5,9 +5,10 @@ revisions nobody pins, least recently used first, in the segment each was left i
 capacity is the node's `cpu_slots` less every slot held otherwise (pinned revisions, loads under way, evictions
 not yet unloaded, an evaluation's borrowed slot). Frequencies come from Redis (`frequency()`: every gateway process
 adds the requests it routed; a Redis that cannot be read makes the policy plain LRU with segments, never an error).
-`busy`: a placement used or loaded within MINT_RESIDENCY_MIN_RESIDENT_S is not evicted for an on-demand load, so
-a revision loaded for a request is still there when that request's client comes back after its Retry-After, and a
-working set larger than the node waits for room instead of thrashing.
+`busy`: a placement is not evicted for an on-demand load while it waits for the client whose request loaded it
+(loaded within MINT_RESIDENCY_MIN_RESIDENT_S, not used since), so that client finds it after its Retry-After; nor
+when used within MINT_RESIDENCY_MIN_RESIDENT_S and asked for more than once lately, so a working set larger than
+the node waits for room instead of thrashing. One asked for once that served its request may leave at once.
 
 `on_demand` decides; serving/services/placement.py carries the decision out (evicts, queues) inside its
 transaction, with the nodes' rows locked.
