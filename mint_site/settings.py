@@ -379,8 +379,9 @@ MINT_RESIDENCY_PROTECTED = env_float("MINT_RESIDENCY_PROTECTED", 0.8, minimum=0)
 # The share of a node's on-demand slots past which a tenant makes room only from its own or one-off entries.
 MINT_RESIDENCY_TENANT_CAP = min(1.0, env_float("MINT_RESIDENCY_TENANT_CAP", 0.5, minimum=0.01))
 MINT_RESIDENCY_FREQUENCY_PERIOD_S = env_int("MINT_RESIDENCY_FREQUENCY_PERIOD_S", 300, minimum=1)  # aging period
-# A placement used or loaded within this many seconds is not evicted for an on-demand load (a request's retry
-# finds what was loaded for it; a working set larger than the node waits instead of thrashing).
+# A placement loaded within this many seconds and not used since (a request's retry finds what was loaded for it),
+# or used within them and asked for more than once lately (a working set larger than the node waits instead of
+# thrashing), is not evicted for an on-demand load.
 MINT_RESIDENCY_MIN_RESIDENT_S = env_float("MINT_RESIDENCY_MIN_RESIDENT_S", 5.0, minimum=0)
 MINT_RESIDENCY_FLUSH_S = env_float("MINT_RESIDENCY_FLUSH_S", 1.0, minimum=0)  # gateway request counts → Redis
 MINT_RESIDENCY_NODE_CHOICES = env_int("MINT_RESIDENCY_NODE_CHOICES", 3, minimum=1)  # nodes a load may try

@@ -24,8 +24,8 @@ Frequency decides what stays, within two bounds that keep one tenant from spendi
   newcomer itself is the window's candidate: if main's victim is recurring and asked for at least as often, the
   request waits for room (503 and `Retry-After`) instead of pushing it out without a comparison.
 
-Entries that are `busy` (a request in flight, a load under way) are never victims: the node may stay over
-capacity until one frees (`shrink` again).
+Entries that are `busy` (a load under way, one waiting for the client that asked for it, a recurring one in use:
+the caller decides) are never victims: the node may stay over capacity until one frees (`shrink` again).
 
 Pure: no I/O, no clock. The control plane rebuilds a node's cache from its placements at each decision
 (serving/services/residency.py); benchmarks/long_tail replays traces through the same object.
