@@ -178,13 +178,10 @@ def test_requests_feed_the_shared_frequencies(world, settings):
     assert residency_services.estimates([world.r1.id])[world.r1.id] >= 5
 
 
-def test_a_held_request_counts_once_however_often_it_reads_its_route(world, settings, estimate):
+def test_a_held_request_counts_once_however_often_it_reads_its_route(world, settings, estimate, clean_frequencies):
     """Held for 1.6 s, a request reads its route again every HOLD_POLL_S: one request for the frequencies, not
     one per read (cheap counts would buy residency, and make others' newcomers wait behind them)."""
     settings.MINT_RESIDENCY_FLUSH_S = 3600  # flushed below, once
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    for key in client.scan_iter(f"{residency_services.FREQUENCY_PREFIX}:*"):
-        client.delete(key)
     token = world.token
 
     async def scenario():
@@ -226,14 +223,11 @@ def test_a_request_goes_where_its_adapter_is_active_when_the_other_batch_is_full
     assert gpu.use(hot) == "gpu" and gpu.use(other) == "cpu"
 
 
-def test_a_retry_the_client_marks_counts_as_the_same_request(world, settings, estimate):
+def test_a_retry_the_client_marks_counts_as_the_same_request(world, settings, estimate, clean_frequencies):
     """The official openai client retries a 503 after its Retry-After, marking each try (X-Stainless-Retry-Count:
     0, 1, 2): one request for the frequencies, not three (counted per try, every cold request retried once read as
     asked for twice, and nothing loaded on demand was ever one-off)."""
     settings.MINT_RESIDENCY_FLUSH_S = 3600  # flushed below, once
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    for key in client.scan_iter(f"{residency_services.FREQUENCY_PREFIX}:*"):
-        client.delete(key)
     token = world.token
 
     async def scenario():
