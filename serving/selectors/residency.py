@@ -2,12 +2,13 @@
 
 `expected_ready_s` is what the gateway's 503 `Retry-After` says: the node's loads ahead of it (its place in the
 admission queue) times the node's measured load time (fetch + load + warm-up of its recent placements), plus
-what it waits for: a pacing pause, or room (an entry must stay MINT_RESIDENCY_MIN_RESIDENT_S before it may leave).
+what it waits for: a pacing pause, or room (for a request refused for want of it: serving/residency/room.py).
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from datetime import datetime
 from functools import cache
 
@@ -19,6 +20,7 @@ from serving.residency import stats
 
 P = PlacementState
 DEFAULT_LOAD_S = 1.0  # a node that never loaded anything: a guess, replaced by measurements after its first load
+ROOM_PREFIX = "mint:residency:room"  # revision id → when a cold request refused for want of room should find it
 _SAMPLE = 20
 
 
@@ -117,9 +119,23 @@ def expected_ready_s(revision_id: int, *, now: datetime | None = None) -> float:
             estimates.append(turns * load_s + own + _pause_s(node_id, tenant_id, now))
         elif state == P.WAITING:
             estimates.append(settings.MINT_RESIDENCY_MIN_RESIDENT_S + load_s)
-    if not estimates:  # no room was found for it: an entry frees within the minimum residency
-        return float(settings.MINT_RESIDENCY_MIN_RESIDENT_S) + DEFAULT_LOAD_S
+    if not estimates:  # no room was found for it: when its node should have room for it, and its load
+        return _room_s(revision_id)
     return min(estimates)
+
+
+def _room_s(revision_id: int) -> float:
+    """The estimate the refusal of a cold request left (serving/services/residency.py, `_refused`), or, without
+    one, the minimum residency and a load: by then every entry not in use again has become free."""
+    import redis
+
+    try:
+        due = redis_client().get(f"{ROOM_PREFIX}:{revision_id}")
+    except redis.RedisError:
+        due = None
+    if due is None:
+        return float(settings.MINT_RESIDENCY_MIN_RESIDENT_S) + DEFAULT_LOAD_S
+    return max(0.0, float(due) - time.time())
 
 
 def _pause_s(node_id: int, tenant_id: int, now: datetime) -> float:

@@ -17,6 +17,7 @@ transaction, with the nodes' rows locked.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Collection
@@ -40,12 +41,14 @@ from serving.models import (
 from serving.residency import stats
 from serving.residency.frequency import SharedCounts
 from serving.residency.policy import ONE_OFF, NodeCache, Segment, Shape, choose_node
-from serving.selectors.residency import redis_client
+from serving.residency.room import RefusedAsks, room_in_s
+from serving.selectors.residency import DEFAULT_LOAD_S, ROOM_PREFIX, node_cold_s, node_load_s, redis_client
 
 log = logging.getLogger(__name__)
 P = PlacementState
 _LORA_NAME = re.compile(r"^t[0-9]+-a[0-9]+-r[0-9]+$")  # serving.models.lora_name
 FREQUENCY_PREFIX = "mint:residency:freq"
+REFUSED_PREFIX = "mint:residency:refused"
 
 
 def shape() -> Shape:
@@ -227,8 +230,9 @@ def on_demand(
     if node is None:
         return Decision(None, [])
     if held.get(node.id, 0) < node.cpu_slots:
-        return Decision(node, [])
+        return _placed(Decision(node, []), revision_id)
     tried = [node, *(n for n in order if n.id != node.id)][: settings.MINT_RESIDENCY_NODE_CHOICES]
+    refused: list[tuple[NodeView, bool]] = []  # each node tried, and whether its idle entries could have left
     for candidate in tried:
         view = node_view(candidate, pins=pins, activating=activating)
         if view.pending > settings.MINT_NODE_COLD_LOADS:
@@ -237,17 +241,73 @@ def on_demand(
             # missing faster than the node loads, each queued load takes a ready entry with it and the node drains
             # to a few ready revisions (benchmarks/long_tail: 16 ready fell to 1-3 behind a dozen queued loads,
             # every request then a miss). No room here now: the request gets its 503 and asks again.
+            refused.append((view, True))
             continue
         if view.speculative:  # an evaluation's borrowed slot is given back first
-            return Decision(candidate, [view.speculative[0]], view)
+            return _placed(Decision(candidate, [view.speculative[0]], view), revision_id)
         asked = _lookup([revision_id, *(view.ready.keys() | view.busy)], incoming=revision_id)
         # A one-off entry that served the request it was loaded for is kept for nobody: it may leave at once (a
         # scan's, a tail request's), so the window turns over as fast as the node loads.
         busy = view.busy - {k for k in view.used if asked(k) <= ONE_OFF}
         outcome = view.cache.miss(revision_id, tenant_id, frequency=asked, busy=busy)
         if outcome.admitted:
-            return Decision(candidate, [view.ready[k] for k in outcome.evicted], view)
+            return _placed(Decision(candidate, [view.ready[k] for k in outcome.evicted], view), revision_id)
+        refused.append((view, False))
+    _refused(revision_id, refused)
     return Decision(None, [])
+
+
+def refused_asks() -> RefusedAsks:
+    # Kept longer than a client's retries last (the openai client's two, each after a Retry-After of a few seconds).
+    keep_s = 3 * (settings.MINT_RESIDENCY_MIN_RESIDENT_S + DEFAULT_LOAD_S)
+    return RefusedAsks(REFUSED_PREFIX, keep_s)
+
+
+def _placed(decision: Decision, revision_id: int) -> Decision:
+    """A load on demand found room: its ask no longer waits (serving/residency/room.py)."""
+    import redis
+
+    try:
+        refused_asks().placed(redis_client(), decision.node.base_model_id, revision_id)
+    except redis.RedisError as exc:
+        log.warning("residency: refused asks not updated (%s)", exc)
+    return decision
+
+
+def _refused(revision_id: int, refused: list[tuple[NodeView, bool]]) -> None:
+    """A cold request found no room on the nodes tried: note when it should (serving/residency/room.py), for its
+    `Retry-After` (`selectors.residency.expected_ready_s`). Without Redis, the estimate stays the flat one."""
+    import redis
+
+    if not refused:
+        return
+    now, clock = timezone.now(), time.time()
+    min_s = settings.MINT_RESIDENCY_MIN_RESIDENT_S
+    try:
+        client = redis_client()
+        ahead = refused_asks().ahead(client, refused[0][0].node.base_model_id, revision_id, clock)
+        best = None
+        for view, idle in refused:
+            load_s = node_load_s(view.node.id)
+            frees = []
+            for key in view.busy - view.used:  # loaded for a request whose client is not back yet, or loading
+                ready_at = view.ready[key].ready_at if key in view.ready else None
+                frees.append((ready_at - now).total_seconds() + min_s if ready_at else load_s + min_s)
+            if idle:  # refused for the loads queued only: its idle entries may leave once they have started
+                frees += [0.0] * len(view.ready.keys() - view.busy)
+            room_s = room_in_s(
+                frees,
+                ahead=ahead,
+                pending=view.pending,
+                parallel=settings.MINT_NODE_COLD_LOADS,
+                load_s=load_s,
+                min_resident_s=min_s,
+            )
+            due = room_s + node_cold_s(view.node.id, view.node.name)
+            best = due if best is None else min(best, due)
+        client.set(f"{ROOM_PREFIX}:{revision_id}", f"{clock + best:.3f}", ex=max(1, math.ceil(best) + 1))
+    except redis.RedisError as exc:
+        log.warning("residency: no room estimate for revision %s (%s)", revision_id, exc)
 
 
 def make_room(

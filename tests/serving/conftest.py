@@ -88,7 +88,7 @@ def make_live(revision: AdapterRevision, *, desired: AdapterRevision | None = No
 
 @pytest.fixture
 def clean_frequencies():
-    """The residency frequencies in Redis start (and end) empty."""
+    """The residency frequencies in Redis, and the refused asks and their estimates, start (and end) empty."""
     import redis
     from django.conf import settings
 
@@ -97,8 +97,9 @@ def clean_frequencies():
     client = redis.Redis.from_url(settings.REDIS_URL)
 
     def clear() -> None:
-        for key in client.scan_iter(f"{residency.FREQUENCY_PREFIX}:*"):
-            client.delete(key)
+        for prefix in (residency.FREQUENCY_PREFIX, residency.REFUSED_PREFIX, residency.ROOM_PREFIX):
+            for key in client.scan_iter(f"{prefix}:*"):
+                client.delete(key)
 
     clear()
     yield

@@ -1,0 +1,110 @@
+"""A cold request refused for want of room is told when its node should have room for it (serving/residency/room.py):
+after the loads queued ahead of it, or when an entry loaded for another request frees, each ask refused before it
+still waiting taking one room first; the flat minimum residency and a load only without anything to count on."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from serving.models import Placement, Priority
+from serving.residency.room import RefusedAsks, room_in_s
+from serving.selectors.residency import DEFAULT_LOAD_S, expected_ready_s, redis_client
+from serving.services.placement import placement_request
+from tests.serving.conftest import place
+
+
+def test_the_kth_waiting_ask_gets_the_kth_room():
+    frees = [4.0, 1.0, 2.5]
+    kw = {"pending": 0, "parallel": 1, "load_s": 1.0, "min_resident_s": 5.0}
+    assert [room_in_s(frees, ahead=k, **kw) for k in range(4)] == [1.0, 2.5, 4.0, 6.0]
+
+
+def test_queued_loads_beyond_those_the_node_runs_drain_first():
+    kw = {"parallel": 1, "load_s": 2.0, "min_resident_s": 5.0}
+    assert room_in_s([0.0, 0.0], ahead=0, pending=1, **kw) == 0.0  # one load runs: room at once
+    assert room_in_s([0.0, 0.0], ahead=0, pending=3, **kw) == 4.0  # two must start first
+    assert room_in_s([0.0, 0.0], ahead=1, pending=3, **kw) == 6.0  # and the ask ahead's
+    assert room_in_s([0.0, 0.0], ahead=0, pending=3, parallel=2, load_s=2.0, min_resident_s=5.0) == 1.0
+
+
+@pytest.mark.usefixtures("clean_frequencies")
+def test_refused_asks_keep_their_place_until_placed_or_gone():
+    asks, redis = RefusedAsks("mint:residency:refused", keep_s=10), redis_client()
+    assert [asks.ahead(redis, 7, r, now=100.0 + r) for r in (1, 2, 3)] == [0, 1, 2]
+    assert asks.ahead(redis, 7, 1, now=105.0) == 0  # asking again keeps the first place
+    assert asks.ahead(redis, 8, 3, now=105.0) == 0  # another base model waits apart
+    asks.placed(redis, 7, 1)
+    assert asks.ahead(redis, 7, 3, now=106.0) == 1
+    assert asks.ahead(redis, 7, 4, now=112.5) == 1  # 2 and 3 asked first at 102 and 103: 2 is gone
+    assert asks.ahead(redis, 7, 5, now=130.0) == 0  # nobody asked for 10 s
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sent", "clean_frequencies")
+def test_a_request_refused_behind_queued_loads_is_told_when_they_have_started(node, make_revision, settings):
+    settings.MINT_NODE_COLD_LOADS = 1
+    node.cpu_slots = 4
+    node.save(update_fields=["cpu_slots"])
+    long_ago = timezone.now() - timedelta(seconds=settings.MINT_RESIDENCY_MIN_RESIDENT_S + 60)
+    for number in (1, 6):  # two idle entries: room for both asks once the loads ahead have started
+        place(node, make_revision(number), "ready", ready_at=long_ago, last_used_at=long_ago)
+    place(node, make_revision(2), "loading", started_at=timezone.now(), priority=Priority.COLD_REQUEST)
+    place(node, make_revision(3), "queued", queued_at=timezone.now(), priority=Priority.COLD_REQUEST)
+    first, second = make_revision(4), make_revision(5)
+    assert placement_request(revision=first, priority=Priority.COLD_REQUEST) is None
+    assert placement_request(revision=second, priority=Priority.COLD_REQUEST) is None
+    flat = settings.MINT_RESIDENCY_MIN_RESIDENT_S + DEFAULT_LOAD_S
+    # One load queued beyond the one running, then its own load (no measurements yet: DEFAULT_LOAD_S each); the
+    # second ask waits for the first's load too.
+    assert expected_ready_s(first.id) == pytest.approx(2 * DEFAULT_LOAD_S, abs=0.1)
+    assert expected_ready_s(second.id) == pytest.approx(3 * DEFAULT_LOAD_S, abs=0.1)
+    assert expected_ready_s(second.id) < flat
+    assert not Placement.objects.filter(revision__in=(first, second)).exists()  # nothing held for either
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sent", "clean_frequencies")
+def test_a_request_refused_while_every_entry_is_busy_is_told_when_the_oldest_frees(node, make_revision, settings):
+    """Entries loaded for requests whose clients have not come back are free at the latest MIN_RESIDENT_S after
+    they became ready; recurring entries in use are not counted on."""
+    settings.MINT_RESIDENCY_MIN_RESIDENT_S = 30
+    now = timezone.now()
+    awaiting = [
+        place(node, make_revision(n), "ready", ready_at=now - timedelta(seconds=age), last_used_at=None)
+        for n, age in ((1, 20), (2, 10))
+    ]
+    recurring = place(node, make_revision(3), "ready", ready_at=now - timedelta(seconds=60), last_used_at=now)
+    from serving.services import residency
+
+    residency.record_requests({recurring.revision_id: 9, awaiting[0].revision_id: 1, awaiting[1].revision_id: 1})
+    first, second, third = make_revision(4), make_revision(5), make_revision(6)
+    for revision in (first, second, third):
+        assert placement_request(revision=revision, priority=Priority.COLD_REQUEST) is None
+    # 30 - 20 s and 30 - 10 s, each with a load after; the third would need a third entry: the flat estimate.
+    assert expected_ready_s(first.id) == pytest.approx(10 + DEFAULT_LOAD_S, abs=0.5)
+    assert expected_ready_s(second.id) == pytest.approx(20 + DEFAULT_LOAD_S, abs=0.5)
+    assert expected_ready_s(third.id) == pytest.approx(30 + 2 * DEFAULT_LOAD_S, abs=0.5)
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sent", "clean_frequencies")
+def test_without_redis_a_refusal_gets_the_flat_estimate(node, make_revision, settings, monkeypatch):
+    import redis
+
+    settings.MINT_NODE_COLD_LOADS = 1
+    place(node, make_revision(1), "loading", started_at=timezone.now(), priority=Priority.COLD_REQUEST)
+    place(node, make_revision(2), "queued", queued_at=timezone.now(), priority=Priority.COLD_REQUEST)
+    place(node, make_revision(3), "ready", ready_at=timezone.now() - timedelta(minutes=5))
+
+    def unreachable(*args, **kwargs):
+        raise redis.ConnectionError("Redis is away")
+
+    monkeypatch.setattr("redis.client.Pipeline.execute", unreachable)
+    monkeypatch.setattr("redis.client.Redis.get", unreachable)
+    refused = make_revision(4)
+    assert placement_request(revision=refused, priority=Priority.COLD_REQUEST) is None
+    flat = settings.MINT_RESIDENCY_MIN_RESIDENT_S + DEFAULT_LOAD_S
+    assert expected_ready_s(refused.id) == flat
