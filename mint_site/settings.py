@@ -383,7 +383,7 @@ MINT_RESIDENCY_FREQUENCY_PERIOD_S = env_int("MINT_RESIDENCY_FREQUENCY_PERIOD_S",
 # or used within them and asked for more than once lately (a working set larger than the node waits instead of
 # thrashing), is not evicted for an on-demand load.
 MINT_RESIDENCY_MIN_RESIDENT_S = env_float("MINT_RESIDENCY_MIN_RESIDENT_S", 5.0, minimum=0)
-MINT_RESIDENCY_FLUSH_S = env_float("MINT_RESIDENCY_FLUSH_S", 1.0, minimum=0)  # gateway request counts → Redis
+MINT_RESIDENCY_FLUSH_S = env_float("MINT_RESIDENCY_FLUSH_S", 1.0, minimum=0)  # request counts, placement uses
 MINT_RESIDENCY_NODE_CHOICES = env_int("MINT_RESIDENCY_NODE_CHOICES", 3, minimum=1)  # nodes a load may try
 MINT_RESIDENCY_DISK_CHOICES = env_int("MINT_RESIDENCY_DISK_CHOICES", 3, minimum=1)  # best nodes checked for files
 # The disk tier: node-local copies of exports kept after unload, least recently used removed past this.

@@ -1,11 +1,14 @@
 """Usage timestamps in batches: `Placement.last_used_at` (eviction is LRU on it) and `ApiKey.last_used_at`.
 
-The request path only writes into a dict; a background task flushes it at most every
-MINT_GATEWAY_USAGE_FLUSH_S with one UPDATE per model (a CASE over the ids, in chunks),
-however many requests came in. Keys are written by their own app's service
-(`tenants.services.api_keys_touch`, the one writer of `ApiKey.last_used_at`), with the same
-once-per-interval rule as REST requests (`tenants.keys.touch_due`). A process that dies
-loses at most one interval of timestamps, which only makes eviction a little less exact.
+The request path only writes into a dict; a background task flushes it with one UPDATE per model (a CASE over
+the ids, in chunks), however many requests came in: at most every MINT_RESIDENCY_FLUSH_S (1 s) while placements
+were used, else every MINT_GATEWAY_USAGE_FLUSH_S. Placements go fast because the residency policy reads them: an
+entry loaded for a request is kept until that request's client comes back for it (serving/services/residency.py),
+so the sooner the control plane sees the use, the sooner a one-off entry's slot turns over (at the 10 s of
+MINT_GATEWAY_USAGE_FLUSH_S, every entry loaded on demand looked unserved for its whole minimum residency). Keys
+are written by their own app's service (`tenants.services.api_keys_touch`, the one writer of
+`ApiKey.last_used_at`), with the same once-per-interval rule as REST requests (`tenants.keys.touch_due`). A
+process that dies loses at most one interval of timestamps, which only makes eviction a little less exact.
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def flush_interval() -> float:
-    return float(settings.MINT_GATEWAY_USAGE_FLUSH_S)
+def flush_interval(*, placements: bool = False) -> float:
+    """Seconds between flushes: with placement uses pending, at most MINT_RESIDENCY_FLUSH_S."""
+    usage = float(settings.MINT_GATEWAY_USAGE_FLUSH_S)
+    return min(usage, float(settings.MINT_RESIDENCY_FLUSH_S)) if placements else usage
 
 
 class Usage:
@@ -67,7 +72,7 @@ class Usage:
         with self._lock:
             if (
                 self._flushing
-                or time.monotonic() - self._last_flush < flush_interval()
+                or time.monotonic() - self._last_flush < flush_interval(placements=bool(self._placements))
                 or not (self._placements or self._keys)
             ):
                 return

@@ -241,6 +241,7 @@ def gateway_state(upstream: Any) -> GatewayState:
 @pytest.fixture
 def world(tenant_a, tenant_b, settings) -> World:
     settings.MINT_GATEWAY_USAGE_FLUSH_S = 3600  # flushes only when a test asks for one
+    settings.MINT_RESIDENCY_FLUSH_S = 3600  # placement uses and request counts too
     redis_url = django_settings.REDIS_URL  # a test may point the gateway at a dead Redis
     flush_rate_limit_keys(redis_url)
     vllm = FakeVLLM()

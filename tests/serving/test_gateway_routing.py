@@ -310,6 +310,18 @@ def test_usage_flush_runs_in_the_background_from_the_request_path(world, setting
     assert world.placement.last_used_at is not None
 
 
+def test_placement_uses_are_written_within_the_residency_interval_not_the_usage_one(world, settings):
+    """The residency policy reads placement uses (an entry loaded for a request stays until that request's client
+    comes back for it), so they are written within MINT_RESIDENCY_FLUSH_S however long MINT_GATEWAY_USAGE_FLUSH_S."""
+    settings.MINT_GATEWAY_USAGE_FLUSH_S = 3600
+    settings.MINT_RESIDENCY_FLUSH_S = 0.0
+
+    assert complete(world, world.token).status == 200
+
+    world.placement.refresh_from_db()
+    assert world.placement.last_used_at is not None
+
+
 # ---------------------------------------------------------------------------------------------
 # The official client
 
