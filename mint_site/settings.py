@@ -371,6 +371,10 @@ MINT_NODE_PREWARM_DUTY = min(1.0, env_float("MINT_NODE_PREWARM_DUTY", 0.02, mini
 MINT_NODE_PREWARM_MAX_GAP_S = env_float("MINT_NODE_PREWARM_MAX_GAP_S", 10.0, minimum=0)
 # Loads for requests (on demand) are paced apart from activations: a tenant's take of a node's load time.
 MINT_NODE_COLD_DUTY = min(1.0, env_float("MINT_NODE_COLD_DUTY", 0.5, minimum=0.01))
+# And, while others use a node, one tenant's loads on demand there start at most this many a minute (0: no bound).
+# Each brings onto the engine everyone shares more than its own seconds show: its warm-up, the request it serves
+# and its victim's unload (benchmarks/long_tail: a scan at 50 loads a minute raised a neighbour's p95 by a third).
+MINT_NODE_COLD_LOADS_PER_MIN = env_int("MINT_NODE_COLD_LOADS_PER_MIN", 30, minimum=0)
 # Pacing applies only while another tenant used the node within this many seconds (it protects them); 0: always.
 MINT_NODE_PACING_NEIGHBOUR_S = env_int("MINT_NODE_PACING_NEIGHBOUR_S", 60, minimum=0)
 # Residency (serving/residency/): each node's on-demand slots as a W-TinyLFU cache with a cap per tenant.

@@ -5,8 +5,11 @@ queued beyond those the node runs at once) is refused, not queued: its client co
 asks again. Coming back too early costs that client one of its retries (the official `openai` client has two);
 too late costs it only time. So the estimate is the time the node should have room *for this ask*:
 
-- asks refused before it and still waiting are ahead (`RefusedAsks`: one sorted set per base model in Redis,
-  the first refusal's time as score, shared by every process): the k-th waiting ask needs the k-th room;
+- asks refused before it and still waiting are ahead, in the turns tenants take (`RefusedAsks`: in Redis, per base
+  model, one sorted set per tenant with each ask's first refusal as score, shared by every process): an ask that is
+  preceded by r asks of its own tenant goes after those, and after each other tenant's first r and its next one if
+  refused earlier, so a tenant that floods cold requests pushes another's estimate back by one ask a turn, not by
+  its flood. The k-th ask in that order needs the k-th room;
 - room comes from entries loaded for a request (busy until that request's client comes back for them, at the
   latest `min_resident_s` after they became ready) and from loads under way (the same, once loaded): `frees` is
   when each should be free. Recurring entries in use are not counted: they are likely to be used again;
@@ -20,6 +23,7 @@ is not in use again has become free. No Django here; no clock but what the calle
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 
 def room_in_s(
@@ -42,28 +46,55 @@ def room_in_s(
 
 
 class RefusedAsks:
-    """The cold requests refused for want of room and still waiting, per base model, oldest first (Redis).
+    """The cold requests refused for want of room and still waiting, per base model and tenant, oldest first (Redis).
 
     An ask's place is kept from its first refusal (a retry does not move it to the back) for `keep_s`, longer
-    than a client's retries last; one that is placed leaves at once.
+    than a client's retries last; one that is placed leaves at once. Per base model, a sorted set of the tenants
+    with asks waiting (last refusal as score) and one of each tenant's asks.
     """
 
     def __init__(self, prefix: str, keep_s: float) -> None:
         self.prefix, self.keep_s = prefix, keep_s
 
-    def _key(self, base_model_id: int) -> str:
+    def _tenants(self, base_model_id: int) -> str:
         return f"{self.prefix}:{base_model_id}"
 
-    def ahead(self, redis, base_model_id: int, revision_id: int, now: float) -> int:
-        """Record the refusal of `revision_id` (its first time kept) and return how many asks wait before it."""
-        key = self._key(base_model_id)
-        pipe = redis.pipeline(transaction=False)
-        pipe.zremrangebyscore(key, "-inf", now - self.keep_s)
-        pipe.zadd(key, {str(revision_id): now}, nx=True)
-        pipe.zrank(key, str(revision_id))
-        pipe.expire(key, int(self.keep_s) + 1)
-        rank = pipe.execute()[-2]
-        return int(rank or 0)
+    def _asks(self, base_model_id: int, tenant_id: int) -> str:
+        return f"{self.prefix}:{base_model_id}:t{tenant_id}"
 
-    def placed(self, redis, base_model_id: int, revision_id: int) -> None:
-        redis.zrem(self._key(base_model_id), str(revision_id))
+    def ahead(self, redis, base_model_id: int, tenant_id: int, revision_id: int, now: float) -> Turn:
+        """Record the refusal of `revision_id` (its first time kept) and return the asks that go before it."""
+        gone, ttl = now - self.keep_s, int(self.keep_s) + 1
+        tenants, own = self._tenants(base_model_id), self._asks(base_model_id, tenant_id)
+        pipe = redis.pipeline(transaction=False)
+        pipe.zremrangebyscore(own, "-inf", gone)
+        pipe.zadd(own, {str(revision_id): now}, nx=True)
+        pipe.zrank(own, str(revision_id))
+        pipe.zscore(own, str(revision_id))
+        pipe.expire(own, ttl)
+        pipe.zadd(tenants, {str(tenant_id): now})
+        pipe.zremrangebyscore(tenants, "-inf", gone)
+        pipe.zrange(tenants, 0, -1)
+        pipe.expire(tenants, ttl)
+        found = pipe.execute()
+        rank, first = int(found[2] or 0), float(found[3] or now)
+        others = [int(t) for t in found[7] if int(t) != tenant_id]
+        if not others:
+            return Turn(rank, rank)
+        pipe = redis.pipeline(transaction=False)
+        for other in others:
+            pipe.zrangebyscore(self._asks(base_model_id, other), gone, "+inf", start=0, num=rank + 1, withscores=True)
+        # Each other tenant's asks of the turns before this one's, and of this turn the one refused before it.
+        before = sum(min(len(asks), rank) + (len(asks) > rank and asks[rank][1] < first) for asks in pipe.execute())
+        return Turn(rank + before, rank)
+
+    def placed(self, redis, base_model_id: int, tenant_id: int, revision_id: int) -> None:
+        redis.zrem(self._asks(base_model_id, tenant_id), str(revision_id))
+
+
+@dataclass(frozen=True)
+class Turn:
+    """Where a refused ask waits: the asks that go before it (`ahead`), and of them its tenant's own (`own`)."""
+
+    ahead: int
+    own: int

@@ -78,14 +78,23 @@ def node_load_s(node_id: int) -> float:
     return statistics.median(times) if times else DEFAULT_LOAD_S
 
 
-def node_cold_s(node_id: int, node_name: str) -> float:
+def node_cold_s(node_id: int, node_name: str, *, load_s: float | None = None) -> float:
     """The median seconds of the node's recent loads on demand, from the request that asked to ready: the load
     itself and everything around it (the victim's unload, the task hand-offs, admission). Without any yet, the
-    node's load time."""
+    node's load time (`load_s` when the caller has it already)."""
     rows = list(
         ColdStart.objects.filter(node=node_name).order_by("-asked_at").values_list("seconds", flat=True)[:_SAMPLE]
     )
-    return statistics.median(rows) if rows else node_load_s(node_id)
+    if rows:
+        return statistics.median(rows)
+    return node_load_s(node_id) if load_s is None else load_s
+
+
+def cold_load_interval_s() -> float:
+    """The least time between the starts of one tenant's loads on demand on a node that others use
+    (MINT_NODE_COLD_LOADS_PER_MIN; 0 without that bound)."""
+    per_min = settings.MINT_NODE_COLD_LOADS_PER_MIN
+    return 60.0 / per_min if per_min else 0.0
 
 
 def expected_ready_s(revision_id: int, *, now: datetime | None = None) -> float:
@@ -115,8 +124,8 @@ def expected_ready_s(revision_id: int, *, now: datetime | None = None) -> float:
             loading = Placement.objects.filter(node_id=node_id, state__in=(P.LOADING, P.WARMING)).count()
             turns = (ahead + loading) / max(1, settings.MINT_NODE_COLD_LOADS)
             waited = (now - queued_at).total_seconds()
-            own = max(load_s, node_cold_s(node_id, node_name) - waited)  # its own load, as loads here have gone
-            estimates.append(turns * load_s + own + _pause_s(node_id, tenant_id, now))
+            own = max(load_s, node_cold_s(node_id, node_name, load_s=load_s) - waited)  # as loads here have gone
+            estimates.append(turns * load_s + own + pause_s(node_id, tenant_id, now))
         elif state == P.WAITING:
             estimates.append(settings.MINT_RESIDENCY_MIN_RESIDENT_S + load_s)
     if not estimates:  # no room was found for it: when its node should have room for it, and its load
@@ -138,7 +147,8 @@ def _room_s(revision_id: int) -> float:
     return max(0.0, float(due) - time.time())
 
 
-def _pause_s(node_id: int, tenant_id: int, now: datetime) -> float:
+def pause_s(node_id: int, tenant_id: int, now: datetime) -> float:
+    """Seconds left of the tenant's pacing pause on the node (serving/services/admission.py); 0 when none."""
     until = (
         PrewarmTurn.objects.filter(node_id=node_id, tenant_id=tenant_id).values_list("resting_until", flat=True).first()
     )

@@ -21,6 +21,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from serving.models import ACTIVE_STATES, NodeState, Placement, PlacementState, PrewarmTurn, Priority, ServingNode
+from serving.selectors.residency import cold_load_interval_s
 from serving.services import outbox, residency
 
 log = logging.getLogger(__name__)
@@ -121,8 +122,9 @@ def _rest(placement: Placement, *, busy_s: float, now: datetime) -> None:
     """Record the pause that a prewarm of `busy_s` seconds earns its tenant on the placement's node.
 
     Loads for requests (on demand) are paced at MINT_NODE_COLD_DUTY, the rest (activations, canaries) at
-    MINT_NODE_PREWARM_DUTY; neither when no other tenant used the node within MINT_NODE_PACING_NEIGHBOUR_S:
-    pacing protects the others' requests, and with nobody else there it would only slow the tenant down."""
+    MINT_NODE_PREWARM_DUTY, and loads on demand also at most MINT_NODE_COLD_LOADS_PER_MIN; neither when no other
+    tenant used the node within MINT_NODE_PACING_NEIGHBOUR_S: pacing protects the others' requests, and with
+    nobody else there it would only slow the tenant down."""
     tenant_id = placement.revision.adapter.tenant_id
     window = settings.MINT_NODE_PACING_NEIGHBOUR_S
     neighbours = (
@@ -136,6 +138,8 @@ def _rest(placement: Placement, *, busy_s: float, now: datetime) -> None:
     )
     cap = settings.MINT_NODE_PREWARM_MAX_GAP_S
     gap = 0.0 if duty >= 1 or not neighbours else min(busy_s * (1 - duty) / duty, cap)
+    if neighbours and placement.priority <= Priority.COLD_REQUEST:
+        gap = max(gap, cold_load_interval_s() - busy_s)  # MINT_NODE_COLD_LOADS_PER_MIN
     PrewarmTurn.objects.update_or_create(
         node_id=placement.node_id,
         tenant_id=tenant_id,

@@ -20,6 +20,7 @@ import logging
 import math
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -42,7 +43,15 @@ from serving.residency import stats
 from serving.residency.frequency import SharedCounts
 from serving.residency.policy import ONE_OFF, NodeCache, Segment, Shape, choose_node
 from serving.residency.room import RefusedAsks, room_in_s
-from serving.selectors.residency import DEFAULT_LOAD_S, ROOM_PREFIX, node_cold_s, node_load_s, redis_client
+from serving.selectors.residency import (
+    DEFAULT_LOAD_S,
+    ROOM_PREFIX,
+    cold_load_interval_s,
+    node_cold_s,
+    node_load_s,
+    pause_s,
+    redis_client,
+)
 
 log = logging.getLogger(__name__)
 P = PlacementState
@@ -135,6 +144,8 @@ class NodeView:
     used: set[int] = field(default_factory=set)  # of `busy`, those busy only for having served a request lately
     speculative: list[Placement] = field(default_factory=list)  # ready, borrowed by an evaluation: first to go
     pending: int = 0  # loads not ready yet (queued, loading, warming), each holding the slot it was given
+    pending_on_demand: Counter[int] = field(default_factory=Counter)  # tenant id → its loads on demand not ready
+    recent_tenants: set[int] = field(default_factory=set)  # tenants with a placement here used lately (pacing)
 
 
 def node_view(
@@ -178,6 +189,7 @@ def node_view(
     for placement in loading:
         cache_.add(placement.revision_id, placement.revision.adapter.tenant_id, Segment.WINDOW)
     since = now - timedelta(seconds=settings.MINT_RESIDENCY_MIN_RESIDENT_S)
+    lately = now - timedelta(seconds=settings.MINT_NODE_PACING_NEIGHBOUR_S)
     busy, used = {p.revision_id for p in loading}, set()
     for p in ready:
         served = p.last_used_at is not None and p.ready_at is not None and p.last_used_at > p.ready_at
@@ -194,6 +206,12 @@ def node_view(
         used=used,
         speculative=speculative,
         pending=sum(1 for p in rows if p.state in (P.QUEUED, P.LOADING, P.WARMING)),
+        pending_on_demand=Counter(
+            p.revision.adapter.tenant_id
+            for p in rows
+            if p.state in (P.QUEUED, P.LOADING, P.WARMING) and p.priority == Priority.COLD_REQUEST
+        ),
+        recent_tenants={p.revision.adapter.tenant_id for p in rows if p.last_used_at and p.last_used_at >= lately},
     )
 
 
@@ -230,30 +248,36 @@ def on_demand(
     if node is None:
         return Decision(None, [])
     if held.get(node.id, 0) < node.cpu_slots:
-        return _placed(Decision(node, []), revision_id)
+        return _placed(Decision(node, []), revision_id, tenant_id)
     tried = [node, *(n for n in order if n.id != node.id)][: settings.MINT_RESIDENCY_NODE_CHOICES]
-    refused: list[tuple[NodeView, bool]] = []  # each node tried, and whether its idle entries could have left
+    refused: list[Refusal] = []
     for candidate in tried:
         view = node_view(candidate, pins=pins, activating=activating)
+        if (paced := _paced_s(view, tenant_id)) > 0:
+            # The tenant's loads here are paced while others use the node (serving/services/admission.py): an
+            # eviction now would empty a slot that its load may not fill until the pause is over, and a scan's
+            # queued loads would hold the others' asks back (`pending`, below). No room for it here now.
+            refused.append(Refusal(view, idle=True, paced_s=paced))
+            continue
         if view.pending > settings.MINT_NODE_COLD_LOADS:
             # Loads wait here already beyond those the node runs at once. An eviction now would empty a slot that
             # no load fills for a while (the victim leaves at once, its replacement waits its turn): with requests
             # missing faster than the node loads, each queued load takes a ready entry with it and the node drains
             # to a few ready revisions (benchmarks/long_tail: 16 ready fell to 1-3 behind a dozen queued loads,
             # every request then a miss). No room here now: the request gets its 503 and asks again.
-            refused.append((view, True))
+            refused.append(Refusal(view, idle=True))
             continue
         if view.speculative:  # an evaluation's borrowed slot is given back first
-            return _placed(Decision(candidate, [view.speculative[0]], view), revision_id)
+            return _placed(Decision(candidate, [view.speculative[0]], view), revision_id, tenant_id)
         asked = _lookup([revision_id, *(view.ready.keys() | view.busy)], incoming=revision_id)
         # A one-off entry that served the request it was loaded for is kept for nobody: it may leave at once (a
         # scan's, a tail request's), so the window turns over as fast as the node loads.
         busy = view.busy - {k for k in view.used if asked(k) <= ONE_OFF}
         outcome = view.cache.miss(revision_id, tenant_id, frequency=asked, busy=busy)
         if outcome.admitted:
-            return _placed(Decision(candidate, [view.ready[k] for k in outcome.evicted], view), revision_id)
-        refused.append((view, False))
-    _refused(revision_id, refused)
+            return _placed(Decision(candidate, [view.ready[k] for k in outcome.evicted], view), revision_id, tenant_id)
+        refused.append(Refusal(view, idle=False))
+    _refused(revision_id, tenant_id, refused)
     return Decision(None, [])
 
 
@@ -263,18 +287,40 @@ def refused_asks() -> RefusedAsks:
     return RefusedAsks(REFUSED_PREFIX, keep_s)
 
 
-def _placed(decision: Decision, revision_id: int) -> Decision:
+def _placed(decision: Decision, revision_id: int, tenant_id: int) -> Decision:
     """A load on demand found room: its ask no longer waits (serving/residency/room.py)."""
     import redis
 
     try:
-        refused_asks().placed(redis_client(), decision.node.base_model_id, revision_id)
+        refused_asks().placed(redis_client(), decision.node.base_model_id, tenant_id, revision_id)
     except redis.RedisError as exc:
         log.warning("residency: refused asks not updated (%s)", exc)
     return decision
 
 
-def _refused(revision_id: int, refused: list[tuple[NodeView, bool]]) -> None:
+@dataclass(frozen=True)
+class Refusal:
+    """A node that refused a load on demand: `idle`, for the loads queued there or its tenant's pacing, not for want
+    of room (its idle entries may leave once those have started); `paced_s`, the tenant's pacing left there."""
+
+    view: NodeView
+    idle: bool
+    paced_s: float = 0.0
+
+
+def _paced_s(view: NodeView, tenant_id: int) -> float:
+    """Seconds before the tenant's next load on demand may start on the view's node, while another tenant uses it
+    (serving/services/admission.py paces it then): its pause left, and while a load of its own waits or runs
+    there, that load's time and the interval between two (MINT_NODE_COLD_LOADS_PER_MIN) besides. 0: now."""
+    if not view.recent_tenants - {tenant_id}:
+        return 0.0
+    paced = pause_s(view.node.id, tenant_id, timezone.now())
+    if view.pending_on_demand[tenant_id]:
+        paced = max(paced, node_load_s(view.node.id) + cold_load_interval_s())
+    return paced
+
+
+def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> None:
     """A cold request found no room on the nodes tried: note when it should (serving/residency/room.py), for its
     `Retry-After` (`selectors.residency.expected_ready_s`). Without Redis, the estimate stays the flat one."""
     import redis
@@ -285,25 +331,27 @@ def _refused(revision_id: int, refused: list[tuple[NodeView, bool]]) -> None:
     min_s = settings.MINT_RESIDENCY_MIN_RESIDENT_S
     try:
         client = redis_client()
-        ahead = refused_asks().ahead(client, refused[0][0].node.base_model_id, revision_id, clock)
+        turn = refused_asks().ahead(client, refused[0].view.node.base_model_id, tenant_id, revision_id, clock)
         best = None
-        for view, idle in refused:
-            load_s = node_load_s(view.node.id)
+        for refusal in refused:
+            view, load_s = refusal.view, node_load_s(refusal.view.node.id)
             frees = []
             for key in view.busy - view.used:  # loaded for a request whose client is not back yet, or loading
                 ready_at = view.ready[key].ready_at if key in view.ready else None
                 frees.append((ready_at - now).total_seconds() + min_s if ready_at else load_s + min_s)
-            if idle:  # refused for the loads queued only: its idle entries may leave once they have started
+            if refusal.idle:  # its idle entries may leave once the queued loads have started, or the pause is over
                 frees += [0.0] * len(view.ready.keys() - view.busy)
             room_s = room_in_s(
                 frees,
-                ahead=ahead,
+                ahead=turn.ahead,
                 pending=view.pending,
                 parallel=settings.MINT_NODE_COLD_LOADS,
                 load_s=load_s,
                 min_resident_s=min_s,
             )
-            due = room_s + node_cold_s(view.node.id, view.node.name)
+            if refusal.paced_s:  # and the tenant's asks before it, one interval each
+                room_s = max(room_s, refusal.paced_s + turn.own * max(load_s, cold_load_interval_s()))
+            due = room_s + node_cold_s(view.node.id, view.node.name, load_s=load_s)
             best = due if best is None else min(best, due)
         client.set(f"{ROOM_PREFIX}:{revision_id}", f"{clock + best:.3f}", ex=max(1, math.ceil(best) + 1))
     except redis.RedisError as exc:

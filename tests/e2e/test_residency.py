@@ -78,6 +78,7 @@ def test_twenty_live_aliases_on_four_slots(
         "MINT_HEARTBEAT_S": "1",
         "MINT_NODE_PREWARM_DUTY": "1",  # no pacing: this is about where revisions live, not how fast they load
         "MINT_NODE_COLD_DUTY": "1",
+        "MINT_NODE_COLD_LOADS_PER_MIN": "0",
         "MINT_RESIDENCY_MIN_RESIDENT_S": "1",
         "MINT_UNLOAD_DRAIN_S": "30",
     }

@@ -312,9 +312,11 @@ def paced(settings):
     cache.clear()
 
 
-def just_prewarmed(node, revision, *, busy_ms: float, ago_s: float = 0.0) -> Placement:
+def just_prewarmed(
+    node, revision, *, busy_ms: float, ago_s: float = 0.0, priority: int = Priority.ACTIVATION
+) -> Placement:
     """A placement whose prewarm (load + warm-up) kept the node busy `busy_ms`, finished `ago_s` ago."""
-    placement = place(node, revision, "warming", load_ms=busy_ms / 2, started_at=timezone.now())
+    placement = place(node, revision, "warming", load_ms=busy_ms / 2, started_at=timezone.now(), priority=priority)
     assert placement_warmed(placement=placement, warm_ms=busy_ms / 2)
     rested_ago(node, revision.adapter.tenant_id, ago_s)
     return placement
@@ -426,3 +428,27 @@ def test_the_pause_is_capped_and_a_duty_of_one_turns_pacing_off(node, make_revis
     assert prewarm_pacing_delay(node, tenant_id=tenant_id) == pytest.approx(10.0, abs=0.1)
     paced.MINT_NODE_PREWARM_DUTY = 1.0
     assert prewarm_pacing_delay(node, tenant_id=tenant_id) == 0.0
+
+
+def test_a_tenants_loads_on_demand_on_a_shared_node_start_at_most_so_many_a_minute(
+    node, make_revision, paced, adapter_b
+):
+    """Each load on demand brings more onto the engine than its own seconds (its warm-up, the request it serves, its
+    victim's unload): while others use the node, a tenant's start at most MINT_NODE_COLD_LOADS_PER_MIN a minute."""
+    paced.MINT_NODE_PACING_NEIGHBOUR_S = 60
+    paced.MINT_NODE_COLD_DUTY = 0.5
+    paced.MINT_NODE_COLD_LOADS_PER_MIN = 30
+    tenant_id = make_revision(1).adapter.tenant_id
+    just_prewarmed(node, make_revision(2), busy_ms=200, priority=Priority.COLD_REQUEST)
+    assert prewarm_pacing_delay(node, tenant_id=tenant_id) == 0  # alone on the node: not paced
+    other = AdapterRevision.objects.create(adapter=adapter_b, number=1, state="approved", source_uri="x")
+    place(node, other, "ready", last_used_at=timezone.now())
+    just_prewarmed(node, make_revision(3), busy_ms=200, priority=Priority.COLD_REQUEST)
+    # 30 a minute: a start every 2 s, the 0.2 s load's own time included (the duty alone would rest 0.2 s).
+    assert prewarm_pacing_delay(node, tenant_id=tenant_id) == pytest.approx(1.8, abs=0.1)
+    paced.MINT_NODE_COLD_LOADS_PER_MIN = 0
+    just_prewarmed(node, make_revision(4), busy_ms=200, priority=Priority.COLD_REQUEST)
+    assert prewarm_pacing_delay(node, tenant_id=tenant_id) == pytest.approx(0.2, abs=0.1)
+    paced.MINT_NODE_COLD_LOADS_PER_MIN = 30
+    just_prewarmed(node, make_revision(5), busy_ms=200)  # an activation: paced by its own duty only
+    assert prewarm_pacing_delay(node, tenant_id=tenant_id) == pytest.approx(0.6, abs=0.1)

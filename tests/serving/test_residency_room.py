@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from serving.models import Placement, Priority
-from serving.residency.room import RefusedAsks, room_in_s
+from serving.residency.room import RefusedAsks, Turn, room_in_s
 from serving.selectors.residency import DEFAULT_LOAD_S, expected_ready_s, redis_client
 from serving.services.placement import placement_request
 from tests.serving.conftest import place
@@ -33,13 +33,32 @@ def test_queued_loads_beyond_those_the_node_runs_drain_first():
 @pytest.mark.usefixtures("clean_frequencies")
 def test_refused_asks_keep_their_place_until_placed_or_gone():
     asks, redis = RefusedAsks("mint:residency:refused", keep_s=10), redis_client()
-    assert [asks.ahead(redis, 7, r, now=100.0 + r) for r in (1, 2, 3)] == [0, 1, 2]
-    assert asks.ahead(redis, 7, 1, now=105.0) == 0  # asking again keeps the first place
-    assert asks.ahead(redis, 8, 3, now=105.0) == 0  # another base model waits apart
-    asks.placed(redis, 7, 1)
-    assert asks.ahead(redis, 7, 3, now=106.0) == 1
-    assert asks.ahead(redis, 7, 4, now=112.5) == 1  # 2 and 3 asked first at 102 and 103: 2 is gone
-    assert asks.ahead(redis, 7, 5, now=130.0) == 0  # nobody asked for 10 s
+    assert [asks.ahead(redis, 7, 1, r, now=100.0 + r).ahead for r in (1, 2, 3)] == [0, 1, 2]
+    assert asks.ahead(redis, 7, 1, 1, now=105.0) == Turn(0, 0)  # asking again keeps the first place
+    assert asks.ahead(redis, 8, 1, 3, now=105.0) == Turn(0, 0)  # another base model waits apart
+    asks.placed(redis, 7, 1, 1)
+    assert asks.ahead(redis, 7, 1, 3, now=106.0) == Turn(1, 1)
+    assert asks.ahead(redis, 7, 1, 4, now=112.5) == Turn(1, 1)  # 2 and 3 asked first at 102 and 103: 2 is gone
+    assert asks.ahead(redis, 7, 1, 5, now=130.0) == Turn(0, 0)  # nobody asked for 10 s
+
+
+@pytest.mark.usefixtures("clean_frequencies")
+def test_a_tenant_that_floods_refused_asks_pushes_another_back_by_one_a_turn():
+    """Tenants take turns: an ask with r of its own tenant's before it waits behind each other tenant's first r, and
+    its next one if refused earlier, however many that tenant has waiting."""
+    asks, redis = RefusedAsks("mint:residency:refused", keep_s=60), redis_client()
+    flooder, other, third = 1, 2, 3
+    for r in range(100):
+        asks.ahead(redis, 7, flooder, 1000 + r, now=100.0 + r / 100)
+    assert asks.ahead(redis, 7, other, 1, now=102.0) == Turn(1, 0)  # the flooder's first, then this one
+    assert asks.ahead(redis, 7, other, 2, now=102.1) == Turn(3, 1)  # its own first, and the flooder's second
+    assert asks.ahead(redis, 7, third, 3, now=102.2) == Turn(2, 0)  # the first of each tenant refused before it
+    assert asks.ahead(redis, 7, flooder, 1099, now=102.3).ahead == 99 + 2 + 1  # the flood's last: behind everyone
+    asks.placed(redis, 7, flooder, 1000)
+    assert asks.ahead(redis, 7, other, 1, now=103.0) == Turn(1, 0)  # the flooder's next one takes its turn
+    asks.placed(redis, 7, other, 1)
+    asks.placed(redis, 7, other, 2)
+    assert asks.ahead(redis, 7, third, 3, now=103.1) == Turn(1, 0)  # the other has none waiting now
 
 
 @pytest.mark.django_db
@@ -108,3 +127,43 @@ def test_without_redis_a_refusal_gets_the_flat_estimate(node, make_revision, set
     assert placement_request(revision=refused, priority=Priority.COLD_REQUEST) is None
     flat = settings.MINT_RESIDENCY_MIN_RESIDENT_S + DEFAULT_LOAD_S
     assert expected_ready_s(refused.id) == flat
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sent", "clean_frequencies")
+def test_a_tenant_paced_on_a_shared_node_is_refused_there_before_anything_is_evicted(
+    node, make_revision, adapter_b, settings
+):
+    """While its pause lasts (serving/services/admission.py), a tenant's load on demand would empty a slot that it
+    may not fill yet: it is refused without an eviction and told when its turn comes, its own asks one interval
+    apart. Another tenant's ask takes the room."""
+    from serving.models import AdapterRevision, PrewarmTurn
+
+    settings.MINT_NODE_COLD_LOADS_PER_MIN = 30  # a start every 2 s
+    node.cpu_slots = 4
+    node.save(update_fields=["cpu_slots"])
+    now = timezone.now()
+    long_ago = now - timedelta(seconds=settings.MINT_RESIDENCY_MIN_RESIDENT_S + 60)
+
+    def theirs(number: int) -> AdapterRevision:
+        return AdapterRevision.objects.create(adapter=adapter_b, number=number, state="approved", source_uri="x")
+
+    place(node, make_revision(1), "ready", ready_at=now, load_ms=100, warm_ms=100, priority=Priority.COLD_REQUEST)
+    place(node, theirs(1), "ready", ready_at=long_ago, last_used_at=now)  # the neighbour, served now
+    idle, _ = (place(node, theirs(n), "ready", ready_at=long_ago, last_used_at=long_ago) for n in (2, 3))
+    tenant_id = make_revision(2).adapter.tenant_id
+    PrewarmTurn.objects.create(
+        node=node, tenant_id=tenant_id, started_at=now, resting_until=now + timedelta(seconds=1.8)
+    )
+
+    first, second = make_revision(3), make_revision(4)
+    assert placement_request(revision=first, priority=Priority.COLD_REQUEST) is None
+    assert placement_request(revision=second, priority=Priority.COLD_REQUEST) is None
+    assert Placement.objects.get(id=idle.id).state == "ready"  # nothing was evicted for either
+    # Its pause, then its load (0.2 s, as loads here have gone); the second ask one interval later.
+    assert expected_ready_s(first.id) == pytest.approx(2.0, abs=0.2)
+    assert expected_ready_s(second.id) == pytest.approx(4.0, abs=0.2)
+
+    placed = placement_request(revision=theirs(4), priority=Priority.COLD_REQUEST)
+    assert placed is not None and placed.state == "queued"  # the neighbour is not paced: it takes the idle entry
+    assert Placement.objects.get(id=idle.id).state == "evicting"
