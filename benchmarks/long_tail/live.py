@@ -30,6 +30,7 @@ is checked against).
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import statistics
@@ -307,9 +308,9 @@ def run(params: LiveParams, say) -> dict:
         # Calibration on the smallest tenant's aliases (neither scanned nor hot).
         smallest = [i for i, a in enumerate(live.aliases) if a.tenant == params.tenants - 1][:6]
         calibration = calibrate(stack.web_url, live, smallest, say)
-        # Then the node's sustained rate: twice the CPU tier at once, from the next smallest tenants.
-        burst = [i for i, a in enumerate(live.aliases) if a.tenant in (params.tenants - 2, params.tenants - 3)]
-        calibration["sustained"] = sustained_loads(stack.web_url, live, burst[: 2 * params.cpu_slots], say)
+        # Then the node's sustained rate: twice the CPU tier at once, one alias of each of the next smallest
+        # tenants in turn (one tenant's loads would measure its pacing, MINT_NODE_COLD_LOADS_PER_MIN, not the node).
+        calibration["sustained"] = sustained_loads(stack.web_url, live, _burst(live, params, plan), say)
         rate, miss = stream_rate(params, plan, weights, calibration["sustained"]["loads_per_s"])
         calibration |= {"zipf_rate": round(rate, 3), "lru_miss_ratio_of_the_stream": round(miss, 4)}
         context = multiprocessing.get_context("spawn")
@@ -420,6 +421,19 @@ def run(params: LiveParams, say) -> dict:
         "live_aliases": live_aliases,
         "interference": interference,
     }
+
+
+def _burst(live: catalog_module.LiveCatalog, params: LiveParams, plan: dict) -> list[int]:
+    """Twice the CPU tier's aliases for `sustained_loads`: the first of each tenant's, smallest tenant first, then
+    the second of each, and so on; neither the scanning nor the hot tenant's, nor the calibration's tenant's."""
+    by_tenant: dict[int, list[int]] = {}
+    for i, alias in enumerate(live.aliases):
+        if alias.tenant not in (plan["scanner"], plan["hot_tenant"], params.tenants - 1):
+            by_tenant.setdefault(alias.tenant, []).append(i)
+    tenants = sorted(by_tenant, reverse=True)
+    deepest = max(map(len, by_tenant.values()))
+    turns = (by_tenant[t][k] for k in range(deepest) for t in tenants if k < len(by_tenant[t]))
+    return list(itertools.islice(turns, 2 * params.cpu_slots))
 
 
 def _accumulate(values):

@@ -58,6 +58,9 @@ P = PlacementState
 _LORA_NAME = re.compile(r"^t[0-9]+-a[0-9]+-r[0-9]+$")  # serving.models.lora_name
 FREQUENCY_PREFIX = "mint:residency:freq"
 REFUSED_PREFIX = "mint:residency:refused"
+# An ask whose tenant's pause on a node ends within this is placed there all the same (admission starts its load when
+# the pause is over): a client told to come back after a whole number of seconds cannot hit the pause's end exactly.
+PACED_GRACE_S = 1.0
 
 
 def shape() -> Shape:
@@ -253,7 +256,7 @@ def on_demand(
     refused: list[Refusal] = []
     for candidate in tried:
         view = node_view(candidate, pins=pins, activating=activating)
-        if (paced := _paced_s(view, tenant_id)) > 0:
+        if (paced := _paced_s(view, tenant_id)) > PACED_GRACE_S:
             # The tenant's loads here are paced while others use the node (serving/services/admission.py): an
             # eviction now would empty a slot that its load may not fill until the pause is over, and a scan's
             # queued loads would hold the others' asks back (`pending`, below). No room for it here now.
@@ -349,9 +352,11 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> None:
                 load_s=load_s,
                 min_resident_s=min_s,
             )
-            if refusal.paced_s:  # and the tenant's asks before it, one interval each
-                room_s = max(room_s, refusal.paced_s + turn.own * max(load_s, cold_load_interval_s()))
-            due = room_s + node_cold_s(view.node.id, view.node.name, load_s=load_s)
+            if refusal.paced_s:  # the pause, the tenant's asks before it one interval each, then its own load
+                paced = refusal.paced_s + turn.own * max(load_s, cold_load_interval_s()) - PACED_GRACE_S / 2
+                due = max(room_s + node_cold_s(view.node.id, view.node.name, load_s=load_s), paced + load_s)
+            else:
+                due = room_s + node_cold_s(view.node.id, view.node.name, load_s=load_s)
             best = due if best is None else min(best, due)
         client.set(f"{ROOM_PREFIX}:{revision_id}", f"{clock + best:.3f}", ex=max(1, math.ceil(best) + 1))
     except redis.RedisError as exc:

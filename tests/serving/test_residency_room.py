@@ -13,6 +13,7 @@ from serving.models import Placement, Priority
 from serving.residency.room import RefusedAsks, Turn, room_in_s
 from serving.selectors.residency import DEFAULT_LOAD_S, expected_ready_s, redis_client
 from serving.services.placement import placement_request
+from serving.services.residency import PACED_GRACE_S
 from tests.serving.conftest import place
 
 
@@ -160,10 +161,33 @@ def test_a_tenant_paced_on_a_shared_node_is_refused_there_before_anything_is_evi
     assert placement_request(revision=first, priority=Priority.COLD_REQUEST) is None
     assert placement_request(revision=second, priority=Priority.COLD_REQUEST) is None
     assert Placement.objects.get(id=idle.id).state == "ready"  # nothing was evicted for either
-    # Its pause, then its load (0.2 s, as loads here have gone); the second ask one interval later.
-    assert expected_ready_s(first.id) == pytest.approx(2.0, abs=0.2)
-    assert expected_ready_s(second.id) == pytest.approx(4.0, abs=0.2)
+    # Back half the grace before its pause ends (its load, 0.2 s as loads here have gone, then starts when the pause
+    # is over); the second ask one interval later.
+    assert expected_ready_s(first.id) == pytest.approx(1.8 - PACED_GRACE_S / 2 + 0.2, abs=0.2)
+    assert expected_ready_s(second.id) == pytest.approx(1.8 + 2 - PACED_GRACE_S / 2 + 0.2, abs=0.2)
 
     placed = placement_request(revision=theirs(4), priority=Priority.COLD_REQUEST)
     assert placed is not None and placed.state == "queued"  # the neighbour is not paced: it takes the idle entry
     assert Placement.objects.get(id=idle.id).state == "evicting"
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sent", "clean_frequencies")
+def test_an_ask_back_within_the_grace_before_its_pause_ends_is_placed_and_waits_for_it(
+    node, make_revision, adapter_b, settings
+):
+    from serving.models import AdapterRevision, PrewarmTurn
+    from serving.services.admission import admit
+
+    now = timezone.now()
+    long_ago = now - timedelta(seconds=settings.MINT_RESIDENCY_MIN_RESIDENT_S + 60)
+    neighbour = AdapterRevision.objects.create(adapter=adapter_b, number=1, state="approved", source_uri="x")
+    place(node, neighbour, "ready", ready_at=long_ago, last_used_at=now)
+    for number in (1, 2):
+        place(node, make_revision(number), "ready", ready_at=long_ago, last_used_at=long_ago)
+    tenant_id = make_revision(3).adapter.tenant_id
+    pause = timedelta(seconds=PACED_GRACE_S / 2)
+    PrewarmTurn.objects.create(node=node, tenant_id=tenant_id, started_at=now, resting_until=now + pause)
+    placed = placement_request(revision=make_revision(4), priority=Priority.COLD_REQUEST)
+    assert placed is not None and placed.state == "queued"
+    assert admit(node_id=node.id) == []  # its load starts once the pause is over, not before
