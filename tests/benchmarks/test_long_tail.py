@@ -153,3 +153,17 @@ def test_live_figures_follow_their_definitions():
     assert figures["retry_after_ratio_median"] == 0.0 and figures["retry_after"]["median_by_kind"]["zipf"] == 2.0
     assert figures["hot_pairs"][0]["ratio"] == pytest.approx(0.3 / 0.195, rel=1e-3)
     assert figures["thrash_phase"]["success_ratio"] == 0.0
+
+
+def test_the_sustained_load_burst_takes_one_alias_of_each_tenant_in_turn():
+    """One tenant's loads would measure its pacing (MINT_NODE_COLD_LOADS_PER_MIN), not the node."""
+    from types import SimpleNamespace
+
+    from benchmarks.long_tail.live import LiveParams, _burst
+
+    sizes = {0: 5, 1: 4, 2: 3, 3: 2, 4: 1, 5: 2}  # tenant 0 scans, 1 is hot, 5 (the last) calibrates
+    live = SimpleNamespace(aliases=[SimpleNamespace(tenant=t) for t, n in sizes.items() for _ in range(n)])
+    params = LiveParams(tenants=6, cpu_slots=3)
+    burst = _burst(live, params, {"scanner": 0, "hot_tenant": 1})
+    assert [live.aliases[i].tenant for i in burst] == [4, 3, 2, 3, 2, 2]
+    assert len(set(burst)) == len(burst)
