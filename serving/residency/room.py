@@ -82,10 +82,15 @@ class RefusedAsks:
         if not others:
             return Turn(rank, rank)
         pipe = redis.pipeline(transaction=False)
-        for other in others:
-            pipe.zrangebyscore(self._asks(base_model_id, other), gone, "+inf", start=0, num=rank + 1, withscores=True)
+        for other in others:  # trimmed, then its count and its ask of this turn: O(log n) each, however many
+            key = self._asks(base_model_id, other)
+            pipe.zremrangebyscore(key, "-inf", gone)
+            pipe.zcard(key)
+            pipe.zrange(key, rank, rank, withscores=True)
+        found = pipe.execute()
+        counts, asks = found[1::3], found[2::3]
         # Each other tenant's asks of the turns before this one's, and of this turn the one refused before it.
-        before = sum(min(len(asks), rank) + (len(asks) > rank and asks[rank][1] < first) for asks in pipe.execute())
+        before = sum(min(n, rank) + bool(ask and ask[0][1] < first) for n, ask in zip(counts, asks, strict=True))
         return Turn(rank + before, rank)
 
     def placed(self, redis, base_model_id: int, tenant_id: int, revision_id: int) -> None:

@@ -148,7 +148,10 @@ def _room_s(revision_id: int) -> float:
 
 
 def pause_s(node_id: int, tenant_id: int, now: datetime) -> float:
-    """Seconds left of the tenant's pacing pause on the node (serving/services/admission.py); 0 when none."""
+    """Seconds left of the tenant's pacing pause on the node (serving/services/admission.py); 0 when none, or
+    when MINT_NODE_PREWARM_DUTY of 1 turns pacing off (admission then honours no pause)."""
+    if settings.MINT_NODE_PREWARM_DUTY >= 1:
+        return 0.0
     until = (
         PrewarmTurn.objects.filter(node_id=node_id, tenant_id=tenant_id).values_list("resting_until", flat=True).first()
     )

@@ -285,8 +285,9 @@ def on_demand(
 
 
 def refused_asks() -> RefusedAsks:
-    # Kept longer than a client's retries last (the openai client's two, each after a Retry-After of a few seconds).
-    keep_s = 3 * (settings.MINT_RESIDENCY_MIN_RESIDENT_S + DEFAULT_LOAD_S)
+    # Kept longer than a client's retries last: the openai client's two, each after a Retry-After of a few seconds,
+    # or, for a paced tenant's asks, of several intervals (its own asks before it each take one).
+    keep_s = 3 * (settings.MINT_RESIDENCY_MIN_RESIDENT_S + DEFAULT_LOAD_S) + 6 * cold_load_interval_s()
     return RefusedAsks(REFUSED_PREFIX, keep_s)
 
 
@@ -315,12 +316,20 @@ def _paced_s(view: NodeView, tenant_id: int) -> float:
     """Seconds before the tenant's next load on demand may start on the view's node, while another tenant uses it
     (serving/services/admission.py paces it then): its pause left, and while a load of its own waits or runs
     there, that load's time and the interval between two (MINT_NODE_COLD_LOADS_PER_MIN) besides. 0: now."""
-    if not view.recent_tenants - {tenant_id}:
-        return 0.0
+    if settings.MINT_NODE_PACING_NEIGHBOUR_S and not view.recent_tenants - {tenant_id}:
+        return 0.0  # nobody else here lately (a window of 0: paced whoever else uses the node)
     paced = pause_s(view.node.id, tenant_id, timezone.now())
     if view.pending_on_demand[tenant_id]:
-        paced = max(paced, node_load_s(view.node.id) + cold_load_interval_s())
+        paced = max(paced, _paced_start_s(node_load_s(view.node.id)))
     return paced
+
+
+def _paced_start_s(load_s: float) -> float:
+    """Seconds between the starts of a paced tenant's loads on demand on a node where a load takes `load_s`: the
+    load and the pause after it (serving/services/admission.py `_rest`: MINT_NODE_COLD_DUTY's share of the node's
+    time, at least MINT_NODE_COLD_LOADS_PER_MIN's interval)."""
+    duty = settings.MINT_NODE_COLD_DUTY
+    return max(load_s / duty if duty < 1 else load_s, cold_load_interval_s())
 
 
 def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> None:
@@ -352,8 +361,8 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> None:
                 load_s=load_s,
                 min_resident_s=min_s,
             )
-            if refusal.paced_s:  # the pause, the tenant's asks before it one interval each, then its own load
-                paced = refusal.paced_s + turn.own * max(load_s, cold_load_interval_s()) - PACED_GRACE_S / 2
+            if refusal.paced_s:  # the pause, the tenant's asks before it one start each, then its own load
+                paced = refusal.paced_s + turn.own * _paced_start_s(load_s) - PACED_GRACE_S / 2
                 due = max(room_s + node_cold_s(view.node.id, view.node.name, load_s=load_s), paced + load_s)
             else:
                 due = room_s + node_cold_s(view.node.id, view.node.name, load_s=load_s)

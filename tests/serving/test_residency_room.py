@@ -191,3 +191,27 @@ def test_an_ask_back_within_the_grace_before_its_pause_ends_is_placed_and_waits_
     placed = placement_request(revision=make_revision(4), priority=Priority.COLD_REQUEST)
     assert placed is not None and placed.state == "queued"
     assert admit(node_id=node.id) == []  # its load starts once the pause is over, not before
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sent", "clean_frequencies")
+def test_the_refusal_for_pacing_follows_the_pacing_settings_admission_honours(node, make_revision, settings):
+    """A window of 0 paces a tenant whoever else uses the node (nobody here), and a prewarm duty of 1 turns pacing
+    off: the refusal follows both, as admission does."""
+    from serving.models import PrewarmTurn
+
+    settings.MINT_NODE_PACING_NEIGHBOUR_S = 0
+    long_ago = timezone.now() - timedelta(seconds=settings.MINT_RESIDENCY_MIN_RESIDENT_S + 60)
+    idle = [place(node, make_revision(n), "ready", ready_at=long_ago, last_used_at=long_ago) for n in (1, 2, 3)]
+    now = timezone.now()
+    PrewarmTurn.objects.create(
+        node=node,
+        tenant_id=idle[0].revision.adapter.tenant_id,
+        started_at=now,
+        resting_until=now + timedelta(seconds=5),
+    )
+    assert placement_request(revision=make_revision(4), priority=Priority.COLD_REQUEST) is None
+    assert not Placement.objects.filter(state="evicting").exists()
+    settings.MINT_NODE_PREWARM_DUTY = 1.0
+    placed = placement_request(revision=make_revision(5), priority=Priority.COLD_REQUEST)
+    assert placed is not None and placed.state == "queued"
