@@ -148,14 +148,28 @@ def _room_s(revision_id: int) -> float:
 
 
 def pause_s(node_id: int, tenant_id: int, now: datetime) -> float:
-    """Seconds left of the tenant's pacing pause on the node (serving/services/admission.py); 0 when none, or
-    when MINT_NODE_PREWARM_DUTY of 1 turns pacing off (admission then honours no pause)."""
-    if settings.MINT_NODE_PREWARM_DUTY >= 1:
-        return 0.0
+    """Seconds left of the tenant's pacing pause on the node (serving/services/admission.py); 0 when none."""
     until = (
         PrewarmTurn.objects.filter(node_id=node_id, tenant_id=tenant_id).values_list("resting_until", flat=True).first()
     )
-    return max(0.0, (until - now).total_seconds()) if until else 0.0
+    return pause_left(until, now)
+
+
+def pause_left(until: datetime | None, now: datetime) -> float:
+    """Seconds from `now` to a pause's end `until`; 0 when none, or when MINT_NODE_PREWARM_DUTY of 1 turns pacing
+    off (admission then honours no pause)."""
+    if until is None or settings.MINT_NODE_PREWARM_DUTY >= 1:
+        return 0.0
+    return max(0.0, (until - now).total_seconds())
+
+
+def on_demand_start_s(busy_s: float) -> float:
+    """Seconds between the starts of a paced tenant's loads on demand on a node where one keeps it busy `busy_s`:
+    the load and the pause after it, at MINT_NODE_COLD_DUTY's share of the node's time (the pause at most
+    MINT_NODE_PREWARM_MAX_GAP_S), and at least MINT_NODE_COLD_LOADS_PER_MIN's interval."""
+    duty = settings.MINT_NODE_COLD_DUTY
+    shared = min(busy_s / duty, busy_s + settings.MINT_NODE_PREWARM_MAX_GAP_S) if duty < 1 else busy_s
+    return max(shared, cold_load_interval_s())
 
 
 def revision_residency(revision_ids: list[int]) -> dict[int, list[dict]]:

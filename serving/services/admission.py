@@ -21,7 +21,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from serving.models import ACTIVE_STATES, NodeState, Placement, PlacementState, PrewarmTurn, Priority, ServingNode
-from serving.selectors.residency import cold_load_interval_s
+from serving.selectors.residency import on_demand_start_s, pause_left, pause_s
 from serving.services import outbox, residency
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def admit(*, node_id: int) -> list[int]:
         history = PrewarmTurn.objects.filter(node=node, tenant_id__in=tenants)
         # When each tenant's last prewarm here started (none yet: its turn is first) and its pause left.
         turns = {t.tenant_id: t.started_at for t in history}
-        waits = {tenant: 0.0 for tenant in tenants} | {t.tenant_id: _pause_left(t.resting_until, now) for t in history}
+        waits = {tenant: 0.0 for tenant in tenants} | {t.tenant_id: pause_left(t.resting_until, now) for t in history}
         claimed: list[int] = []
         for _ in range(free):
             ready = [q for q in queued if waits[q[2]] <= 0 and q[0] not in claimed]
@@ -108,14 +108,7 @@ def prewarm_pacing_delay(node: ServingNode, *, tenant_id: int) -> float:
     prewarm) takes at most MINT_NODE_PREWARM_DUTY of the engine's time, the requests it serves meanwhile keep
     their latency, and another tenant's prewarm does not wait behind that tenant's pauses.
     """
-    until = PrewarmTurn.objects.filter(node=node, tenant_id=tenant_id).values_list("resting_until", flat=True).first()
-    return _pause_left(until, timezone.now())
-
-
-def _pause_left(until: datetime | None, now: datetime) -> float:
-    if until is None or settings.MINT_NODE_PREWARM_DUTY >= 1:
-        return 0.0
-    return max(0.0, (until - now).total_seconds())
+    return pause_s(node.id, tenant_id, timezone.now())
 
 
 def _rest(placement: Placement, *, busy_s: float, now: datetime) -> None:
@@ -133,13 +126,13 @@ def _rest(placement: Placement, *, busy_s: float, now: datetime) -> None:
         .exclude(revision__adapter__tenant_id=tenant_id)
         .exists()
     )
-    duty = (
-        settings.MINT_NODE_COLD_DUTY if placement.priority <= Priority.COLD_REQUEST else settings.MINT_NODE_PREWARM_DUTY
-    )
-    cap = settings.MINT_NODE_PREWARM_MAX_GAP_S
-    gap = 0.0 if duty >= 1 or not neighbours else min(busy_s * (1 - duty) / duty, cap)
-    if neighbours and placement.priority <= Priority.COLD_REQUEST:
-        gap = max(gap, cold_load_interval_s() - busy_s)  # MINT_NODE_COLD_LOADS_PER_MIN
+    duty = settings.MINT_NODE_PREWARM_DUTY
+    if not neighbours:
+        gap = 0.0
+    elif placement.priority <= Priority.COLD_REQUEST:
+        gap = on_demand_start_s(busy_s) - busy_s  # the same rule the refusals of paced asks count on
+    else:
+        gap = 0.0 if duty >= 1 else min(busy_s * (1 - duty) / duty, settings.MINT_NODE_PREWARM_MAX_GAP_S)
     PrewarmTurn.objects.update_or_create(
         node_id=placement.node_id,
         tenant_id=tenant_id,

@@ -49,6 +49,7 @@ from serving.selectors.residency import (
     cold_load_interval_s,
     node_cold_s,
     node_load_s,
+    on_demand_start_s,
     pause_s,
     redis_client,
 )
@@ -320,16 +321,8 @@ def _paced_s(view: NodeView, tenant_id: int) -> float:
         return 0.0  # nobody else here lately (a window of 0: paced whoever else uses the node)
     paced = pause_s(view.node.id, tenant_id, timezone.now())
     if view.pending_on_demand[tenant_id]:
-        paced = max(paced, _paced_start_s(node_load_s(view.node.id)))
+        paced = max(paced, on_demand_start_s(node_load_s(view.node.id)))
     return paced
-
-
-def _paced_start_s(load_s: float) -> float:
-    """Seconds between the starts of a paced tenant's loads on demand on a node where a load takes `load_s`: the
-    load and the pause after it (serving/services/admission.py `_rest`: MINT_NODE_COLD_DUTY's share of the node's
-    time, at least MINT_NODE_COLD_LOADS_PER_MIN's interval)."""
-    duty = settings.MINT_NODE_COLD_DUTY
-    return max(load_s / duty if duty < 1 else load_s, cold_load_interval_s())
 
 
 def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> None:
@@ -361,11 +354,9 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> None:
                 load_s=load_s,
                 min_resident_s=min_s,
             )
+            due = room_s + node_cold_s(view.node.id, view.node.name, load_s=load_s)
             if refusal.paced_s:  # the pause, the tenant's asks before it one start each, then its own load
-                paced = refusal.paced_s + turn.own * _paced_start_s(load_s) - PACED_GRACE_S / 2
-                due = max(room_s + node_cold_s(view.node.id, view.node.name, load_s=load_s), paced + load_s)
-            else:
-                due = room_s + node_cold_s(view.node.id, view.node.name, load_s=load_s)
+                due = max(due, refusal.paced_s + turn.own * on_demand_start_s(load_s) - PACED_GRACE_S / 2 + load_s)
             best = due if best is None else min(best, due)
         client.set(f"{ROOM_PREFIX}:{revision_id}", f"{clock + best:.3f}", ex=max(1, math.ceil(best) + 1))
     except redis.RedisError as exc:
