@@ -11,7 +11,7 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 
 from adapters.selectors import base_model_by_name
-from mint_site.errors import Conflict, MintError, NotFound
+from mint_site.errors import MintError, NotFound
 from serving.models import NodeState, PlacementState, ServingNode
 from serving.serializers import (
     DrainProgressSerializer,
@@ -88,7 +88,6 @@ class ServingNodeUndrainApi(PlatformApi):
         node = ServingNode.objects.filter(name=name).first()
         if node is None:
             raise NotFound(f"No node {name!r}.", code="node_not_found")
-        if node.state == NodeState.DOWN:
-            raise Conflict(f"Node {node.name} is down; it comes back up with its next heartbeat.", code="node_down")
-        nodes.node_set_state(node=node, state=NodeState.UP, by=Actor(user=request.user))
+        if node.state != NodeState.UP:
+            nodes.node_undrain(node=node, by=Actor(user=request.user))
         return Response(ServingNodeSerializer(ServingNodeListCreateApi().get_queryset().get(id=node.id)).data)

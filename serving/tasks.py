@@ -266,7 +266,8 @@ def nodes_heartbeat(self) -> None:
         with transaction.atomic():
             nodes.node_set_state(
                 node=node,
-                state=NodeState.UP if node.state == NodeState.DOWN else node.state,
+                state=NodeState.UP,
+                only_from=(NodeState.DOWN,),  # a draining node stays draining, even if drained since it was read
                 by=Actor.system(),
                 engine_version=version,
                 heartbeat=True,

@@ -45,7 +45,7 @@ from frontend.views.base import (
 from mint_site.errors import Conflict, MintError
 from serving import selectors as serving_selectors
 from serving import services as serving_services
-from serving.models import Alias, NodeState, ServingNode
+from serving.models import Alias, ServingNode
 from tenants.access import Actor, Capability
 
 
@@ -314,9 +314,7 @@ def node_undrain(request: HttpRequest, name: str) -> HttpResponse:
     node = _staff_node(request, name)
 
     def run() -> str:
-        if node.state != NodeState.DRAINING:
-            raise Conflict(f"{node.name} is {node.state}, not draining.", code="not_draining")
-        serving_services.node_set_state(node=node, state=NodeState.UP, by=Actor(user=request.user))
+        serving_services.node_undrain(node=node, by=Actor(user=request.user))
         return f"{node.name} is back in service."
 
     return act(request, reverse("frontend:nodes"), run, anchor=f"node-{node.name}")

@@ -20,7 +20,7 @@ failover → placement → admission → (outbox, capacity, residency) → (mode
 """
 
 from serving.services.aliases import activation_cancel, revision_activate, revision_rollback
-from serving.services.nodes import node_drain, node_register, node_set_state
+from serving.services.nodes import node_drain, node_register, node_set_state, node_undrain
 from serving.services.retention import retention_preview
 from serving.services.retire import adapter_delete, alias_deactivate, revision_archive
 from serving.services.rollout import alias_flip, canary_abort, canary_promote
@@ -36,6 +36,7 @@ __all__ = [
     "node_drain",
     "node_register",
     "node_set_state",
+    "node_undrain",
     "retention_preview",
     "revision_activate",
     "revision_archive",

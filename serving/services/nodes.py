@@ -80,23 +80,28 @@ def node_set_state(
     engine_version: str = "",
     heartbeat: bool = False,
     max_model_len: int | None = None,
+    only_from: tuple[str, ...] = (),
 ) -> bool:
     """Record a node's state (from a heartbeat, or staff draining it), and what its engine reports (version,
-    context window). Returns whether the state changed."""
+    context window). With `only_from`, the state changes only from one of those.
+
+    The row is read under a lock, so a heartbeat that read the node before staff drained it cannot write its
+    old state back. `node.state` is the state as recorded after. Returns whether the state changed.
+    """
     now = timezone.now()
     fields: dict = {"last_heartbeat_at": now} if heartbeat else {}
     if engine_version:
         fields["engine_version"] = engine_version
     if max_model_len:
         fields["max_model_len"] = max_model_len
-    changed = (
-        ServingNode.objects.filter(id=node.id).exclude(state=state).update(state=state, state_changed_at=now, **fields)
-    )
-    if not changed and fields:
-        ServingNode.objects.filter(id=node.id).update(**fields)
+    before = ServingNode.objects.select_for_update().values_list("state", flat=True).get(id=node.id)
+    changed = before != state and (not only_from or before in only_from)
     if changed:
-        before = node.state
-        node.state = state
+        fields |= {"state": state, "state_changed_at": now}
+    if fields:
+        ServingNode.objects.filter(id=node.id).update(**fields)
+    node.state = state if changed else before
+    if changed:
         audit_record(
             tenant=None,
             actor=by,
@@ -106,7 +111,16 @@ def node_set_state(
             after={"state": state},
         )
         live_event(tenant_id=None, type="node.state", id=node.id, state=state, node=node.name)
-    return bool(changed)
+    return changed
+
+
+def node_undrain(*, node: ServingNode, by: Actor) -> None:
+    """Take a draining node back into service (staff: `mint_node undrain`, the API, the Nodes page)."""
+    if node_set_state(node=node, state=NodeState.UP, by=by, only_from=(NodeState.DRAINING,)):
+        return
+    if node.state == NodeState.DOWN:
+        raise Conflict(f"Node {node.name} is down; it comes back up with its next heartbeat.", code="node_down")
+    raise Conflict(f"Node {node.name} is {node.state}, not draining.", code="not_draining")
 
 
 def _probe_key(node_id: int) -> str:
@@ -139,9 +153,9 @@ P = PlacementState
 
 def node_drain(*, node: ServingNode, by: Actor, force: bool = False) -> dict[str, object]:
     """Start draining `node` (staff: `mint_node drain`, the API, the Nodes page) and take the first step."""
+    node_set_state(node=node, state=NodeState.DRAINING, by=by, only_from=(NodeState.UP,))
     if node.state == NodeState.DOWN:
         raise Conflict(f"Node {node.name} is down: there is nothing on it to move.", code="node_down")
-    node_set_state(node=node, state=NodeState.DRAINING, by=by)
     node.refresh_from_db()
     placements_retry(base_model_id=node.base_model_id)  # place its pinned revisions elsewhere now
     return drain_step(node=node, force=force)

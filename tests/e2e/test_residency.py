@@ -32,11 +32,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
 ALIASES = 20
 DISTINCT_WEIGHTS = 4  # adapters share a few peft weight sets: registering 20 distinct ones buys nothing here
-STREAM_TOKENS, STREAMS = 480, 24  # within the tiny model's 512-token context
+CONTEXT = 2048  # the tiny model's own: long streams, so that an eviction lands while they run on a fast machine
+STREAM_TOKENS, STREAMS = CONTEXT - 48, 24
 
 
 class SmallEngine(Engine):
     max_loras, max_cpu_loras, max_lora_rank = 2, 4, 16
+
+    def extra_flags(self) -> list[str]:
+        return [*super().extra_flags(), "--max-model-len", str(CONTEXT)]
 
 
 @pytest.fixture
@@ -194,9 +198,9 @@ def test_twenty_live_aliases_on_four_slots(
         except BaseException as exc:  # reported by the waits below
             errors.append(exc)
 
-    # Many streams at once: each engine step carries them all, so they last long enough for the eviction to
-    # land while they run (the tiny model's context is 512 tokens; with 8, one CI run in several saw them end
-    # first). The alias is taken down as soon as every stream has its first chunk.
+    # Many long streams at once: each engine step carries them all, so they last long enough for the eviction to
+    # land while they run (with 8 streams of 480 tokens, one CI run in several saw them end first; with 24, a
+    # faster machine did). The alias is taken down as soon as every stream has its first chunk.
     readers = [threading.Thread(target=stream) for _ in range(STREAMS)]
     for reader in readers:
         reader.start()

@@ -10,7 +10,7 @@ import pytest
 from adapters.models import AdapterRevision
 from mint_site.events import epoch_us
 from serving import services, tasks
-from serving.models import Placement, Priority, UsageRecord, lora_name
+from serving.models import Placement, Priority, ServingNode, UsageRecord, lora_name
 from serving.services.admission import admit
 from serving.services.placement import placement_request
 from serving.vllm import VllmError
@@ -137,7 +137,7 @@ def test_files_already_under_a_loaded_name_are_never_rewritten(node, exported, e
 
 
 def test_heartbeat_marks_nodes_up_and_down_and_reconciles(node, make_revision, engine):
-    from serving.models import NodeState, ServingNode
+    from serving.models import NodeState
 
     ServingNode.objects.filter(id=node.id).update(state=NodeState.DOWN)
     engine.health.return_value = True
@@ -209,3 +209,35 @@ def test_draining_is_not_a_heartbeat(node):
     assert services.node_set_state(node=node, state=NodeState.DRAINING, by=Actor.system())
     node.refresh_from_db()
     assert node.state == "draining" and node.last_heartbeat_at is None
+
+
+def test_a_heartbeat_under_way_when_staff_drain_the_node_leaves_it_draining(node, engine):
+    """The heartbeat reads the nodes, then asks each engine: staff may drain one meanwhile. Writing the state it
+    read back would undo the drain, and the node would take revisions again."""
+    from serving.models import NodeState
+    from tenants.access import Actor
+
+    def drained_meanwhile() -> bool:
+        services.node_drain(node=ServingNode.objects.get(id=node.id), by=Actor.system())
+        return True
+
+    engine.health.side_effect = drained_meanwhile
+    engine.model_entries.return_value = [{"id": "test-dense", "max_model_len": 512}]
+    engine.version.return_value = "0.32.0"
+    tasks.nodes_heartbeat()
+    node.refresh_from_db()
+    assert node.state == NodeState.DRAINING and node.engine_version == "0.32.0"
+
+
+def test_undrain_takes_back_only_a_draining_node(node):
+    from mint_site.errors import Conflict
+    from serving.models import NodeState
+    from tenants.access import Actor
+
+    ServingNode.objects.filter(id=node.id).update(state=NodeState.DOWN)
+    with pytest.raises(Conflict, match="down; it comes back up with its next heartbeat"):
+        services.node_undrain(node=node, by=Actor.system())  # a dead engine is not routed to by staff's word
+    assert ServingNode.objects.get(id=node.id).state == NodeState.DOWN
+    ServingNode.objects.filter(id=node.id).update(state=NodeState.DRAINING)
+    services.node_undrain(node=node, by=Actor.system())
+    assert ServingNode.objects.get(id=node.id).state == NodeState.UP

@@ -60,7 +60,11 @@ class Command(BaseCommand):
             if node is None:
                 raise CommandError(f"No node {options['name']!r}.")
             if action == "undrain":
-                nodes.node_set_state(node=node, state=NodeState.UP, by=Actor.system())
+                if node.state != NodeState.UP:
+                    try:
+                        nodes.node_undrain(node=node, by=Actor.system())
+                    except MintError as exc:
+                        raise CommandError(str(exc)) from None
                 self.stdout.write(f"{node.name} is up")
                 return
             self._drain(node, force=options["force"], wait=options["wait"])
