@@ -387,6 +387,8 @@ MINT_RESIDENCY_FREQUENCY_PERIOD_S = env_int("MINT_RESIDENCY_FREQUENCY_PERIOD_S",
 # or used within them and asked for more than once lately (a working set larger than the node waits instead of
 # thrashing), is not evicted for an on-demand load.
 MINT_RESIDENCY_MIN_RESIDENT_S = env_float("MINT_RESIDENCY_MIN_RESIDENT_S", 5.0, minimum=0)
+# A client's retry that finds its revision's load due within this many seconds is held for it (0: never).
+MINT_RESIDENCY_RETRY_HOLD_S = env_float("MINT_RESIDENCY_RETRY_HOLD_S", 2.0, minimum=0)
 MINT_RESIDENCY_FLUSH_S = env_float("MINT_RESIDENCY_FLUSH_S", 1.0, minimum=0)  # request counts, placement uses
 MINT_RESIDENCY_NODE_CHOICES = env_int("MINT_RESIDENCY_NODE_CHOICES", 3, minimum=1)  # nodes a load may try
 MINT_RESIDENCY_DISK_CHOICES = env_int("MINT_RESIDENCY_DISK_CHOICES", 3, minimum=1)  # best nodes checked for files

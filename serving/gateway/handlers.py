@@ -96,6 +96,7 @@ def inference(path: str) -> Handler:
             caller,
             ref,
             seconds=outcome.wait_s,
+            retry=outcome.retry,
             load=lambda again=False: resolve.resolve(
                 state, caller.tenant_id, ref, model, admit=admit, tally=outcome.tally, again=again or outcome.retry
             ),

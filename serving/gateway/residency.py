@@ -8,7 +8,9 @@
 - A request with `X-Mint-Wait: <seconds>` is held instead, up to that long within its tenant's plan
   (`max_cold_wait_s`), at most `max_held_requests` of a tenant at once in this process (429 past it), awaiting the
   revision's ready event (the live-events feed) or re-reading its route every HOLD_POLL_S: a held request is a
-  suspended coroutine, no thread. When the wait runs out it gets the 503 it would have had.
+  suspended coroutine, no thread. When the wait runs out it gets the 503 it would have had. A client's retry
+  that finds the load due within MINT_RESIDENCY_RETRY_HOLD_S is held that long without asking (its 503 at once
+  while the tenant has `max_held_requests` held): it came back when told to.
 - Every request routed to a revision counts towards the revision's frequency (hits and misses alike), in memory,
   added to Redis at most every MINT_RESIDENCY_FLUSH_S from a database thread: the admission filter of every node
   reads them (serving/services/residency.py).
@@ -165,10 +167,15 @@ class ColdStarts:
             if event is not None:
                 event.set()
 
-    async def hold(self, tenant_id: int, revision_id: int, *, seconds: float, plan, load) -> Resolution | None:
+    async def hold(
+        self, tenant_id: int, revision_id: int, *, seconds: float, plan, load, asked: bool = True
+    ) -> Resolution | None:
         """Hold a request until `load()` (its route, read again) finds the revision ready, for up to `seconds`.
-        None when the wait ran out; 429 past the tenant's held requests."""
+        None when the wait ran out; past the tenant's held requests, 429 for a request that `asked` to be held
+        (X-Mint-Wait), None at once for another."""
         if self.held[tenant_id] >= plan.max_held_requests:
+            if not asked:
+                return None
             raise GatewayError(
                 429,
                 "too_many_held_requests",

@@ -129,6 +129,7 @@ class NotReady(GatewayError):
         super().__init__(503, "adapter_not_ready", message, headers={"Retry-After": str(seconds)})
         self.adapter_name, self.adapter_id, self.revision = adapter_name, adapter_id, revision
         self.resolution = resolution  # the revision found, loaded nowhere: a held request waits for it
+        self.retry_after_s = seconds
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,14 +325,25 @@ async def resolve_held(
     *,
     seconds: float,
     load: Callable[..., Awaitable[Resolution]],
+    retry: bool = False,
 ) -> Resolution:
     """`load()` (the route of `ref`), or, when it answers 503 for a revision loading on demand and the request
     asked to wait (`seconds` > 0), the route once it is ready: held meanwhile, no longer than `seconds` (then the
-    503 it would have had, with the Retry-After of now). Read again, it is `load(again=True)`: the same request."""
+    503 it would have had, with the Retry-After of now). Read again, it is `load(again=True)`: the same request.
+
+    A client's `retry` that finds the load due within MINT_RESIDENCY_RETRY_HOLD_S is held that long without
+    asking (within its plan's `max_cold_wait_s`; while the tenant has `max_held_requests` held, it gets its 503):
+    it came back when told to, and an estimate a little short should cost it a short wait, not its last retry.
+    """
+    implicit = False
     try:
         return await load()
     except NotReady as cold:
-        if seconds <= 0 or cold.resolution is None:
+        if cold.resolution is None:
+            raise
+        if seconds <= 0 and retry and cold.retry_after_s <= settings.MINT_RESIDENCY_RETRY_HOLD_S:
+            seconds, implicit = min(settings.MINT_RESIDENCY_RETRY_HOLD_S, float(caller.plan.max_cold_wait_s)), True
+        if seconds <= 0:
             raise
         found = cold.resolution
 
@@ -342,7 +354,9 @@ async def resolve_held(
         except NotReady:
             return None
 
-    held = await state.cold.hold(caller.tenant_id, found.revision_id, seconds=seconds, plan=caller.plan, load=again)
+    held = await state.cold.hold(
+        caller.tenant_id, found.revision_id, seconds=seconds, plan=caller.plan, load=again, asked=not implicit
+    )
     if held is None:
         return await load(again=True)  # still not ready: its 503, with the estimate as it stands now
     return held

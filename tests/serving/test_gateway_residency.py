@@ -167,6 +167,62 @@ def test_another_tenants_held_requests_do_not_count_against_its_bound(world, est
     assert async_to_sync(scenario)() == (503, 429, 200)
 
 
+async def _tried(world, token: str, retry: int, model: str = "support-bot@r2") -> tuple[int, float]:
+    """One try of the openai client (`X-Stainless-Retry-Count`): its status and how long it took."""
+    headers = {"Authorization": f"Bearer {token}", "X-Stainless-Retry-Count": str(retry)}
+    started = time.monotonic()
+    async with site(world.state) as client:
+        response = await client.post(
+            "/v1/completions", json={"model": model, "prompt": "Hi", "max_tokens": 4}, headers=headers
+        )
+    return response.status_code, time.monotonic() - started
+
+
+def test_a_retry_that_finds_its_load_due_soon_is_held_for_it_without_asking(world, estimate, settings):
+    """The client came back when told: a load running a little late costs it a short wait, not its last retry."""
+    settings.MINT_RESIDENCY_RETRY_HOLD_S = 2.0
+    estimate.return_value = 1.5  # Retry-After 2: within the bound
+    token = world.token
+
+    async def scenario():
+        first = await _tried(world, token, 0)  # a first try is never held: 503 at once
+        task = asyncio.ensure_future(_tried(world, token, 1))
+        await asyncio.sleep(0.3)
+        assert not task.done()  # held, not sent away again
+        await world.state.db.run(_ready, world)
+        world.state.cold.ready()
+        retried = await asyncio.wait_for(task, 5)
+        await settle(world.state)
+        return first, retried
+
+    (first, took_first), (retried, _) = async_to_sync(scenario)()
+    assert (first, retried) == (503, 200) and took_first < 1
+
+
+def test_a_retry_is_not_held_past_the_bound_the_plan_or_the_tenants_held_requests(world, estimate, settings):
+    settings.MINT_RESIDENCY_RETRY_HOLD_S = 2.0
+    token = world.token
+
+    async def statuses():
+        tried = await _tried(world, token, 1)
+        await settle(world.state)
+        return tried
+
+    estimate.return_value = 4.5  # due later than the bound: the client waits out its Retry-After
+    status, took = async_to_sync(statuses)()
+    assert status == 503 and took < 1
+    estimate.return_value = 1.5
+    world.state.cold._expected.clear()  # asked again, with the estimate now
+    Tenant.objects.filter(id=world.tenant_a.tenant.id).update(max_held_requests=0)
+    world.state.keys.clear()
+    status, took = async_to_sync(statuses)()
+    assert status == 503 and took < 1  # not a 429: it did not ask to be held
+    Tenant.objects.filter(id=world.tenant_a.tenant.id).update(max_held_requests=16, max_cold_wait_s=0)
+    world.state.keys.clear()
+    status, took = async_to_sync(statuses)()
+    assert status == 503 and took < 1  # the plan holds nothing
+
+
 def test_requests_feed_the_shared_frequencies(world, settings):
     settings.MINT_RESIDENCY_FLUSH_S = 0
     client = redis.Redis.from_url(settings.REDIS_URL)
