@@ -6,8 +6,7 @@ asks again. Coming back too early costs that client one of its retries (the offi
 too late costs it only time. So the estimate is the time the node should have room *for this ask*:
 
 - asks refused before it and still waiting are ahead, in the turns tenants take (`RefusedAsks`: in Redis, per base
-  model, one sorted set per tenant with each ask's first refusal as score, shared by every process; an ask whose
-  client is not back by when it was told to come back is gone): an ask that is
+  model, one sorted set per tenant with each ask's first refusal as score, shared by every process): an ask that is
   preceded by r asks of its own tenant goes after those, and after each other tenant's first r and its next one if
   refused earlier, so a tenant that floods cold requests pushes another's estimate back by one ask a turn, not by
   its flood. The k-th ask in that order needs the k-th room;
@@ -46,49 +45,29 @@ def room_in_s(
     return max(room, queue)
 
 
-# Trims one tenant's asks (KEYS[1], first refusal as score) of those whose client is not back by when it should be
-# (KEYS[2], that time as score: ARGV[1] is now) and of those first refused before ARGV[2]; returns how many are left.
-_TRIM = """
-local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1])
-for i = 1, #stale, 256 do
-  local part = {unpack(stale, i, math.min(i + 255, #stale))}
-  redis.call('ZREM', KEYS[1], unpack(part))
-  redis.call('ZREM', KEYS[2], unpack(part))
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
-return redis.call('ZCARD', KEYS[1])
-"""
-
-
 class RefusedAsks:
     """The cold requests refused for want of room and still waiting, per base model and tenant, oldest first (Redis).
 
-    An ask's place is kept from its first refusal (a retry does not move it to the back) until it is placed, or
-    its client is not back by when it was told to come back (`expect`) plus `slack_s`: that client gave up, and
-    its ask would hold the others back for nothing. At most `keep_s` in any case. Per base model, a sorted set of
-    the tenants with asks waiting (last refusal as score), and per tenant one of its asks and one of when each
-    should be asked again.
+    An ask's place is kept from its first refusal (a retry does not move it to the back) for `keep_s`, longer
+    than a client's retries last; one that is placed leaves at once. Per base model, a sorted set of the tenants
+    with asks waiting (last refusal as score) and one of each tenant's asks.
     """
 
-    def __init__(self, prefix: str, keep_s: float, slack_s: float = 3.0) -> None:
-        self.prefix, self.keep_s, self.slack_s = prefix, keep_s, slack_s
+    def __init__(self, prefix: str, keep_s: float) -> None:
+        self.prefix, self.keep_s = prefix, keep_s
 
     def _tenants(self, base_model_id: int) -> str:
         return f"{self.prefix}:{base_model_id}"
 
-    def _asks(self, base_model_id: int, tenant_id: int) -> tuple[str, str]:
-        key = f"{self.prefix}:{base_model_id}:t{tenant_id}"
-        return key, f"{key}:due"
-
-    def _trim(self, pipe, base_model_id: int, tenant_id: int, now: float) -> None:
-        pipe.eval(_TRIM, 2, *self._asks(base_model_id, tenant_id), now, now - self.keep_s)
+    def _asks(self, base_model_id: int, tenant_id: int) -> str:
+        return f"{self.prefix}:{base_model_id}:t{tenant_id}"
 
     def ahead(self, redis, base_model_id: int, tenant_id: int, revision_id: int, now: float) -> Turn:
         """Record the refusal of `revision_id` (its first time kept) and return the asks that go before it."""
         gone, ttl = now - self.keep_s, int(self.keep_s) + 1
-        tenants, own = self._tenants(base_model_id), self._asks(base_model_id, tenant_id)[0]
+        tenants, own = self._tenants(base_model_id), self._asks(base_model_id, tenant_id)
         pipe = redis.pipeline(transaction=False)
-        self._trim(pipe, base_model_id, tenant_id, now)
+        pipe.zremrangebyscore(own, "-inf", gone)
         pipe.zadd(own, {str(revision_id): now}, nx=True)
         pipe.zrank(own, str(revision_id))
         pipe.zscore(own, str(revision_id))
@@ -103,38 +82,19 @@ class RefusedAsks:
         if not others:
             return Turn(rank, rank)
         pipe = redis.pipeline(transaction=False)
-        for other in others:  # trimmed (its count), then its ask of this turn: O(log n) each, however many
-            self._trim(pipe, base_model_id, other, now)
-            pipe.zrange(self._asks(base_model_id, other)[0], rank, rank, withscores=True)
+        for other in others:  # trimmed, then its count and its ask of this turn: O(log n) each, however many
+            key = self._asks(base_model_id, other)
+            pipe.zremrangebyscore(key, "-inf", gone)
+            pipe.zcard(key)
+            pipe.zrange(key, rank, rank, withscores=True)
         found = pipe.execute()
-        counts, asks = found[0::2], found[1::2]
+        counts, asks = found[1::3], found[2::3]
         # Each other tenant's asks of the turns before this one's, and of this turn the one refused before it.
         before = sum(min(n, rank) + bool(ask and ask[0][1] < first) for n, ask in zip(counts, asks, strict=True))
         return Turn(rank + before, rank)
 
-    def expect(self, redis, base_model_id: int, tenant_id: int, revision_id: int, back_at: float) -> None:
-        """The refused ask's client was told to come back at `back_at`: its place is kept until `slack_s` after."""
-        due = self._asks(base_model_id, tenant_id)[1]
-        pipe = redis.pipeline(transaction=False)
-        pipe.zadd(due, {str(revision_id): back_at + self.slack_s})
-        pipe.expire(due, int(self.keep_s) + 1)
-        pipe.execute()
-
-    def older(self, redis, base_model_id: int, tenant_id: int, revision_id: int, now: float) -> int:
-        """How many of the tenant's asks still waiting were refused before `revision_id` (all of them, when it was
-        never refused)."""
-        own = self._asks(base_model_id, tenant_id)[0]
-        pipe = redis.pipeline(transaction=False)
-        self._trim(pipe, base_model_id, tenant_id, now)
-        pipe.zrank(own, str(revision_id))
-        waiting, rank = pipe.execute()
-        return int(waiting) if rank is None else int(rank)
-
     def placed(self, redis, base_model_id: int, tenant_id: int, revision_id: int) -> None:
-        pipe = redis.pipeline(transaction=False)
-        for key in self._asks(base_model_id, tenant_id):
-            pipe.zrem(key, str(revision_id))
-        pipe.execute()
+        redis.zrem(self._asks(base_model_id, tenant_id), str(revision_id))
 
 
 @dataclass(frozen=True)

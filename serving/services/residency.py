@@ -255,21 +255,14 @@ def on_demand(
         return _placed(Decision(node, []), revision_id, tenant_id)
     tried = [node, *(n for n in order if n.id != node.id)][: settings.MINT_RESIDENCY_NODE_CHOICES]
     refused: list[Refusal] = []
-    older: int | None = None
     for candidate in tried:
         view = node_view(candidate, pins=pins, activating=activating)
-        if _paced_here(view, tenant_id):
+        if (paced := _paced_s(view, tenant_id)) > PACED_GRACE_S:
             # The tenant's loads here are paced while others use the node (serving/services/admission.py): an
             # eviction now would empty a slot that its load may not fill until the pause is over, and a scan's
-            # queued loads would hold the others' asks back (`pending`, below). No room for it here now. Nor
-            # while its asks refused before this one wait: its turns go oldest first, not to whichever ask of a
-            # scan happens to come back first.
-            paced = _paced_s(view, tenant_id)
-            if older is None and paced <= PACED_GRACE_S:
-                older = _older_asks(candidate.base_model_id, tenant_id, revision_id)
-            if paced > PACED_GRACE_S or older:
-                refused.append(Refusal(view, idle=True, paced=True, paced_s=paced))
-                continue
+            # queued loads would hold the others' asks back (`pending`, below). No room for it here now.
+            refused.append(Refusal(view, idle=True, paced_s=paced))
+            continue
         if view.pending > settings.MINT_NODE_COLD_LOADS:
             # Loads wait here already beyond those the node runs at once. An eviction now would empty a slot that
             # no load fills for a while (the victim leaves at once, its replacement waits its turn): with requests
@@ -313,38 +306,19 @@ def _placed(decision: Decision, revision_id: int, tenant_id: int) -> Decision:
 @dataclass(frozen=True)
 class Refusal:
     """A node that refused a load on demand: `idle`, for the loads queued there or its tenant's pacing, not for want
-    of room (its idle entries may leave once those have started); `paced`, for its tenant's pacing there, with
-    `paced_s` of its pause left."""
+    of room (its idle entries may leave once those have started); `paced_s`, the tenant's pacing left there."""
 
     view: NodeView
     idle: bool
-    paced: bool = False
     paced_s: float = 0.0
 
 
-def _paced_here(view: NodeView, tenant_id: int) -> bool:
-    """Whether the tenant's loads on demand are paced on the view's node: while another tenant uses it (a window
-    of 0: whoever else uses it), and pacing is on (serving/services/admission.py)."""
-    if settings.MINT_NODE_PREWARM_DUTY >= 1 or not (cold_load_interval_s() or settings.MINT_NODE_COLD_DUTY < 1):
-        return False
-    return not settings.MINT_NODE_PACING_NEIGHBOUR_S or bool(view.recent_tenants - {tenant_id})
-
-
-def _older_asks(base_model_id: int, tenant_id: int, revision_id: int) -> int:
-    """The tenant's refused asks still waiting that came before this one (0 without Redis)."""
-    import redis
-
-    try:
-        return refused_asks().older(redis_client(), base_model_id, tenant_id, revision_id, time.time())
-    except redis.RedisError as exc:
-        log.warning("residency: refused asks not read (%s)", exc)
-        return 0
-
-
 def _paced_s(view: NodeView, tenant_id: int) -> float:
-    """Seconds before the tenant's next load on demand may start on the view's node, while it is paced there
-    (`_paced_here`): its pause left, and while a load of its own waits or runs there, that load's time and the
-    interval between two (MINT_NODE_COLD_LOADS_PER_MIN) besides. 0: now."""
+    """Seconds before the tenant's next load on demand may start on the view's node, while another tenant uses it
+    (serving/services/admission.py paces it then): its pause left, and while a load of its own waits or runs
+    there, that load's time and the interval between two (MINT_NODE_COLD_LOADS_PER_MIN) besides. 0: now."""
+    if settings.MINT_NODE_PACING_NEIGHBOUR_S and not view.recent_tenants - {tenant_id}:
+        return 0.0  # nobody else here lately (a window of 0: paced whoever else uses the node)
     paced = pause_s(view.node.id, tenant_id, timezone.now())
     if view.pending_on_demand[tenant_id]:
         paced = max(paced, on_demand_start_s(node_load_s(view.node.id)))
@@ -381,12 +355,10 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> None:
                 min_resident_s=min_s,
             )
             due = room_s + node_cold_s(view.node.id, view.node.name, load_s=load_s)
-            if refusal.paced:  # the pause, the tenant's asks before it one start each, then its own load
-                paced_s = refusal.paced_s - PACED_GRACE_S / 2 if refusal.paced_s else 0.0
-                due = max(due, paced_s + turn.own * on_demand_start_s(load_s) + load_s)
+            if refusal.paced_s:  # the pause, the tenant's asks before it one start each, then its own load
+                due = max(due, refusal.paced_s + turn.own * on_demand_start_s(load_s) - PACED_GRACE_S / 2 + load_s)
             best = due if best is None else min(best, due)
         client.set(f"{ROOM_PREFIX}:{revision_id}", f"{clock + best:.3f}", ex=max(1, math.ceil(best) + 1))
-        refused_asks().expect(client, refused[0].view.node.base_model_id, tenant_id, revision_id, clock + best)
     except redis.RedisError as exc:
         log.warning("residency: no room estimate for revision %s (%s)", revision_id, exc)
 

@@ -62,26 +62,6 @@ def test_a_tenant_that_floods_refused_asks_pushes_another_back_by_one_a_turn():
     assert asks.ahead(redis, 7, third, 3, now=103.1) == Turn(1, 0)  # the other has none waiting now
 
 
-@pytest.mark.usefixtures("clean_frequencies")
-def test_an_ask_whose_client_is_not_back_when_told_loses_its_place():
-    """A client that gave up after its last retry leaves its ask behind: it goes once the client is `slack_s` late,
-    not `keep_s` after, so that it does not hold its tenant's later asks back, nor another tenant's."""
-    asks, redis = RefusedAsks("mint:residency:refused", keep_s=60, slack_s=2), redis_client()
-    for r in (1, 2, 3):
-        asks.ahead(redis, 7, 1, r, now=100.0 + r)
-        asks.expect(redis, 7, 1, r, back_at=110.0 + r)  # told to come back at 111, 112 and 113
-    assert asks.older(redis, 7, 1, 3, now=112.0) == 2
-    assert asks.ahead(redis, 7, 1, 2, now=112.5) == Turn(1, 1)  # 2 is back: its place, behind 1
-    asks.expect(redis, 7, 1, 2, back_at=120.0)
-    assert asks.older(redis, 7, 1, 3, now=113.5) == 1  # 1 was to be back by 111 (2 s late at most): gone
-    assert asks.older(redis, 7, 1, 9, now=113.5) == 2  # never refused: every ask waiting came before it
-    assert asks.ahead(redis, 7, 2, 50, now=114.0) == Turn(1, 0)  # another tenant's turn: behind 3, refused before
-    assert asks.ahead(redis, 7, 2, 50, now=115.5) == Turn(1, 0)  # 2, told 120, still counts; 3 is gone
-    asks.placed(redis, 7, 1, 2)
-    assert asks.older(redis, 7, 1, 3, now=116.0) == 0
-    assert asks.ahead(redis, 7, 2, 50, now=116.0) == Turn(0, 0)
-
-
 @pytest.mark.django_db
 @pytest.mark.usefixtures("sent", "clean_frequencies")
 def test_a_request_refused_behind_queued_loads_is_told_when_they_have_started(node, make_revision, settings):
@@ -235,36 +215,3 @@ def test_the_refusal_for_pacing_follows_the_pacing_settings_admission_honours(no
     settings.MINT_NODE_PREWARM_DUTY = 1.0
     placed = placement_request(revision=make_revision(5), priority=Priority.COLD_REQUEST)
     assert placed is not None and placed.state == "queued"
-
-
-@pytest.mark.django_db
-@pytest.mark.usefixtures("sent", "clean_frequencies")
-def test_a_paced_tenants_turns_go_to_its_oldest_ask_not_the_first_back(node, make_revision, adapter_b, settings):
-    """When a paced tenant's pause is over, the ask refused first takes the turn: a scan's later ask that happens to
-    come back first is refused, told to come back after it, and nothing is evicted for it."""
-    from serving.models import AdapterRevision, PrewarmTurn
-
-    settings.MINT_NODE_COLD_LOADS_PER_MIN = 30  # a start every 2 s
-    node.cpu_slots = 4
-    node.save(update_fields=["cpu_slots"])
-    now = timezone.now()
-    long_ago = now - timedelta(seconds=settings.MINT_RESIDENCY_MIN_RESIDENT_S + 60)
-    neighbour = AdapterRevision.objects.create(adapter=adapter_b, number=1, state="approved", source_uri="x")
-    place(node, make_revision(1), "ready", ready_at=now, load_ms=100, warm_ms=100, priority=Priority.COLD_REQUEST)
-    place(node, neighbour, "ready", ready_at=long_ago, last_used_at=now)
-    for n in (2, 3):
-        place(node, make_revision(n), "ready", ready_at=long_ago, last_used_at=long_ago)
-    tenant_id = make_revision(4).adapter.tenant_id
-    turn = PrewarmTurn.objects.create(
-        node=node, tenant_id=tenant_id, started_at=now, resting_until=now + timedelta(seconds=1.8)
-    )
-    first, later = make_revision(5), make_revision(6)
-    assert placement_request(revision=first, priority=Priority.COLD_REQUEST) is None  # paced
-
-    PrewarmTurn.objects.filter(id=turn.id).update(resting_until=timezone.now())  # the pause is over
-    assert placement_request(revision=later, priority=Priority.COLD_REQUEST) is None  # the first ask goes first
-    assert not Placement.objects.filter(state="evicting").exists()
-    assert expected_ready_s(later.id) == pytest.approx(2 + 0.2, abs=0.2)  # one start after the first ask's
-    placed = placement_request(revision=first, priority=Priority.COLD_REQUEST)
-    assert placed is not None and placed.state == "queued"
-    assert Placement.objects.filter(state="evicting").count() == 1  # room made for it, as for any ask
