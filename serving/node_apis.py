@@ -88,6 +88,5 @@ class ServingNodeUndrainApi(PlatformApi):
         node = ServingNode.objects.filter(name=name).first()
         if node is None:
             raise NotFound(f"No node {name!r}.", code="node_not_found")
-        if node.state != NodeState.UP:
-            nodes.node_undrain(node=node, by=Actor(user=request.user))
+        nodes.node_undrain(node=node, by=Actor(user=request.user))
         return Response(ServingNodeSerializer(ServingNodeListCreateApi().get_queryset().get(id=node.id)).data)

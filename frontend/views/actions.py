@@ -314,7 +314,8 @@ def node_undrain(request: HttpRequest, name: str) -> HttpResponse:
     node = _staff_node(request, name)
 
     def run() -> str:
-        serving_services.node_undrain(node=node, by=Actor(user=request.user))
+        if not serving_services.node_undrain(node=node, by=Actor(user=request.user)):
+            raise Conflict(f"{node.name} is {node.state}, not draining.", code="not_draining")
         return f"{node.name} is back in service."
 
     return act(request, reverse("frontend:nodes"), run, anchor=f"node-{node.name}")

@@ -114,13 +114,14 @@ def node_set_state(
     return changed
 
 
-def node_undrain(*, node: ServingNode, by: Actor) -> None:
-    """Take a draining node back into service (staff: `mint_node undrain`, the API, the Nodes page)."""
+def node_undrain(*, node: ServingNode, by: Actor) -> bool:
+    """Take a draining node back into service (staff: `mint_node undrain`, the API, the Nodes page). Returns whether
+    it was draining (False: up already); a down node is a 409, never marked up by staff's word."""
     if node_set_state(node=node, state=NodeState.UP, by=by, only_from=(NodeState.DRAINING,)):
-        return
+        return True
     if node.state == NodeState.DOWN:
         raise Conflict(f"Node {node.name} is down; it comes back up with its next heartbeat.", code="node_down")
-    raise Conflict(f"Node {node.name} is {node.state}, not draining.", code="not_draining")
+    return False
 
 
 def _probe_key(node_id: int) -> str:

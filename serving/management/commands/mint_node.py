@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from adapters.models import BaseModel
 from mint_site.errors import MintError
-from serving.models import NodeState, ServingNode
+from serving.models import ServingNode
 from serving.services import nodes
 from tenants.access import Actor
 
@@ -60,11 +60,10 @@ class Command(BaseCommand):
             if node is None:
                 raise CommandError(f"No node {options['name']!r}.")
             if action == "undrain":
-                if node.state != NodeState.UP:
-                    try:
-                        nodes.node_undrain(node=node, by=Actor.system())
-                    except MintError as exc:
-                        raise CommandError(str(exc)) from None
+                try:
+                    nodes.node_undrain(node=node, by=Actor.system())
+                except MintError as exc:
+                    raise CommandError(str(exc)) from None
                 self.stdout.write(f"{node.name} is up")
                 return
             self._drain(node, force=options["force"], wait=options["wait"])
