@@ -22,13 +22,14 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from django.db import connection
 
 from adapters.models import Adapter, AdapterRevision
 from devtools.supervisor import free_port, redis_ok, wait_for
 from serving.models import Alias, NodeState, Placement, ServingNode
 from tenants.models import AuditEvent, Tenant
 from tests.e2e.conftest import log_of, make_peft_adapter
-from tests.e2e.world import session_node, wait
+from tests.e2e.world import session_node, wait, worker_stacks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
@@ -99,6 +100,17 @@ def upload(api: httpx.Client, directory: Path) -> int:
     return response.json()["number"]
 
 
+def database_activity() -> list[tuple]:
+    """What every other connection to the test database is doing, and which of them wait on a lock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, state, wait_event_type, pg_blocking_pids(pid), now() - xact_start, left(query, 300)"
+            " FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND state <> 'idle'"
+        )
+        return cursor.fetchall()
+
+
 def revision(number: int) -> AdapterRevision:
     return AdapterRevision.objects.get(adapter__name=ADAPTER, number=number)
 
@@ -136,10 +148,13 @@ def test_redis_flushed_and_restarted_mid_traffic_loses_nothing(
     def logs() -> str:
         placements = list(Placement.objects.values("revision__number", "state", "attempts", "failure_reason"))
         revisions = list(AdapterRevision.objects.values("number", "state", "deliveries", "dispatched_at"))
-        parts = [f"placements: {placements}", f"revisions: {revisions}"]
+        parts = [f"placements: {placements}", f"revisions: {revisions}", f"database: {database_activity()}"]
+        worker_stacks(supervisor, "control")
         for name in ("control", "agent", "agent-again", "web"):
-            text = "\n".join(line for line in log_of(supervisor, name).splitlines() if "GET /" not in line)
-            parts.append(f"--- {name}\n{text[-4000:]}")
+            lines = log_of(supervisor, name).splitlines()
+            text = "\n".join(line for line in lines if "GET /" not in line and "Sending due task" not in line)
+            keep = 12000 if name == "control" else 4000  # the control worker's stacks, when asked for
+            parts.append(f"--- {name}\n{text[-keep:]}")
         return "\n".join(parts)
 
     wait(lambda: ServingNode.objects.get(id=node.id).state == NodeState.UP, timeout=60, what="heartbeat", logs=logs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,15 @@ def wait(predicate: Callable, *, timeout: float, what: str, logs: Callable[[], s
             return value
         time.sleep(0.25)
     raise AssertionError(f"timed out waiting for {what}\n{logs()}")
+
+
+def worker_stacks(supervisor, name: str) -> None:
+    """Ask the Celery worker `name` to write every thread's stack to its log (its SIGUSR1 handler), so that a
+    timed-out wait shows where a stuck worker is stuck."""
+    for child, process in supervisor.children:
+        if child == name and process.poll() is None:
+            process.send_signal(signal.SIGUSR1)
+    time.sleep(1)
 
 
 def session_node(engine, tiny_llama_dir: Path, tmp_path: Path) -> tuple[BaseModel, ServingNode]:
