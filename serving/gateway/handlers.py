@@ -55,7 +55,7 @@ class Outcome:
     on_end: Callable[[], None] | None = None  # what must wait for the answer's end (a streamed canary request's count)
     kind: str = UsageKind.INFERENCE  # what it is metered as: `sampling` when a key's sampling right served it
     wait_s: float = 0.0  # how long it may be held for a load on demand (X-Mint-Wait; serving/gateway/residency.py)
-    retry: bool = False  # a retry of a request the client sent before (serving/gateway/residency.py `is_retry`)
+    retries: int = 0  # how often the client sent this request before (serving/gateway/residency.py `retries`)
     reservation: Reservation | None = None  # what its admission reserved on its token limits, settled at its end
 
 
@@ -96,9 +96,15 @@ def inference(path: str) -> Handler:
             caller,
             ref,
             seconds=outcome.wait_s,
-            retry=outcome.retry,
+            retries=outcome.retries,
             load=lambda again=False: resolve.resolve(
-                state, caller.tenant_id, ref, model, admit=admit, tally=outcome.tally, again=again or outcome.retry
+                state,
+                caller.tenant_id,
+                ref,
+                model,
+                admit=admit,
+                tally=outcome.tally,
+                again=again or bool(outcome.retries),
             ),
         )
         answer = proxy.AnswerRules()

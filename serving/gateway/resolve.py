@@ -325,15 +325,16 @@ async def resolve_held(
     *,
     seconds: float,
     load: Callable[..., Awaitable[Resolution]],
-    retry: bool = False,
+    retries: int = 0,
 ) -> Resolution:
     """`load()` (the route of `ref`), or, when it answers 503 for a revision loading on demand and the request
     asked to wait (`seconds` > 0), the route once it is ready: held meanwhile, no longer than `seconds` (then the
     503 it would have had, with the Retry-After of now). Read again, it is `load(again=True)`: the same request.
 
-    A client's `retry` that finds the load due within MINT_RESIDENCY_RETRY_HOLD_S is held that long without
-    asking (within its plan's `max_cold_wait_s`; while the tenant has `max_held_requests` held, it gets its 503):
-    it came back when told to, and an estimate a little short should cost it a short wait, not its last retry.
+    A client's retry (its `retries`-th) that finds the load due within `retries` times MINT_RESIDENCY_RETRY_HOLD_S is
+    held that long without asking (within its plan's `max_cold_wait_s`; while the tenant has `max_held_requests`
+    held, it gets its 503): it came back when told to, each time after an estimate that proved short, and the
+    next short estimate should cost it a short wait, not its last retry.
     """
     implicit = False
     try:
@@ -341,8 +342,9 @@ async def resolve_held(
     except NotReady as cold:
         if cold.resolution is None:
             raise
-        if seconds <= 0 and retry and cold.retry_after_s <= settings.MINT_RESIDENCY_RETRY_HOLD_S:
-            seconds, implicit = min(settings.MINT_RESIDENCY_RETRY_HOLD_S, float(caller.plan.max_cold_wait_s)), True
+        bound = retries * settings.MINT_RESIDENCY_RETRY_HOLD_S
+        if seconds <= 0 and retries and cold.retry_after_s <= bound:
+            seconds, implicit = min(bound, float(caller.plan.max_cold_wait_s)), True
         if seconds <= 0:
             raise
         found = cold.resolution

@@ -15,6 +15,7 @@ import redis
 from asgiref.sync import async_to_sync
 
 from serving.gateway.proxy import pick
+from serving.gateway.residency import RETRY_HEADER as RETRY
 from serving.gateway.residency import GpuTiers, retry_after
 from serving.gateway.routes import Target
 from serving.models import Placement, PlacementState
@@ -197,6 +198,36 @@ def test_a_retry_that_finds_its_load_due_soon_is_held_for_it_without_asking(worl
 
     (first, took_first), (retried, _) = async_to_sync(scenario)()
     assert (first, retried) == (503, 200) and took_first < 1
+
+
+def test_a_later_retry_is_held_longer(world, estimate, settings):
+    """The second retry came back twice after an estimate that proved short: it is held for a load due within
+    twice the bound, where the first retry got its 503."""
+    settings.MINT_RESIDENCY_RETRY_HOLD_S = 2.0
+    estimate.return_value = 3.5  # Retry-After 4: past one bound, within two
+    token = world.token
+
+    async def scenario():
+        first_retry = await _tried(world, token, 1)
+        task = asyncio.ensure_future(_tried(world, token, 2))
+        await asyncio.sleep(0.3)
+        assert not task.done()  # held
+        await world.state.db.run(_ready, world)
+        world.state.cold.ready()
+        second_retry = await asyncio.wait_for(task, 5)
+        await settle(world.state)
+        return first_retry, second_retry
+
+    (first, took_first), (second, _) = async_to_sync(scenario)()
+    assert (first, second) == (503, 200) and took_first < 1
+
+
+def test_the_retry_count_is_read_bounded():
+    from serving.gateway.residency import retries
+
+    counts = [retries(h) for h in ({}, {RETRY: ""}, {RETRY: "0"}, {RETRY: "2"}, {RETRY: "x"}, {RETRY: "10**9"})]
+    assert counts == [0, 0, 0, 2, 1, 1]
+    assert retries({RETRY: "999999999999"}) == 100  # a huge count earns no more than the plan's bounds allow
 
 
 def test_a_retry_is_not_held_past_the_bound_the_plan_or_the_tenants_held_requests(world, estimate, settings):
