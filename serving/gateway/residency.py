@@ -60,6 +60,9 @@ def retry_after(seconds: float) -> int:
     return max(1, math.ceil(seconds - 1e-9))
 
 
+_RETRIES_COUNTED = 100  # past this, a count means nothing more (the holds it earns are bounded by the plan)
+
+
 def retries(headers) -> int:
     """How many times the client says it sent this request before (`X-Stainless-Retry-Count`, as the official
     `openai` clients send after a 503 and its `Retry-After`; 0 when absent, 1 when not a number).
@@ -67,16 +70,13 @@ def retries(headers) -> int:
     A retry is the same request, not counted again towards its revision's frequency: counted per attempt, every
     cold request retried once would read as asked for twice, and no entry loaded on demand would ever count as
     one-off (serving/residency/policy.py)."""
-    raw = headers.get(RETRY_HEADER)
-    if raw is None or raw.strip() in ("", "0"):
+    raw = (headers.get(RETRY_HEADER) or "").strip()
+    if raw in ("", "0"):
         return 0
     try:
         return max(1, min(int(raw), _RETRIES_COUNTED))
     except ValueError:
         return 1
-
-
-_RETRIES_COUNTED = 100  # past this, a count means nothing more (the holds it earns are bounded by the plan)
 
 
 def wait_asked(headers, plan) -> float:

@@ -30,10 +30,11 @@ def wait(predicate: Callable, *, timeout: float, what: str, logs: Callable[[], s
 def worker_stacks(supervisor, name: str) -> None:
     """Ask the Celery worker `name` to write every thread's stack to its log (its SIGUSR1 handler), so that a
     timed-out wait shows where a stuck worker is stuck."""
-    for child, process in supervisor.children:
-        if child == name and process.poll() is None:
-            process.send_signal(signal.SIGUSR1)
-    time.sleep(1)
+    running = [p for child, p in supervisor.children if child == name and p.poll() is None]
+    for process in running:
+        process.send_signal(signal.SIGUSR1)
+    if running:
+        time.sleep(1)  # the handler writes while the caller reads the log
 
 
 def session_node(engine, tiny_llama_dir: Path, tmp_path: Path) -> tuple[BaseModel, ServingNode]:

@@ -16,7 +16,7 @@ from asgiref.sync import async_to_sync
 
 from serving.gateway.proxy import pick
 from serving.gateway.residency import RETRY_HEADER as RETRY
-from serving.gateway.residency import GpuTiers, retry_after
+from serving.gateway.residency import GpuTiers, retries, retry_after
 from serving.gateway.routes import Target
 from serving.models import Placement, PlacementState
 from serving.services import residency as residency_services
@@ -179,24 +179,32 @@ async def _tried(world, token: str, retry: int, model: str = "support-bot@r2") -
     return response.status_code, time.monotonic() - started
 
 
-def test_a_retry_that_finds_its_load_due_soon_is_held_for_it_without_asking(world, estimate, settings):
-    """The client came back when told: a load running a little late costs it a short wait, not its last retry."""
-    settings.MINT_RESIDENCY_RETRY_HOLD_S = 2.0
-    estimate.return_value = 1.5  # Retry-After 2: within the bound
-    token = world.token
+def _sent_away_then_held(world, tries: tuple[int, int]) -> tuple[int, float, int]:
+    """The first of `tries` (retry counts) alone, then the second until its revision is ready, which must hold it:
+    the first's status and time, and the second's status."""
+
+    token = world.token  # read here: it queries the database
 
     async def scenario():
-        first = await _tried(world, token, 0)  # a first try is never held: 503 at once
-        task = asyncio.ensure_future(_tried(world, token, 1))
+        first = await _tried(world, token, tries[0])
+        task = asyncio.ensure_future(_tried(world, token, tries[1]))
         await asyncio.sleep(0.3)
         assert not task.done()  # held, not sent away again
         await world.state.db.run(_ready, world)
         world.state.cold.ready()
-        retried = await asyncio.wait_for(task, 5)
+        held = await asyncio.wait_for(task, 5)
         await settle(world.state)
-        return first, retried
+        return first, held
 
-    (first, took_first), (retried, _) = async_to_sync(scenario)()
+    (first, took_first), (held, _) = async_to_sync(scenario)()
+    return first, took_first, held
+
+
+def test_a_retry_that_finds_its_load_due_soon_is_held_for_it_without_asking(world, estimate, settings):
+    """The client came back when told: a load running a little late costs it a short wait, not its last retry."""
+    settings.MINT_RESIDENCY_RETRY_HOLD_S = 2.0
+    estimate.return_value = 1.5  # Retry-After 2: within the bound
+    first, took_first, retried = _sent_away_then_held(world, (0, 1))  # a first try is never held: 503 at once
     assert (first, retried) == (503, 200) and took_first < 1
 
 
@@ -205,26 +213,11 @@ def test_a_later_retry_is_held_longer(world, estimate, settings):
     twice the bound, where the first retry got its 503."""
     settings.MINT_RESIDENCY_RETRY_HOLD_S = 2.0
     estimate.return_value = 3.5  # Retry-After 4: past one bound, within two
-    token = world.token
-
-    async def scenario():
-        first_retry = await _tried(world, token, 1)
-        task = asyncio.ensure_future(_tried(world, token, 2))
-        await asyncio.sleep(0.3)
-        assert not task.done()  # held
-        await world.state.db.run(_ready, world)
-        world.state.cold.ready()
-        second_retry = await asyncio.wait_for(task, 5)
-        await settle(world.state)
-        return first_retry, second_retry
-
-    (first, took_first), (second, _) = async_to_sync(scenario)()
-    assert (first, second) == (503, 200) and took_first < 1
+    first_retry, took_first, second_retry = _sent_away_then_held(world, (1, 2))
+    assert (first_retry, second_retry) == (503, 200) and took_first < 1
 
 
 def test_the_retry_count_is_read_bounded():
-    from serving.gateway.residency import retries
-
     counts = [retries(h) for h in ({}, {RETRY: ""}, {RETRY: "0"}, {RETRY: "2"}, {RETRY: "x"}, {RETRY: "10**9"})]
     assert counts == [0, 0, 0, 2, 1, 1]
     assert retries({RETRY: "999999999999"}) == 100  # a huge count earns no more than the plan's bounds allow
