@@ -117,6 +117,9 @@ class ServingNode(models.Model):
     # max_tokens of a chat request by it, so that the most common call is never refused for its own default.
     max_model_len = models.PositiveIntegerField(null=True, blank=True, help_text="vLLM --max-model-len, as served.")
     state_changed_at = models.DateTimeField(default=timezone.now)
+    # Staff drained it and have not taken it back: a node whose engine goes down while it drains comes back up
+    # draining (serving/services/nodes.py, `node_set_state`), not into service.
+    drain_requested = models.BooleanField(default=False, help_text="Drained by staff: comes back from down draining.")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

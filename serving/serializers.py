@@ -252,6 +252,7 @@ class ServingNodeSerializer(serializers.ModelSerializer):
             "url",
             "served_model_name",
             "state",
+            "drain_requested",
             "gpu_slots",
             "cpu_slots",
             "max_lora_rank",
@@ -262,7 +263,7 @@ class ServingNodeSerializer(serializers.ModelSerializer):
             "loaded",
             "queued",
         ]
-        read_only_fields = ["state", "last_heartbeat_at", "engine_version"]
+        read_only_fields = ["state", "drain_requested", "last_heartbeat_at", "engine_version"]
 
 
 class ServingNodeCreateSerializer(serializers.Serializer):

@@ -262,18 +262,18 @@ def nodes_heartbeat(self) -> None:
                 nodes.node_set_state(node=node, state=NodeState.DOWN, by=Actor.system(), heartbeat=True)
             continue
         # A node is seen up again only with records that match what its engine holds: the gateway routes to
-        # the ready placements of up nodes, and a restarted engine holds none of them.
+        # the ready placements of up and draining nodes, and a restarted engine holds none of them.
         with transaction.atomic():
             nodes.node_set_state(
                 node=node,
-                state=NodeState.UP,
+                state=NodeState.UP,  # or draining, for a node staff drained before it went down
                 only_from=(NodeState.DOWN,),  # a draining node stays draining, even if drained since it was read
                 by=Actor.system(),
                 engine_version=version,
                 heartbeat=True,
                 max_model_len=context,
             )
-            if node.state == NodeState.UP:
+            if node.state in (NodeState.UP, NodeState.DRAINING):
                 result = nodes.node_reconcile(node=node, loaded=loaded or set(), seen_at=seen_at)
                 if any(result.values()):
                     log.info("reconciled %s: %s", node, result)

@@ -45,7 +45,7 @@ from frontend.views.base import (
 from mint_site.errors import Conflict, MintError
 from serving import selectors as serving_selectors
 from serving import services as serving_services
-from serving.models import Alias, ServingNode
+from serving.models import Alias, NodeState, ServingNode
 from tenants.access import Actor, Capability
 
 
@@ -316,6 +316,8 @@ def node_undrain(request: HttpRequest, name: str) -> HttpResponse:
     def run() -> str:
         if not serving_services.node_undrain(node=node, by=Actor(user=request.user)):
             raise Conflict(f"{node.name} is {node.state}, not draining.", code="not_draining")
+        if node.state == NodeState.DOWN:
+            return f"{node.name} is down; it comes back into service, not draining, when its engine answers."
         return f"{node.name} is back in service."
 
     return act(request, reverse("frontend:nodes"), run, anchor=f"node-{node.name}")

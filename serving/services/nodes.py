@@ -86,7 +86,9 @@ def node_set_state(
     context window). With `only_from`, the state changes only from one of those.
 
     The row is read under a lock, so a heartbeat that read the node before staff drained it cannot write its
-    old state back. `node.state` is the state as recorded after. Returns whether the state changed.
+    old state back. Staff's drain holds until they undrain: draining sets `drain_requested`, and a node with it
+    set that is seen up again after being down comes back draining (its ready placements are then the engine's,
+    reconciled by the heartbeat). `node.state` is the state as recorded after. Returns whether it changed.
     """
     now = timezone.now()
     fields: dict = {"last_heartbeat_at": now} if heartbeat else {}
@@ -94,13 +96,20 @@ def node_set_state(
         fields["engine_version"] = engine_version
     if max_model_len:
         fields["max_model_len"] = max_model_len
-    before = ServingNode.objects.select_for_update().values_list("state", flat=True).get(id=node.id)
+    before, drain_requested = (
+        ServingNode.objects.select_for_update().values_list("state", "drain_requested").get(id=node.id)
+    )
+    if state == NodeState.UP and before == NodeState.DOWN and drain_requested:
+        state = NodeState.DRAINING
     changed = before != state and (not only_from or before in only_from)
     if changed:
         fields |= {"state": state, "state_changed_at": now}
+        if state == NodeState.DRAINING or before == NodeState.DRAINING:
+            fields["drain_requested"] = state != NodeState.UP  # draining, or down while draining
     if fields:
         ServingNode.objects.filter(id=node.id).update(**fields)
     node.state = state if changed else before
+    node.drain_requested = fields.get("drain_requested", drain_requested)
     if changed:
         audit_record(
             tenant=None,
@@ -116,10 +125,25 @@ def node_set_state(
 
 def node_undrain(*, node: ServingNode, by: Actor) -> bool:
     """Take a draining node back into service (staff: `mint_node undrain`, the API, the Nodes page). Returns whether
-    it was draining (False: up already); a down node is a 409, never marked up by staff's word."""
+    it was draining (False: up already). A down node is never marked up by staff's word: one that was draining
+    when it went down comes back up rather than draining (True); any other is a 409."""
     if node_set_state(node=node, state=NodeState.UP, by=by, only_from=(NodeState.DRAINING,)):
         return True
     if node.state == NodeState.DOWN:
+        with transaction.atomic():
+            if ServingNode.objects.filter(id=node.id, state=NodeState.DOWN, drain_requested=True).update(
+                drain_requested=False
+            ):
+                node.drain_requested = False
+                audit_record(
+                    tenant=None,
+                    actor=by,
+                    action="node.undrain",
+                    target=f"node:{node.name}",
+                    before={"state": node.state, "drain_requested": True},
+                    after={"state": node.state, "drain_requested": False},
+                )
+                return True
         raise Conflict(f"Node {node.name} is down; it comes back up with its next heartbeat.", code="node_down")
     return False
 
@@ -229,12 +253,14 @@ def drain_step(*, node: ServingNode, force: bool = False) -> dict[str, object]:
 
 
 def node_reconcile(*, node: ServingNode, loaded: set[str], seen_at: datetime | None = None) -> dict[str, int]:
-    """Make the records of an up node match what its vLLM really holds (`loaded`, as read at `seen_at`).
+    """Make the records of an up or draining node match what its vLLM really holds (`loaded`, as read at
+    `seen_at`).
 
     A placement marked ready or warming whose LoRA name vLLM no longer lists was lost
-    (the engine restarted): live and desired revisions are queued again to be
+    (the engine restarted): on an up node, live and desired revisions are queued again to be
     re-prewarmed, unless they hold their replica count on other up nodes already (placed
-    there while this node was down); others are forgotten. A load stuck past MINT_PREWARM_TIMEOUT_S from when
+    there while this node was down); others are forgotten, and every one on a draining node (the heartbeat's
+    `placements_retry` places what is pinned elsewhere). A load stuck past MINT_PREWARM_TIMEOUT_S from when
     its agent began it (its agent died), or from its claim if no agent began it (its task
     was lost with the broker and no probe came back: serving/services/sweep.py), is queued
     again while it has attempts left (MINT_PREWARM_ATTEMPTS), else it fails: a load that
@@ -269,7 +295,8 @@ def node_reconcile(*, node: ServingNode, loaded: set[str], seen_at: datetime | N
         )
         for placement in lost:
             if (
-                placement.revision_id in protected
+                node.state == NodeState.UP
+                and placement.revision_id in protected
                 and elsewhere[placement.revision_id] < placement.revision.adapter.replica_count
             ):
                 Placement.objects.filter(id=placement.id).update(

@@ -44,6 +44,20 @@ def test_staff_see_the_control_and_drain_a_node(staff, node, adapter_a):
     assert ServingNode.objects.get(id=node.id).state == NodeState.UP
 
 
+def test_a_node_down_while_draining_says_so_and_staff_can_still_undrain_it(staff, node):
+    ServingNode.objects.filter(id=node.id).update(state=NodeState.DOWN, drain_requested=True)
+    page = staff.get("/nodes/").content.decode()
+    assert "drains when back" in page and "Undrain node-1" in page
+
+    answer = staff.post("/nodes/node-1/undrain/", follow=True)
+
+    assert (
+        "node-1 is down; it comes back into service, not draining, when its engine answers." in answer.content.decode()
+    )
+    assert ServingNode.objects.filter(id=node.id, state=NodeState.DOWN, drain_requested=False).exists()
+    assert "drains when back" not in staff.get("/nodes/").content.decode()
+
+
 def test_members_cannot_drain_and_do_not_see_the_control(as_role, node):
     owner = as_role("owner")
     assert "Drain node-1" not in owner.get("/nodes/").content.decode()

@@ -11,6 +11,7 @@ from adapters.models import AdapterRevision
 from serving.models import Alias, Placement, ServingNode
 from serving.services.admission import admit
 from tests.factories import ServingNodeFactory
+from tests.serving.engines import Engines
 from tests.serving.gateway_world import world  # noqa: F401  (the gateway tests' world of tenants, nodes and a fake vLLM)
 from tests.serving.sent_tasks import NODE_TASKS, recorded
 
@@ -104,3 +105,11 @@ def clean_frequencies():
     clear()
     yield
     clear()
+
+
+@pytest.fixture
+def engines(monkeypatch) -> Engines:
+    """Every node's engine as the heartbeat sees it (serving.tasks.VllmClient): up, listing what `loaded` says."""
+    fake = Engines()
+    monkeypatch.setattr("serving.tasks.VllmClient", fake)
+    return fake

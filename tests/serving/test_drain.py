@@ -8,7 +8,8 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from serving import selectors, services
+from mint_site.errors import Conflict
+from serving import selectors, services, tasks
 from serving.models import NodeState, Placement, PlacementState, ServingNode
 from serving.services.nodes import drain_step
 from tenants.access import Actor
@@ -105,6 +106,60 @@ def test_a_down_node_cannot_be_drained(node):
         services.node_drain(node=ServingNode.objects.get(id=node.id), by=Actor.system())
 
 
+def test_a_node_drained_when_its_engine_went_down_comes_back_draining(node, second, adapter_a, engines):
+    """Staff's drain outlives the engine: the node comes back draining, its lost copies forgotten (not loaded
+    there again), and the revision it held is placed on the other node."""
+    revision = approved_revision(adapter_a, 1)
+    make_live(revision)
+    here = place(node, revision, "ready")
+    services.node_drain(node=node, by=Actor.system())
+    Placement.objects.filter(revision=revision, node=second).delete()  # its move elsewhere, lost with the engine
+
+    engines.down.add(node.url)
+    tasks.nodes_heartbeat()
+    assert ServingNode.objects.get(id=node.id).state == NodeState.DOWN
+
+    engines.down.clear()  # the engine restarted: it holds nothing
+    tasks.nodes_heartbeat()
+
+    node.refresh_from_db()
+    assert (node.state, node.drain_requested) == (NodeState.DRAINING, True)
+    assert not Placement.objects.filter(id=here.id).exists()  # not routed to, not queued there again
+    assert Placement.objects.get(revision=revision).node_id == second.id
+
+
+def test_a_ready_placement_a_draining_engine_lost_is_forgotten_not_reloaded(node, second, adapter_a, engines):
+    revision = approved_revision(adapter_a, 1)
+    make_live(revision)
+    here = place(node, revision, "ready")
+    services.node_drain(node=node, by=Actor.system())
+
+    tasks.nodes_heartbeat()  # its engine restarted between two heartbeats (never seen down): it holds nothing
+
+    assert ServingNode.objects.get(id=node.id).state == NodeState.DRAINING
+    assert not Placement.objects.filter(id=here.id).exists()
+    assert routed(revision) == []
+
+
+def test_undrain_of_a_node_down_while_draining_brings_it_back_into_service(node, adapter_a, engines):
+    services.node_drain(node=node, by=Actor.system())
+    engines.down.add(node.url)
+    tasks.nodes_heartbeat()
+    out = StringIO()
+
+    call_command("mint_node", "undrain", node.name, stdout=out)
+
+    assert "node-1 is down; it comes back into service when its engine answers" in out.getvalue()
+    engines.down.clear()
+    tasks.nodes_heartbeat()
+    node.refresh_from_db()
+    assert (node.state, node.drain_requested) == (NodeState.UP, False)
+    engines.down.add(node.url)
+    tasks.nodes_heartbeat()
+    with pytest.raises(Conflict, match="down; it comes back up with its next heartbeat"):
+        services.node_undrain(node=ServingNode.objects.get(id=node.id), by=Actor.system())  # no drain to undo
+
+
 def test_the_command_reports_progress_and_undrain_brings_the_node_back(node, adapter_a):
     revision = approved_revision(adapter_a, 1)
     make_live(revision)
@@ -149,8 +204,10 @@ def test_staff_drain_and_undrain_through_the_api(tenant_a, node, adapter_a):
             "waiting": ["support-bot@r1: not placed elsewhere yet"],
         }
     )
+    listed = client.get("/api/v1/nodes/").json()["results"][0]
+    assert (listed["state"], listed["drain_requested"]) == ("draining", True)
     back = client.post(f"/api/v1/nodes/{node.name}/undrain/")
-    assert back.status_code == 200 and back.json()["state"] == "up"
+    assert back.status_code == 200 and (back.json()["state"], back.json()["drain_requested"]) == ("up", False)
 
 
 def test_draining_is_for_staff_only_and_names_unknown_nodes(tenant_a, node):

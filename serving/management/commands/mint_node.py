@@ -64,7 +64,8 @@ class Command(BaseCommand):
                     nodes.node_undrain(node=node, by=Actor.system())
                 except MintError as exc:
                     raise CommandError(str(exc)) from None
-                self.stdout.write(f"{node.name} is up")
+                back = "down; it comes back into service when its engine answers" if node.state == "down" else "up"
+                self.stdout.write(f"{node.name} is {back}")
                 return
             self._drain(node, force=options["force"], wait=options["wait"])
             return
