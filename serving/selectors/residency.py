@@ -116,9 +116,10 @@ def expected_ready_s(revision_id: int, *, now: datetime | None = None) -> float:
             elapsed = (now - started_at).total_seconds() if started_at else 0.0
             estimates.append(max(0.1, load_s - elapsed))
         elif state == P.QUEUED:
-            ahead = (
+            ahead = (  # another tenant's loads resting for its pause do not go first
                 Placement.objects.filter(node_id=node_id, state=P.QUEUED, priority__gte=priority)
                 .filter(queued_at__lt=queued_at)
+                .exclude(revision__adapter__tenant_id__in=resting_tenants(node_id, now) - {tenant_id})
                 .count()
             )
             loading = Placement.objects.filter(node_id=node_id, state__in=(P.LOADING, P.WARMING)).count()
@@ -153,6 +154,14 @@ def pause_s(node_id: int, tenant_id: int, now: datetime) -> float:
         PrewarmTurn.objects.filter(node_id=node_id, tenant_id=tenant_id).values_list("resting_until", flat=True).first()
     )
     return pause_left(until, now)
+
+
+def resting_tenants(node_id: int, now: datetime) -> set[int]:
+    """Tenants whose next load on the node waits for its pacing pause: admission passes their queued loads by, so
+    those go after any other tenant's load asked for now."""
+    if settings.MINT_NODE_PREWARM_DUTY >= 1:
+        return set()
+    return set(PrewarmTurn.objects.filter(node_id=node_id, resting_until__gt=now).values_list("tenant_id", flat=True))
 
 
 def pause_left(until: datetime | None, now: datetime) -> float:

@@ -52,6 +52,7 @@ from serving.selectors.residency import (
     on_demand_start_s,
     pause_s,
     redis_client,
+    resting_tenants,
 )
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,9 @@ class NodeView:
     busy: set[int]
     used: set[int] = field(default_factory=set)  # of `busy`, those busy only for having served a request lately
     speculative: list[Placement] = field(default_factory=list)  # ready, borrowed by an evaluation: first to go
-    pending: int = 0  # loads not ready yet (queued, loading, warming), each holding the slot it was given
+    # Loads not ready yet that go before a new one (loading, warming, queued but for those of tenants resting for
+    # their pacing pause, which admission passes by), each holding the slot it was given.
+    pending: int = 0
     pending_on_demand: Counter[int] = field(default_factory=Counter)  # tenant id → its loads on demand not ready
     recent_tenants: set[int] = field(default_factory=set)  # tenants with a placement here used lately (pacing)
 
@@ -194,6 +197,7 @@ def node_view(
         cache_.add(placement.revision_id, placement.revision.adapter.tenant_id, Segment.WINDOW)
     since = now - timedelta(seconds=settings.MINT_RESIDENCY_MIN_RESIDENT_S)
     lately = now - timedelta(seconds=settings.MINT_NODE_PACING_NEIGHBOUR_S)
+    resting = resting_tenants(node.id, now) if any(p.state == P.QUEUED for p in rows) else set()
     busy, used = {p.revision_id for p in loading}, set()
     for p in ready:
         served = p.last_used_at is not None and p.ready_at is not None and p.last_used_at > p.ready_at
@@ -209,7 +213,12 @@ def node_view(
         busy=busy,
         used=used,
         speculative=speculative,
-        pending=sum(1 for p in rows if p.state in (P.QUEUED, P.LOADING, P.WARMING)),
+        pending=sum(
+            1
+            for p in rows
+            if p.state in (P.LOADING, P.WARMING)
+            or (p.state == P.QUEUED and p.revision.adapter.tenant_id not in resting)
+        ),
         pending_on_demand=Counter(
             p.revision.adapter.tenant_id
             for p in rows

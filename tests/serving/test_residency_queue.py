@@ -46,3 +46,34 @@ def test_loads_the_node_runs_at_once_may_all_make_room(node, make_revision, sett
         assert placement is not None and placement.state == "queued"
         unloaded += Placement.objects.filter(state="evicting").delete()[0]  # the victim's unload finished
     assert unloaded == 2 and not Placement.objects.filter(id__in=[p.id for p in ready]).exists()
+
+
+def test_another_tenants_paused_loads_do_not_hold_a_cold_request_back(node, make_revision, adapter_b, settings):
+    """Loads queued for a tenant whose prewarms are paced (a burst of activations resting between two) cannot start
+    before another tenant's: admission passes them by. They do not make the node refuse that tenant's cold
+    request as if they were ahead of it."""
+    from adapters.models import AdapterRevision
+    from serving.models import PrewarmTurn
+    from serving.selectors.residency import expected_ready_s, node_load_s
+
+    settings.MINT_NODE_COLD_LOADS = 1
+    long_ago = timezone.now() - timedelta(seconds=settings.MINT_RESIDENCY_MIN_RESIDENT_S + 60)
+    idle = place(node, make_revision(1), "ready", ready_at=long_ago, last_used_at=long_ago)
+    resting = [place(node, make_revision(n), "queued", queued_at=timezone.now()) for n in (2, 3)]
+    PrewarmTurn.objects.create(
+        node=node,
+        tenant_id=idle.revision.adapter.tenant_id,
+        started_at=timezone.now(),
+        resting_until=timezone.now() + timedelta(seconds=60),
+    )
+    cold = AdapterRevision.objects.create(adapter=adapter_b, number=1, state="approved", source_uri="x")
+
+    placement = placement_request(revision=cold, priority=Priority.COLD_REQUEST)
+
+    assert placement is not None and placement.state == "queued"  # until the idle entry it evicts is unloaded
+    assert Placement.objects.get(id=idle.id).state == "evicting"
+    assert all(Placement.objects.get(id=p.id).state == "queued" for p in resting)
+    # Its Retry-After does not count them either; once they may start, they are ahead of it.
+    before = expected_ready_s(cold.id)
+    PrewarmTurn.objects.update(resting_until=None)
+    assert expected_ready_s(cold.id) >= before + 2 * node_load_s(node.id) - 0.1
