@@ -49,7 +49,8 @@ class RefusedAsks:
     """The cold requests refused for want of room and still waiting, per base model and tenant, oldest first (Redis).
 
     An ask's place is kept from its first refusal (a retry does not move it to the back) for `keep_s`, longer
-    than a client's retries last; one that is placed leaves at once. Per base model, a sorted set of the tenants
+    than a client's retries last; one that is placed, or whose revision becomes ready by another path (an
+    activation, a spread), leaves at once. Per base model, a sorted set of the tenants
     with asks waiting (last refusal as score) and one of each tenant's asks.
     """
 

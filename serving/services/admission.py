@@ -197,6 +197,7 @@ def placement_warmed(*, placement: Placement, warm_ms: float) -> bool:
         if placement.priority == Priority.COLD_REQUEST:
             residency.cold_start_done(placement=placement, now=now)
         residency.record_load(placement=placement, now=now)
+        residency.ask_answered(placement=placement)
     return moved
 
 

@@ -303,13 +303,23 @@ def refused_asks() -> RefusedAsks:
 
 def _placed(decision: Decision, revision_id: int, tenant_id: int) -> Decision:
     """A load on demand found room: its ask no longer waits (serving/residency/room.py)."""
+    _ask_answered(decision.node.base_model_id, tenant_id, revision_id)
+    return decision
+
+
+def ask_answered(*, placement: Placement) -> None:
+    """A revision became ready on a node, whichever path placed it (a request's, an activation's, a spread): an ask
+    of it refused earlier no longer waits, and no longer pushes back the asks refused after it."""
+    _ask_answered(placement.node.base_model_id, placement.revision.adapter.tenant_id, placement.revision_id)
+
+
+def _ask_answered(base_model_id: int, tenant_id: int, revision_id: int) -> None:
     import redis
 
     try:
-        refused_asks().placed(redis_client(), decision.node.base_model_id, tenant_id, revision_id)
+        refused_asks().placed(redis_client(), base_model_id, tenant_id, revision_id)
     except redis.RedisError as exc:
         log.warning("residency: refused asks not updated (%s)", exc)
-    return decision
 
 
 @dataclass(frozen=True)

@@ -224,3 +224,25 @@ def test_the_refusal_for_pacing_follows_the_pacing_settings_admission_honours(no
     settings.MINT_NODE_PREWARM_DUTY = 1.0
     placed = placement_request(revision=make_revision(5), priority=Priority.COLD_REQUEST)
     assert placed is not None and placed.state == "queued"
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sent", "clean_frequencies")
+def test_an_ask_answered_by_another_path_no_longer_holds_others_back(node, make_revision, adapter_b):
+    """A refused ask's revision made ready otherwise (its alias activated, a spread) leaves the asks waiting at
+    once, rather than being counted ahead of later asks until it is forgotten."""
+    from adapters.models import AdapterRevision
+    from serving.services.admission import placement_warmed
+    from serving.services.residency import refused_asks
+
+    asks, redis, base = refused_asks(), redis_client(), node.base_model_id
+    mine = make_revision(1)
+    theirs = AdapterRevision.objects.create(adapter=adapter_b, number=1, state="approved", source_uri="x")
+    now = time.time()
+    asks.ahead(redis, base, mine.adapter.tenant_id, mine.id, now)
+    assert asks.ahead(redis, base, adapter_b.tenant_id, theirs.id, now + 1) == Turn(1, 0)
+
+    warming = place(node, mine, "warming", priority=Priority.ACTIVATION, started_at=timezone.now(), load_ms=50)
+    assert placement_warmed(placement=warming, warm_ms=50.0)
+
+    assert asks.ahead(redis, base, adapter_b.tenant_id, theirs.id, now + 2) == Turn(0, 0)
