@@ -116,17 +116,19 @@ def expected_ready_s(revision_id: int, *, now: datetime | None = None) -> float:
             elapsed = (now - started_at).total_seconds() if started_at else 0.0
             estimates.append(max(0.1, load_s - elapsed))
         elif state == P.QUEUED:
+            pauses = node_pauses(node_id, now)
+            resting = {tenant for tenant, left in pauses.items() if left > 0 and tenant != tenant_id}
             ahead = (  # another tenant's loads resting for its pause do not go first
                 Placement.objects.filter(node_id=node_id, state=P.QUEUED, priority__gte=priority)
                 .filter(queued_at__lt=queued_at)
-                .exclude(revision__adapter__tenant_id__in=resting_tenants(node_id, now) - {tenant_id})
+                .exclude(revision__adapter__tenant_id__in=resting)
                 .count()
             )
             loading = Placement.objects.filter(node_id=node_id, state__in=(P.LOADING, P.WARMING)).count()
             turns = (ahead + loading) / max(1, settings.MINT_NODE_COLD_LOADS)
             waited = (now - queued_at).total_seconds()
             own = max(load_s, node_cold_s(node_id, node_name, load_s=load_s) - waited)  # as loads here have gone
-            estimates.append(turns * load_s + own + pause_s(node_id, tenant_id, now))
+            estimates.append(turns * load_s + own + pauses.get(tenant_id, 0.0))
         elif state == P.WAITING:
             estimates.append(settings.MINT_RESIDENCY_MIN_RESIDENT_S + load_s)
     if not estimates:  # no room was found for it: when its node should have room for it, and its load
@@ -156,12 +158,16 @@ def pause_s(node_id: int, tenant_id: int, now: datetime) -> float:
     return pause_left(until, now)
 
 
+def node_pauses(node_id: int, now: datetime) -> dict[int, float]:
+    """Per tenant resting on the node, the seconds left of its pacing pause (one read for all of them)."""
+    rows = PrewarmTurn.objects.filter(node_id=node_id, resting_until__gt=now).values_list("tenant_id", "resting_until")
+    return {tenant: left for tenant, until in rows if (left := pause_left(until, now)) > 0}
+
+
 def resting_tenants(node_id: int, now: datetime) -> set[int]:
     """Tenants whose next load on the node waits for its pacing pause: admission passes their queued loads by, so
     those go after any other tenant's load asked for now."""
-    if settings.MINT_NODE_PREWARM_DUTY >= 1:
-        return set()
-    return set(PrewarmTurn.objects.filter(node_id=node_id, resting_until__gt=now).values_list("tenant_id", flat=True))
+    return set(node_pauses(node_id, now))
 
 
 def pause_left(until: datetime | None, now: datetime) -> float:

@@ -129,23 +129,22 @@ def node_undrain(*, node: ServingNode, by: Actor) -> bool:
     when it went down comes back up rather than draining (True); any other is a 409."""
     if node_set_state(node=node, state=NodeState.UP, by=by, only_from=(NodeState.DRAINING,)):
         return True
-    if node.state == NodeState.DOWN:
-        with transaction.atomic():
-            if ServingNode.objects.filter(id=node.id, state=NodeState.DOWN, drain_requested=True).update(
-                drain_requested=False
-            ):
-                node.drain_requested = False
-                audit_record(
-                    tenant=None,
-                    actor=by,
-                    action="node.undrain",
-                    target=f"node:{node.name}",
-                    before={"state": node.state, "drain_requested": True},
-                    after={"state": node.state, "drain_requested": False},
-                )
-                return True
-        raise Conflict(f"Node {node.name} is down; it comes back up with its next heartbeat.", code="node_down")
-    return False
+    if node.state != NodeState.DOWN:
+        return False
+    with transaction.atomic():
+        down_draining = ServingNode.objects.filter(id=node.id, state=NodeState.DOWN, drain_requested=True)
+        if not down_draining.update(drain_requested=False):
+            raise Conflict(f"Node {node.name} is down; it comes back up with its next heartbeat.", code="node_down")
+        node.drain_requested = False
+        audit_record(
+            tenant=None,
+            actor=by,
+            action="node.undrain",
+            target=f"node:{node.name}",
+            before={"state": node.state, "drain_requested": True},
+            after={"state": node.state, "drain_requested": False},
+        )
+    return True
 
 
 def _probe_key(node_id: int) -> str:
