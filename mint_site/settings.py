@@ -387,6 +387,10 @@ MINT_RESIDENCY_FREQUENCY_PERIOD_S = env_int("MINT_RESIDENCY_FREQUENCY_PERIOD_S",
 # or used within them and asked for more than once lately (a working set larger than the node waits instead of
 # thrashing), is not evicted for an on-demand load.
 MINT_RESIDENCY_MIN_RESIDENT_S = env_float("MINT_RESIDENCY_MIN_RESIDENT_S", 5.0, minimum=0)
+# Time-slicing: an on-demand entry in use that has been loaded this many seconds may leave for a recurring ask that
+# found no room, so that a busy working set larger than the node is served in turns (LoRAX's adapter exchange); a
+# one-off ask (a scan's) never takes a turn. 0: never (the node's entries in use stay, the rest wait).
+MINT_RESIDENCY_QUANTUM_S = env_float("MINT_RESIDENCY_QUANTUM_S", 30.0, minimum=0)
 # A client's retry that finds its revision's load due within this many seconds is held for it (0: never).
 MINT_RESIDENCY_RETRY_HOLD_S = env_float("MINT_RESIDENCY_RETRY_HOLD_S", 2.0, minimum=0)
 MINT_RESIDENCY_FLUSH_S = env_float("MINT_RESIDENCY_FLUSH_S", 1.0, minimum=0)  # request counts, placement uses

@@ -36,6 +36,7 @@ from serving.services import (
     sweep,
     usage,
 )
+from serving.services.placement import placement_turn
 from serving.vllm import VllmClient, VllmError, context_window
 from tenants.access import Actor
 
@@ -239,6 +240,12 @@ def node_cache_cleanup(self, *, node_id: int, name: str) -> None:
 def node_admit(self, *, node_id: int) -> None:
     """Admission again after a pacing pause (admission.prewarm_pacing_delay)."""
     admission.admit_after_pause(node_id=node_id)
+
+
+@shared_task(bind=True, ignore_result=True)
+def residency_turn(self, *, revision_id: int) -> None:
+    """A recurring ask refused for want of room, asked again when the turn it waits for ends."""
+    placement_turn(revision_id=revision_id)
 
 
 @shared_task(bind=True, ignore_result=True)

@@ -203,6 +203,20 @@ class NodeCache(Generic[K]):
         self._settle(busy)
         return evicted
 
+    def take_turn(self, key: K, tenant: int, *, over: Sequence[K], busy: Collection[K] = ()) -> Admission[K]:
+        """Take in `key`, a recurring ask that `miss` found no room for, in place of the first of `over` (entries in
+        use whose turn is over, the caller's order: the longest loaded first) that its tenant may take: any below
+        its cap, only its own at it. Time-slicing: a busy working set larger than the node is then served in
+        turns instead of half of it never. Not admitted, with nothing changed, when none may leave."""
+        mine = self.at_cap(tenant)
+        victim = next((k for k in over if k in self._segment and (not mine or self._tenant[k] == tenant)), None)
+        if victim is None or key in self._segment:
+            return Admission(False, [])
+        self.remove(victim)
+        self.add(key, tenant, Segment.WINDOW)
+        self._settle(_with(busy, key))
+        return Admission(True, [victim])
+
     def rebalance(self) -> list[tuple[K, Segment]]:
         """After a rebuild: demote protected entries past the protected segment's size (the capacity fell since
         they were promoted). Returns the entries whose segment changed."""
@@ -222,17 +236,23 @@ class NodeCache(Generic[K]):
         """The entry to evict for `incoming` (not in the cache yet) of tenant `newcomer`, or to shrink (both
         None). A tenant below its cap takes the best victim of all; one at its cap takes it from its own entries
         or from one-off entries, never from another tenant's recurring entries."""
-        if newcomer is not None:
-            holds, tenants = self.owned.get(newcomer, 0), len(self.owned)
-            if holds and tenants > 1 and holds + 1 > max(self._capacity * self.shape.tenant, self._capacity / tenants):
-                tenant_of = self._tenant
+        if newcomer is not None and self.at_cap(newcomer):
+            tenant_of = self._tenant
 
-                def may_leave(key: K) -> bool:
-                    return tenant_of[key] == newcomer or frequency(key) <= ONE_OFF
+            def may_leave(key: K) -> bool:
+                return tenant_of[key] == newcomer or frequency(key) <= ONE_OFF
 
-                # None when nothing may leave: the request waits until one of the newcomer's own frees.
-                return self._choose(frequency, busy, may_leave=may_leave, incoming=incoming)
+            # None when nothing may leave: the request waits until one of the newcomer's own frees.
+            return self._choose(frequency, busy, may_leave=may_leave, incoming=incoming)
         return self._choose(frequency, busy, incoming=incoming)
+
+    def at_cap(self, tenant: int) -> bool:
+        """Whether one more entry would take `tenant` past its cap (it then makes room only from its own or
+        one-off entries): its share of the slots, or an equal share if more, while another tenant holds any."""
+        holds, tenants = self.owned.get(tenant, 0), len(self.owned)
+        if not holds or tenants < 2:
+            return False
+        return holds + 1 > max(self._capacity * self.shape.tenant, self._capacity / tenants)
 
     def _choose(
         self,

@@ -12,7 +12,8 @@ too late costs it only time. So the estimate is the time the node should have ro
   its flood. The k-th ask in that order needs the k-th room;
 - room comes from entries loaded for a request (busy until that request's client comes back for them, at the
   latest `min_resident_s` after they became ready) and from loads under way (the same, once loaded): `frees` is
-  when each should be free. Recurring entries in use are not counted: they are likely to be used again;
+  when each should be free. Recurring entries in use are not counted (they are likely to be used again), but for
+  a recurring ask, the end of their turn (time-slicing: serving/services/residency.py) is;
 - loads queued beyond those the node runs at once (`parallel`) drain `parallel` per `load_s`, and every ask
   ahead adds one.
 
@@ -34,13 +35,21 @@ def room_in_s(
     parallel: int,
     load_s: float,
     min_resident_s: float,
+    quantum_s: float = 0.0,
 ) -> float:
     """Seconds until the node should have room for an ask with `ahead` waiting asks before it: the `ahead`-th
     earliest of `frees` (seconds from now, each an entry that will be free by then), and not before the loads
-    queued beyond `parallel` (of `pending`) and those of the asks ahead have started. `min_resident_s` plus a load
-    when fewer entries free than asks wait."""
+    queued beyond `parallel` (of `pending`) and those of the asks ahead have started. When fewer entries free than
+    asks wait: with turns (`quantum_s`, time-slicing), the asks loaded in the rooms before it hold them a turn each,
+    so it waits a round more per round of asks ahead; without, `min_resident_s` plus a load."""
     ordered = sorted(max(0.0, f) for f in frees)
-    room = ordered[ahead] if ahead < len(ordered) else min_resident_s + load_s
+    if ahead < len(ordered):
+        room = ordered[ahead]
+    elif quantum_s and ordered:
+        rounds, place = divmod(ahead, len(ordered))
+        room = ordered[place] + rounds * (load_s + quantum_s)
+    else:
+        room = min_resident_s + load_s
     queue = max(0, pending + ahead - parallel) * load_s / max(1, parallel)
     return max(room, queue)
 
@@ -93,6 +102,11 @@ class RefusedAsks:
         # Each other tenant's asks of the turns before this one's, and of this turn the one refused before it.
         before = sum(min(n, rank) + bool(ask and ask[0][1] < first) for n, ask in zip(counts, asks, strict=True))
         return Turn(rank + before, rank)
+
+    def waiting(self, redis, base_model_id: int, tenant_id: int, revision_id: int, now: float) -> bool:
+        """Whether the ask of `revision_id` still waits: refused within `keep_s`, not placed since."""
+        first = redis.zscore(self._asks(base_model_id, tenant_id), str(revision_id))
+        return first is not None and float(first) > now - self.keep_s
 
     def placed(self, redis, base_model_id: int, tenant_id: int, revision_id: int) -> None:
         redis.zrem(self._asks(base_model_id, tenant_id), str(revision_id))

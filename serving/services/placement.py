@@ -83,6 +83,18 @@ def placement_request(*, revision: AdapterRevision, priority: int, replicas: int
         return holding[0] if holding else placed
 
 
+def placement_turn(*, revision_id: int) -> Placement | None:
+    """Ask again for a revision whose request was refused for want of room, when the turn it waits for ends
+    (the `residency_turn` task; serving/services/residency.py): its load starts then, not when its client comes
+    back. Nothing when the ask no longer waits (placed meanwhile, or given up)."""
+    revision = AdapterRevision.objects.select_related("adapter").filter(id=revision_id).first()
+    if revision is None:
+        return None
+    if not residency.turn_due(revision):
+        return None
+    return placement_request(revision=revision, priority=Priority.COLD_REQUEST)
+
+
 def place(revision: AdapterRevision, priority: int, *, row: Placement | None) -> Placement | None:
     """Find room for a revision (inside the caller's transaction) and queue it there, or make it wait.
 
@@ -152,7 +164,11 @@ def place(revision: AdapterRevision, priority: int, *, row: Placement | None) ->
             on_disk=residency.disk_nodes(revision.id),
             activating=activating,
         )
-        return row if decision.node is None else _carry_out(decision, row, revision, priority)
+        if decision.node is not None:
+            return _carry_out(decision, row, revision, priority)
+        if (countdown := decision.ask_again_s) is not None:  # its load starts when the turn it waits for ends
+            transaction.on_commit(lambda: outbox.send("residency_turn", countdown=countdown, revision_id=revision.id))
+        return row
     if (node := _take_borrowed(locked)) is not None:
         return _queue(row, revision, node=node, priority=priority)
     # An on-demand alias's activation makes room within its tenant's cap; a reserved pin outranks the cache.

@@ -9,6 +9,9 @@ adds the requests it routed; a Redis that cannot be read makes the policy plain 
 (loaded within MINT_RESIDENCY_MIN_RESIDENT_S, not used since), so that client finds it after its Retry-After; nor
 when used within MINT_RESIDENCY_MIN_RESIDENT_S and asked for more than once lately, so a working set larger than
 the node waits for room instead of thrashing. One asked for once that served its request may leave at once.
+Time-slicing (`_turns`): an entry in use loaded MINT_RESIDENCY_QUANTUM_S ago may leave for a recurring ask that
+found no room, so that such a working set is served in turns; an ask refused before a turn ends is told when it
+ends, and asked for again then (the `residency_turn` task), so its load starts before its client comes back.
 
 `on_demand` decides; serving/services/placement.py carries the decision out (evicts, queues) inside its
 transaction, with the nodes' rows locked.
@@ -41,7 +44,7 @@ from serving.models import (
 )
 from serving.residency import stats
 from serving.residency.frequency import SharedCounts
-from serving.residency.policy import ONE_OFF, NodeCache, Segment, Shape, choose_node
+from serving.residency.policy import ONE_OFF, Admission, NodeCache, Segment, Shape, choose_node
 from serving.residency.room import RefusedAsks, room_in_s
 from serving.selectors.residency import (
     DEFAULT_LOAD_S,
@@ -60,6 +63,10 @@ P = PlacementState
 _LORA_NAME = re.compile(r"^t[0-9]+-a[0-9]+-r[0-9]+$")  # serving.models.lora_name
 FREQUENCY_PREFIX = "mint:residency:freq"
 REFUSED_PREFIX = "mint:residency:refused"
+TURN_PREFIX = "mint:residency:turn"  # revision id → a timer asks again for it when its turn comes
+PROMISE_PREFIX = "mint:residency:promised"  # node id:entry → the revision whose waiting ask is told its turn's end
+# A turn promised to a waiting ask is kept for it this long past the turn's end (its timer's lateness).
+PROMISE_GRACE_S = 2.0
 # An ask whose tenant's pause on a node ends within this is placed there all the same (admission starts its load when
 # the pause is over): a client told to come back after a whole number of seconds cannot hit the pause's end exactly.
 PACED_GRACE_S = 1.0
@@ -235,6 +242,9 @@ class Decision:
     node: ServingNode | None
     evict: list[Placement]
     view: NodeView | None = None
+    # No room, for a recurring ask: seconds until the turn it waits for ends, when the caller asks again for it
+    # (the `residency_turn` task), so that its load starts then and not when its client comes back.
+    ask_again_s: float | None = None
 
 
 def on_demand(
@@ -287,17 +297,24 @@ def on_demand(
         # scan's, a tail request's), so the window turns over as fast as the node loads.
         busy = view.busy - {k for k in view.used if asked(k) <= ONE_OFF}
         outcome = view.cache.miss(revision_id, tenant_id, frequency=asked, busy=busy)
+        if not outcome.admitted:  # everything here in use: a recurring ask may take a turn that is over
+            turns = _turns(view, revision_id, tenant_id, asked)
+            if over := _free_turns(view.node.id, turns.over, revision_id):
+                turn = view.cache.take_turn(revision_id, tenant_id, over=over, busy=busy)
+                outcome = Admission(turn.admitted, [*outcome.evicted, *turn.evicted])
+                if turn.admitted:
+                    _promise_kept(view.node.id, turn.evicted)
         if outcome.admitted:
             return _placed(Decision(candidate, [view.ready[k] for k in outcome.evicted], view), revision_id, tenant_id)
-        refused.append(Refusal(view, idle=False))
-    _refused(revision_id, tenant_id, refused)
-    return Decision(None, [])
+        refused.append(Refusal(view, idle=False, turns=turns))
+    return Decision(None, [], ask_again_s=_refused(revision_id, tenant_id, refused))
 
 
 def refused_asks() -> RefusedAsks:
     # Kept longer than a client's retries last: the openai client's two, each after a Retry-After of a few seconds,
     # or, for a paced tenant's asks, of several intervals (its own asks before it each take one).
-    keep_s = 3 * (settings.MINT_RESIDENCY_MIN_RESIDENT_S + DEFAULT_LOAD_S) + 6 * cold_load_interval_s()
+    # A recurring ask may wait for an entry's turn besides.
+    keep_s = 3 * (settings.MINT_RESIDENCY_MIN_RESIDENT_S + DEFAULT_LOAD_S) + 6 * cold_load_interval_s() + quantum_s()
     return RefusedAsks(REFUSED_PREFIX, keep_s)
 
 
@@ -325,11 +342,93 @@ def _ask_answered(base_model_id: int, tenant_id: int, revision_id: int) -> None:
 @dataclass(frozen=True)
 class Refusal:
     """A node that refused a load on demand: `idle`, for the loads queued there or its tenant's pacing, not for want
-    of room (its idle entries may leave once those have started); `paced_s`, the tenant's pacing left there."""
+    of room (its idle entries may leave once those have started); `paced_s`, the tenant's pacing left there;
+    `turns`, for a recurring ask, those of the entries there that it may take when their turn ends."""
 
     view: NodeView
     idle: bool
     paced_s: float = 0.0
+    turns: Turns | None = None
+
+
+@dataclass(frozen=True)
+class Turns:
+    """Time-slicing on one node for a recurring ask: the entries in use whose turn is over (the longest loaded
+    first), and seconds until each entry that the ask may take ends its turn (0 for those over)."""
+
+    over: list[int]
+    ends_s: tuple[float, ...]
+    keys: tuple[int, ...]  # the entries whose turns `ends_s` are, in the same order
+
+
+def quantum_s() -> float:
+    """An on-demand entry's turn (MINT_RESIDENCY_QUANTUM_S; never shorter than the minimum residency); 0: none."""
+    quantum = settings.MINT_RESIDENCY_QUANTUM_S
+    return max(quantum, settings.MINT_RESIDENCY_MIN_RESIDENT_S) if quantum else 0.0
+
+
+# An entry in use takes turns only with asks at least this fraction as frequent: a tenant's adapter answering four
+# requests a second does not leave for one asked for twice in a few minutes, only for its peers in a busy set.
+TURN_PEERS = 0.5
+
+
+def _turns(view: NodeView, revision_id: int, tenant_id: int, asked: Callable[[int], float]) -> Turns:
+    """The turns on the view's node that the ask of `revision_id` may wait for: none for a one-off ask (a scan, a
+    tail request: they never push out what is in use) or without time-slicing; otherwise those of the node's
+    recurring entries that are in use, loading, or waiting for their client (each then used for a turn), asked for
+    no more than 1/TURN_PEERS times as often, of its own tenant only when it is at its cap. A turn ends a quantum
+    after its entry became ready (a load under way: after the node's load time from now)."""
+    quantum, incoming = quantum_s(), asked(revision_id)
+    if not quantum or incoming <= ONE_OFF:
+        return Turns([], (), ())
+    own_only = view.cache.at_cap(tenant_id)
+    now, load_s = timezone.now(), None
+    peers = []
+    for key in view.busy:
+        often = asked(key)
+        if often <= ONE_OFF or often * TURN_PEERS > incoming:
+            continue
+        if own_only and view.cache.tenant_of(key) != tenant_id:
+            continue
+        placement = view.ready.get(key)
+        if placement is not None and placement.ready_at is not None:
+            ready_at = placement.ready_at
+        else:
+            load_s = node_load_s(view.node.id) if load_s is None else load_s
+            ready_at = now + timedelta(seconds=load_s)
+        peers.append((ready_at, key))
+    peers.sort()
+    ends = tuple(max(0.0, (ready_at - now).total_seconds() + quantum) for ready_at, _ in peers)
+    over = [key for (_, key), end in zip(peers, ends, strict=True) if end == 0.0 and key in view.used]
+    return Turns(over, ends, tuple(key for _, key in peers))
+
+
+def _free_turns(node_id: int, over: list[int], revision_id: int) -> list[int]:
+    """Of the entries whose turn is over, those the ask of `revision_id` may take: not promised to another ask (a
+    waiting ask told that turn's end, for PROMISE_GRACE_S past it), the one promised to it first. Without Redis,
+    all of them."""
+    import redis
+
+    if not over:
+        return []
+    try:
+        promised = redis_client().mget([f"{PROMISE_PREFIX}:{node_id}:{key}" for key in over])
+    except redis.RedisError:
+        return over
+    mine = str(revision_id).encode()
+    return [k for k, p in zip(over, promised, strict=True) if p == mine] + [
+        k for k, p in zip(over, promised, strict=True) if p is None
+    ]
+
+
+def _promise_kept(node_id: int, taken: list[int]) -> None:
+    import redis
+
+    try:
+        if taken:
+            redis_client().delete(*(f"{PROMISE_PREFIX}:{node_id}:{key}" for key in taken))
+    except redis.RedisError as exc:
+        log.warning("residency: turn promises not cleared (%s)", exc)
 
 
 def _paced_s(view: NodeView, tenant_id: int) -> float:
@@ -344,13 +443,14 @@ def _paced_s(view: NodeView, tenant_id: int) -> float:
     return paced
 
 
-def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> None:
+def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float | None:
     """A cold request found no room on the nodes tried: note when it should (serving/residency/room.py), for its
-    `Retry-After` (`selectors.residency.expected_ready_s`). Without Redis, the estimate stays the flat one."""
+    `Retry-After` (`selectors.residency.expected_ready_s`). Without Redis, the estimate stays the flat one.
+    Returns, when the room is an entry's turn ending and no timer waits for it yet, when to ask again."""
     import redis
 
     if not refused:
-        return
+        return None
     now, clock = timezone.now(), time.time()
     min_s = settings.MINT_RESIDENCY_MIN_RESIDENT_S
     try:
@@ -359,27 +459,60 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> None:
         best = None
         for refusal in refused:
             view, load_s = refusal.view, node_load_s(refusal.view.node.id)
-            frees = []
-            for key in view.busy - view.used:  # loaded for a request whose client is not back yet, or loading
+            turns = refusal.turns or Turns([], (), ())
+            # When each entry it may take should be free: at its turn's end, for a recurring ask (time-slicing);
+            # loaded for a request whose client is not back yet, or loading, at the minimum residency.
+            frees: list[tuple[float, int | None]] = list(zip(turns.ends_s, turns.keys, strict=True))
+            for key in view.busy - view.used - set(turns.keys):
                 ready_at = view.ready[key].ready_at if key in view.ready else None
-                frees.append((ready_at - now).total_seconds() + min_s if ready_at else load_s + min_s)
+                frees.append(((ready_at - now).total_seconds() + min_s if ready_at else load_s + min_s, None))
             if refusal.idle:  # its idle entries may leave once the queued loads have started, or the pause is over
-                frees += [0.0] * len(view.ready.keys() - view.busy)
+                frees += [(0.0, None)] * len(view.ready.keys() - view.busy)
             room_s = room_in_s(
-                frees,
+                [free for free, _ in frees],
                 ahead=turn.ahead,
                 pending=view.pending,
                 parallel=settings.MINT_NODE_COLD_LOADS,
                 load_s=load_s,
                 min_resident_s=min_s,
+                quantum_s=quantum_s() if turns.ends_s else 0.0,
             )
             due = room_s + node_cold_s(view.node.id, view.node.name, load_s=load_s)
             if refusal.paced_s:  # the pause, the tenant's asks before it one start each, then its own load
                 due = max(due, refusal.paced_s + turn.own * on_demand_start_s(load_s) - PACED_GRACE_S / 2 + load_s)
-            best = due if best is None else min(best, due)
-        client.set(f"{ROOM_PREFIX}:{revision_id}", f"{clock + best:.3f}", ex=max(1, math.ceil(best) + 1))
+            if best is None or due < best[0]:
+                # The turn it waits for: the one its place among the waiting asks gives it, when that is a turn.
+                ranked = sorted(frees, key=lambda free: (max(0.0, free[0]), free[1] is None))
+                promised = ranked[turn.ahead][1] if turn.ahead < len(ranked) and turns.ends_s else None
+                best = (due, room_s, view.node.id, promised)
+        due, room_s, node_id, promised = best
+        client.set(f"{ROOM_PREFIX}:{revision_id}", f"{clock + due:.3f}", ex=max(1, math.ceil(due) + 1))
+        if promised is None:
+            return None
+        # That turn is kept for this ask a moment past its end (another ask coming then does not take it), and a
+        # timer asks again for it then: one timer per revision at a time.
+        hold = math.ceil(room_s + PROMISE_GRACE_S)
+        client.set(f"{PROMISE_PREFIX}:{node_id}:{promised}", revision_id, nx=True, ex=hold)
+        if client.set(f"{TURN_PREFIX}:{revision_id}", 1, nx=True, ex=math.ceil(room_s) + 1):
+            return room_s
     except redis.RedisError as exc:
         log.warning("residency: no room estimate for revision %s (%s)", revision_id, exc)
+    return None
+
+
+def turn_due(revision) -> bool:
+    """The timer for the revision's turn (its adapter loaded) fired: it is cleared (a refusal now may set the next),
+    and whether the ask it was set for still waits (not placed meanwhile, not given up)."""
+    import redis
+
+    adapter, now = revision.adapter, time.time()
+    try:
+        client = redis_client()
+        client.delete(f"{TURN_PREFIX}:{revision.id}")
+        return refused_asks().waiting(client, adapter.base_model_id, adapter.tenant_id, revision.id, now)
+    except redis.RedisError as exc:
+        log.warning("residency: refused asks unreadable (%s)", exc)
+        return False
 
 
 def make_room(

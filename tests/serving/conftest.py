@@ -39,7 +39,7 @@ def make_revision(adapter_a):
 @pytest.fixture
 def sent():
     """Tasks for node agents and convergence, recorded instead of sent (modules use it with `usefixtures`)."""
-    with recorded(*NODE_TASKS, "alias_converge") as send:
+    with recorded(*NODE_TASKS, "alias_converge", "residency_turn") as send:
         yield send
 
 
@@ -89,7 +89,7 @@ def make_live(revision: AdapterRevision, *, desired: AdapterRevision | None = No
 
 @pytest.fixture
 def clean_frequencies():
-    """The residency frequencies in Redis, and the refused asks and their estimates, start (and end) empty."""
+    """The residency frequencies in Redis, and the refused asks, their estimates and timers, start (and end) empty."""
     import redis
     from django.conf import settings
 
@@ -98,7 +98,13 @@ def clean_frequencies():
     client = redis.Redis.from_url(settings.REDIS_URL)
 
     def clear() -> None:
-        for prefix in (residency.FREQUENCY_PREFIX, residency.REFUSED_PREFIX, residency.ROOM_PREFIX):
+        for prefix in (
+            residency.FREQUENCY_PREFIX,
+            residency.REFUSED_PREFIX,
+            residency.ROOM_PREFIX,
+            residency.TURN_PREFIX,
+            residency.PROMISE_PREFIX,
+        ):
             for key in client.scan_iter(f"{prefix}:*"):
                 client.delete(key)
 

@@ -1,0 +1,195 @@
+"""Time-slicing (serving/services/residency.py, `_turns`): a busy working set larger than a node is served in turns.
+
+An on-demand entry in use that has been loaded MINT_RESIDENCY_QUANTUM_S may leave for a recurring ask that found no
+room, the longest loaded first; a one-off ask (a scan's) never takes a turn; an entry asked for much more often than
+the ask keeps its slot; a tenant at its cap takes turns only from its own entries. A recurring ask refused before a
+turn ends is told that turn's end and a load; that turn is kept for it, and a timer (the `residency_turn` task) starts
+its load then."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from serving.models import Placement, PlacementState, Priority
+from serving.residency.policy import Admission, NodeCache, Segment, Shape
+from serving.residency.room import room_in_s
+from serving.selectors.residency import DEFAULT_LOAD_S, expected_ready_s, redis_client
+from serving.services import residency
+from serving.services.placement import placement_request, placement_turn
+from tests.serving.conftest import approved_revision, place
+from tests.serving.sent_tasks import sent_of
+
+P = PlacementState
+
+
+def test_a_turn_goes_to_the_first_entry_over_that_the_tenant_may_take():
+    cache: NodeCache[int] = NodeCache(4, Shape(tenant=0.5))
+    for key, tenant in ((1, 1), (2, 2), (3, 2), (4, 1)):
+        cache.add(key, tenant, Segment.PROTECTED)
+    assert cache.take_turn(9, 3, over=[3, 1]) == Admission(True, [3])  # below its cap: the first of them
+    assert 9 in cache and 3 not in cache and cache.segment_of(9) == Segment.WINDOW
+
+
+def test_at_its_cap_a_tenant_gives_turns_only_to_itself():
+    cache: NodeCache[int] = NodeCache(4, Shape(tenant=0.5))
+    for key, tenant in ((1, 1), (2, 2), (3, 2), (4, 1)):
+        cache.add(key, tenant, Segment.PROTECTED)
+    assert cache.at_cap(1)  # two of four, one more would be past half
+    assert cache.take_turn(8, 1, over=[2, 3, 4]) == Admission(True, [4])
+    assert cache.take_turn(7, 1, over=[2, 3]) == Admission(False, [])
+    assert {2, 3, 1, 8} == {k for k in (1, 2, 3, 4, 7, 8) if k in cache}  # nothing changed by the refusal
+
+
+def test_asks_beyond_the_turns_ending_wait_a_round_more_each():
+    kw = {"pending": 0, "parallel": 1, "load_s": 1.0, "min_resident_s": 5.0}
+    assert [room_in_s([3.0, 10.0], ahead=k, quantum_s=30.0, **kw) for k in range(4)] == [3.0, 10.0, 34.0, 41.0]
+    assert room_in_s([3.0, 10.0], ahead=2, **kw) == 6.0  # without turns: the flat minimum residency and a load
+
+
+@pytest.fixture
+def busy_node(node, make_revision, settings):
+    """Node-1's three slots held by recurring on-demand entries of adapter A, each in use (served a moment ago),
+    loaded 100 s, 50 s and 10 s ago; the quantum 30 s."""
+    settings.MINT_RESIDENCY_QUANTUM_S = 30
+    settings.MINT_RESIDENCY_MIN_RESIDENT_S = 5
+    settings.MINT_NODE_PACING_NEIGHBOUR_S = 0  # one tenant: pacing is not what this is about
+    settings.MINT_NODE_COLD_DUTY = 1.0
+    settings.MINT_NODE_COLD_LOADS_PER_MIN = 0
+    now = timezone.now()
+    entries = [
+        place(node, make_revision(n), "ready", ready_at=now - timedelta(seconds=age), last_used_at=now)
+        for n, age in ((1, 100), (2, 50), (3, 10))
+    ]
+    residency.record_requests({p.revision_id: 6 for p in entries})
+    return entries
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sent", "clean_frequencies")
+def test_a_recurring_ask_takes_the_turn_of_the_longest_loaded_entry_in_use(busy_node, make_revision):
+    oldest, middle, newest = busy_node
+    first, second = make_revision(4), make_revision(5)
+    residency.record_requests({first.id: 4, second.id: 4})
+    assert placement_request(revision=first, priority=Priority.COLD_REQUEST).state == P.QUEUED
+    assert Placement.objects.get(id=oldest.id).state == P.EVICTING
+    assert placement_request(revision=second, priority=Priority.COLD_REQUEST).state == P.QUEUED
+    assert Placement.objects.get(id=middle.id).state == P.EVICTING
+    assert Placement.objects.get(id=newest.id).state == P.READY  # 20 s of its turn left
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sent", "clean_frequencies")
+def test_a_one_off_ask_never_takes_a_turn(busy_node, make_revision):
+    scan = make_revision(4)
+    residency.record_requests({scan.id: 1})
+    assert placement_request(revision=scan, priority=Priority.COLD_REQUEST) is None
+    assert set(Placement.objects.filter(id__in=[p.id for p in busy_node]).values_list("state", flat=True)) == {P.READY}
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sent", "clean_frequencies")
+def test_an_entry_asked_for_much_more_often_keeps_its_slot(busy_node, make_revision):
+    residency.record_requests({busy_node[0].revision_id: 200, busy_node[1].revision_id: 200})  # oldest two: hot
+    ask = make_revision(4)
+    residency.record_requests({ask.id: 3})  # 206 > 3 / TURN_PEERS; the newest (6) is a peer, its turn not over
+    assert placement_request(revision=ask, priority=Priority.COLD_REQUEST) is None
+    assert Placement.objects.filter(id__in=[p.id for p in busy_node], state=P.READY).count() == 3
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sent", "clean_frequencies")
+def test_a_tenant_at_its_cap_takes_turns_only_from_its_own_entries(busy_node, node, adapter_b, settings):
+    """Four slots: A's entries loaded 100 s and 50 s ago (turns over), B's two loaded 10 s ago. B holds its cap
+    (half): its ask waits for its own turns, not A's; A's ask, also at its cap, takes its own oldest."""
+    settings.MINT_RESIDENCY_TENANT_CAP = 0.5
+    node.cpu_slots = 4
+    node.save(update_fields=["cpu_slots"])
+    oldest, middle, _ = busy_node
+    Placement.objects.filter(id=busy_node[2].id).delete()
+    now = timezone.now()
+    b_entries = [
+        place(node, approved_revision(adapter_b, n), "ready", ready_at=now - timedelta(seconds=10), last_used_at=now)
+        for n in (1, 2)
+    ]
+    b_ask = approved_revision(adapter_b, 3)
+    residency.record_requests({**{p.revision_id: 6 for p in b_entries}, b_ask.id: 6})
+    assert placement_request(revision=b_ask, priority=Priority.COLD_REQUEST) is None
+    assert Placement.objects.filter(id__in=(oldest.id, middle.id), state=P.READY).count() == 2
+
+    a_ask = approved_revision(oldest.revision.adapter, 9)
+    residency.record_requests({a_ask.id: 6})
+    assert placement_request(revision=a_ask, priority=Priority.COLD_REQUEST).state == P.QUEUED
+    assert Placement.objects.get(id=oldest.id).state == P.EVICTING
+    assert Placement.objects.filter(id__in=[p.id for p in b_entries], state=P.READY).count() == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("clean_frequencies")
+def test_a_recurring_ask_refused_is_told_when_a_turn_ends_and_its_load_starts_then(
+    busy_node, make_revision, sent, django_capture_on_commit_callbacks
+):
+    oldest, middle, newest = busy_node
+    now = timezone.now()
+    # Every turn is some way from its end: loaded 20 s, 10 s and 5 s ago (quantum 30 s).
+    for placement, age in ((oldest, 20), (middle, 10), (newest, 5)):
+        Placement.objects.filter(id=placement.id).update(ready_at=now - timedelta(seconds=age))
+    first, second = make_revision(4), make_revision(5)
+    residency.record_requests({first.id: 3, second.id: 3})
+    since = time.time()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert placement_request(revision=first, priority=Priority.COLD_REQUEST) is None
+        assert placement_request(revision=second, priority=Priority.COLD_REQUEST) is None
+    # The first waits for the oldest's turn (10 s left), the second for the next (20 s), each then its load.
+    for revision, turn_s in ((first, 10), (second, 20)):
+        estimate = expected_ready_s(revision.id)
+        assert turn_s + DEFAULT_LOAD_S - (time.time() - since) - 0.5 <= estimate <= turn_s + DEFAULT_LOAD_S + 0.5
+    timers = sent_of(sent, "residency_turn")
+    assert [t["revision_id"] for t in timers] == [first.id, second.id]
+    assert [round(t["countdown"]) for t in timers] == [10, 20]
+    # Asked again before its timer fires: no second timer.
+    with django_capture_on_commit_callbacks(execute=True):
+        assert placement_request(revision=first, priority=Priority.COLD_REQUEST) is None
+    assert len(sent_of(sent, "residency_turn")) == 2
+
+    # A timer that fires early (the turns moved meanwhile) finds no room: refused again, it sets the next timer.
+    with django_capture_on_commit_callbacks(execute=True):
+        assert placement_turn(revision_id=second.id) is None
+    assert [t["revision_id"] for t in sent_of(sent, "residency_turn")] == [first.id, second.id, second.id]
+
+    # The oldest's turn is over. Another recurring ask coming then does not take it: it was promised to the first.
+    Placement.objects.filter(id=oldest.id).update(ready_at=now - timedelta(seconds=40))
+    newcomer = make_revision(6)
+    residency.record_requests({newcomer.id: 3})
+    assert placement_request(revision=newcomer, priority=Priority.COLD_REQUEST) is None
+    assert Placement.objects.get(id=oldest.id).state == P.READY
+    # The timer fires: the first's load starts then, before its client comes back.
+    assert placement_turn(revision_id=first.id).state == P.QUEUED
+    assert Placement.objects.get(id=oldest.id).state == P.EVICTING
+    assert not residency.turn_due(first)  # placed: its ask no longer waits
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sent", "clean_frequencies")
+def test_a_timer_for_an_ask_no_longer_waiting_does_nothing(busy_node, make_revision):
+    Placement.objects.filter(id=busy_node[0].id).update(ready_at=timezone.now() - timedelta(seconds=100))
+    revision = make_revision(4)
+    residency.record_requests({revision.id: 3})
+    assert placement_turn(revision_id=revision.id) is None  # never refused: nothing waits for a turn
+    assert not Placement.objects.filter(revision=revision).exists()
+    assert Placement.objects.get(id=busy_node[0].id).state == P.READY
+    assert placement_turn(revision_id=10**9) is None  # a revision deleted meanwhile
+    assert redis_client().exists(f"{residency.TURN_PREFIX}:{revision.id}") == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sent", "clean_frequencies")
+def test_without_time_slicing_a_busy_working_set_waits_as_before(busy_node, make_revision, settings):
+    settings.MINT_RESIDENCY_QUANTUM_S = 0
+    ask = make_revision(4)
+    residency.record_requests({ask.id: 6})
+    assert placement_request(revision=ask, priority=Priority.COLD_REQUEST) is None
+    assert Placement.objects.filter(id__in=[p.id for p in busy_node], state=P.READY).count() == 3
