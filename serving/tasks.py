@@ -11,7 +11,7 @@ import logging
 import shutil
 import time
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from celery import shared_task
@@ -244,7 +244,11 @@ def node_admit(self, *, node_id: int) -> None:
 
 @shared_task(bind=True, ignore_result=True)
 def residency_turn(self, *, revision_id: int) -> None:
-    """A recurring ask refused for want of room, asked again when the turn it waits for ends."""
+    """A recurring ask refused for want of room, asked again when the turn it waits for ends; how late the timer
+    fired is measured (the next asks' `Retry-After` allow for it)."""
+    if self.request.eta:
+        eta = datetime.fromisoformat(str(self.request.eta))
+        residency.turn_late((timezone.now() - (eta if eta.tzinfo else eta.replace(tzinfo=UTC))).total_seconds())
     placement_turn(revision_id=revision_id)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Collection
@@ -67,6 +68,8 @@ TURN_PREFIX = "mint:residency:turn"  # revision id → a timer asks again for it
 PROMISE_PREFIX = "mint:residency:promised"  # node id:entry → the revision whose waiting ask is told its turn's end
 # A turn promised to a waiting ask is kept for it this long past the turn's end (its timer's lateness).
 PROMISE_GRACE_S = 2.0
+LATE_KEY = "mint:residency:turn-late"  # how late turns' timers fired, the latest first
+_LATE_SAMPLE = 20
 # An ask whose tenant's pause on a node ends within this is placed there all the same (admission starts its load when
 # the pause is over): a client told to come back after a whole number of seconds cannot hit the pause's end exactly.
 PACED_GRACE_S = 1.0
@@ -486,6 +489,8 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
                 promised = ranked[turn.ahead][1] if turn.ahead < len(ranked) and turns.ends_s else None
                 best = (due, room_s, view.node.id, promised)
         due, room_s, node_id, promised = best
+        if promised is not None:  # its load starts when the timer fires, a little after the turn's end
+            due += turn_late_s(client)
         client.set(f"{ROOM_PREFIX}:{revision_id}", f"{clock + due:.3f}", ex=max(1, math.ceil(due) + 1))
         if promised is None:
             return None
@@ -498,6 +503,27 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
     except redis.RedisError as exc:
         log.warning("residency: no room estimate for revision %s (%s)", revision_id, exc)
     return None
+
+
+def turn_late(seconds: float) -> None:
+    """A turn's timer fired `seconds` after the turn's end (the worker busy with another task, the broker's
+    hand-off): kept, the last _LATE_SAMPLE of them, for `turn_late_s`."""
+    import redis
+
+    try:
+        pipe = redis_client().pipeline(transaction=False)
+        pipe.lpush(LATE_KEY, f"{max(0.0, seconds):.3f}")
+        pipe.ltrim(LATE_KEY, 0, _LATE_SAMPLE - 1)
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("residency: timer lateness not kept (%s)", exc)
+
+
+def turn_late_s(client) -> float:
+    """The median of how late turns' timers fired lately (0 before any): the load of a waiting ask starts that
+    long after its turn's end."""
+    late = [float(v) for v in client.lrange(LATE_KEY, 0, -1)]
+    return statistics.median(late) if late else 0.0
 
 
 def turn_due(revision) -> bool:

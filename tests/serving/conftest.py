@@ -107,6 +107,7 @@ def clean_frequencies():
         ):
             for key in client.scan_iter(f"{prefix}:*"):
                 client.delete(key)
+        client.delete(residency.LATE_KEY)
 
     clear()
     yield

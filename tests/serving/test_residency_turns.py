@@ -193,3 +193,34 @@ def test_without_time_slicing_a_busy_working_set_waits_as_before(busy_node, make
     residency.record_requests({ask.id: 6})
     assert placement_request(revision=ask, priority=Priority.COLD_REQUEST) is None
     assert Placement.objects.filter(id__in=[p.id for p in busy_node], state=P.READY).count() == 3
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sent", "clean_frequencies")
+def test_the_estimate_allows_for_how_late_timers_fire(busy_node, make_revision):
+    now = timezone.now()
+    for placement, age in zip(busy_node, (20, 10, 5), strict=True):
+        Placement.objects.filter(id=placement.id).update(ready_at=now - timedelta(seconds=age))
+    for late in (0.5, 3.0, 1.5):  # the median: 1.5 s
+        residency.turn_late(late)
+    ask = make_revision(4)
+    residency.record_requests({ask.id: 3})
+    since = time.time()
+    assert placement_request(revision=ask, priority=Priority.COLD_REQUEST) is None
+    expected = 10 + 1.5 + DEFAULT_LOAD_S  # the oldest's turn, the timer's lateness, the load
+    assert expected - (time.time() - since) - 0.5 <= expected_ready_s(ask.id) <= expected + 0.5
+
+
+def test_a_turns_timer_measures_how_late_it_fired(monkeypatch):
+    from serving import tasks
+
+    kept, asked = [], []
+    monkeypatch.setattr(tasks.residency, "turn_late", kept.append)
+    monkeypatch.setattr(tasks, "placement_turn", lambda revision_id: asked.append(revision_id))
+    eta = (timezone.now() - timedelta(seconds=2)).isoformat()
+    tasks.residency_turn.push_request(eta=eta)  # as a worker runs a task sent with a countdown
+    try:
+        tasks.residency_turn.run(revision_id=7)
+    finally:
+        tasks.residency_turn.pop_request()
+    assert asked == [7] and len(kept) == 1 and 2 <= kept[0] < 5
