@@ -379,17 +379,22 @@ def _turns(view: NodeView, revision_id: int, tenant_id: int, asked: Callable[[in
     """The turns on the view's node that the ask of `revision_id` may wait for: none for a one-off ask (a scan, a
     tail request: they never push out what is in use) or without time-slicing; otherwise those of the node's
     recurring entries that are in use, loading, or waiting for their client (each then used for a turn), asked for
-    no more than 1/TURN_PEERS times as often, of its own tenant only when it is at its cap. A turn ends a quantum
-    after its entry became ready (a load under way: after the node's load time from now)."""
+    often enough to stay in use, and no more than 1/TURN_PEERS times as often as the ask, of its own tenant only
+    when it is at its cap. A turn ends a quantum after its entry became ready (a load under way: after the node's
+    load time from now)."""
     quantum, incoming = quantum_s(), asked(revision_id)
     if not quantum or incoming <= ONE_OFF:
         return Turns([], (), ())
     own_only = view.cache.at_cap(tenant_id)
     now, load_s = timezone.now(), None
+    # Asked for this often in a frequency period, an entry is expected to be used again within the minimum residency
+    # (so stays in use until its turn ends); one asked for less (a client going through its adapters one by one)
+    # frees by itself soon after its last use, as it did before turns.
+    steady = settings.MINT_RESIDENCY_FREQUENCY_PERIOD_S / max(settings.MINT_RESIDENCY_MIN_RESIDENT_S, 1e-3)
     peers = []
     for key in view.busy:
         often = asked(key)
-        if often <= ONE_OFF or often * TURN_PEERS > incoming:
+        if often <= ONE_OFF or often < steady or often * TURN_PEERS > incoming:
             continue
         if own_only and view.cache.tenant_of(key) != tenant_id:
             continue

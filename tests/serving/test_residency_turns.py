@@ -24,6 +24,8 @@ from tests.serving.conftest import approved_revision, place
 from tests.serving.sent_tasks import sent_of
 
 P = PlacementState
+STEADY = 100  # requests in a frequency period (300 s): used again within the minimum residency (5 s), so in use
+ASK = 60  # an ask at least half as frequent: a peer of the entries in use
 
 
 def test_a_turn_goes_to_the_first_entry_over_that_the_tenant_may_take():
@@ -64,7 +66,7 @@ def busy_node(node, make_revision, settings):
         place(node, make_revision(n), "ready", ready_at=now - timedelta(seconds=age), last_used_at=now)
         for n, age in ((1, 100), (2, 50), (3, 10))
     ]
-    residency.record_requests({p.revision_id: 6 for p in entries})
+    residency.record_requests({p.revision_id: STEADY for p in entries})
     return entries
 
 
@@ -73,7 +75,7 @@ def busy_node(node, make_revision, settings):
 def test_a_recurring_ask_takes_the_turn_of_the_longest_loaded_entry_in_use(busy_node, make_revision):
     oldest, middle, newest = busy_node
     first, second = make_revision(4), make_revision(5)
-    residency.record_requests({first.id: 4, second.id: 4})
+    residency.record_requests({first.id: ASK, second.id: ASK})
     assert placement_request(revision=first, priority=Priority.COLD_REQUEST).state == P.QUEUED
     assert Placement.objects.get(id=oldest.id).state == P.EVICTING
     assert placement_request(revision=second, priority=Priority.COLD_REQUEST).state == P.QUEUED
@@ -95,7 +97,7 @@ def test_a_one_off_ask_never_takes_a_turn(busy_node, make_revision):
 def test_an_entry_asked_for_much_more_often_keeps_its_slot(busy_node, make_revision):
     residency.record_requests({busy_node[0].revision_id: 200, busy_node[1].revision_id: 200})  # oldest two: hot
     ask = make_revision(4)
-    residency.record_requests({ask.id: 3})  # 206 > 3 / TURN_PEERS; the newest (6) is a peer, its turn not over
+    residency.record_requests({ask.id: ASK})  # 300 > ASK / TURN_PEERS; the newest is a peer, its turn not over
     assert placement_request(revision=ask, priority=Priority.COLD_REQUEST) is None
     assert Placement.objects.filter(id__in=[p.id for p in busy_node], state=P.READY).count() == 3
 
@@ -116,12 +118,12 @@ def test_a_tenant_at_its_cap_takes_turns_only_from_its_own_entries(busy_node, no
         for n in (1, 2)
     ]
     b_ask = approved_revision(adapter_b, 3)
-    residency.record_requests({**{p.revision_id: 6 for p in b_entries}, b_ask.id: 6})
+    residency.record_requests({**{p.revision_id: STEADY for p in b_entries}, b_ask.id: ASK})
     assert placement_request(revision=b_ask, priority=Priority.COLD_REQUEST) is None
     assert Placement.objects.filter(id__in=(oldest.id, middle.id), state=P.READY).count() == 2
 
     a_ask = approved_revision(oldest.revision.adapter, 9)
-    residency.record_requests({a_ask.id: 6})
+    residency.record_requests({a_ask.id: ASK})
     assert placement_request(revision=a_ask, priority=Priority.COLD_REQUEST).state == P.QUEUED
     assert Placement.objects.get(id=oldest.id).state == P.EVICTING
     assert Placement.objects.filter(id__in=[p.id for p in b_entries], state=P.READY).count() == 2
@@ -138,7 +140,7 @@ def test_a_recurring_ask_refused_is_told_when_a_turn_ends_and_its_load_starts_th
     for placement, age in ((oldest, 20), (middle, 10), (newest, 5)):
         Placement.objects.filter(id=placement.id).update(ready_at=now - timedelta(seconds=age))
     first, second = make_revision(4), make_revision(5)
-    residency.record_requests({first.id: 3, second.id: 3})
+    residency.record_requests({first.id: ASK, second.id: ASK})
     since = time.time()
     with django_capture_on_commit_callbacks(execute=True):
         assert placement_request(revision=first, priority=Priority.COLD_REQUEST) is None
@@ -163,7 +165,7 @@ def test_a_recurring_ask_refused_is_told_when_a_turn_ends_and_its_load_starts_th
     # The oldest's turn is over. Another recurring ask coming then does not take it: it was promised to the first.
     Placement.objects.filter(id=oldest.id).update(ready_at=now - timedelta(seconds=40))
     newcomer = make_revision(6)
-    residency.record_requests({newcomer.id: 3})
+    residency.record_requests({newcomer.id: ASK})
     assert placement_request(revision=newcomer, priority=Priority.COLD_REQUEST) is None
     assert Placement.objects.get(id=oldest.id).state == P.READY
     # The timer fires: the first's load starts then, before its client comes back.
@@ -177,7 +179,7 @@ def test_a_recurring_ask_refused_is_told_when_a_turn_ends_and_its_load_starts_th
 def test_a_timer_for_an_ask_no_longer_waiting_does_nothing(busy_node, make_revision):
     Placement.objects.filter(id=busy_node[0].id).update(ready_at=timezone.now() - timedelta(seconds=100))
     revision = make_revision(4)
-    residency.record_requests({revision.id: 3})
+    residency.record_requests({revision.id: ASK})
     assert placement_turn(revision_id=revision.id) is None  # never refused: nothing waits for a turn
     assert not Placement.objects.filter(revision=revision).exists()
     assert Placement.objects.get(id=busy_node[0].id).state == P.READY
@@ -190,7 +192,7 @@ def test_a_timer_for_an_ask_no_longer_waiting_does_nothing(busy_node, make_revis
 def test_without_time_slicing_a_busy_working_set_waits_as_before(busy_node, make_revision, settings):
     settings.MINT_RESIDENCY_QUANTUM_S = 0
     ask = make_revision(4)
-    residency.record_requests({ask.id: 6})
+    residency.record_requests({ask.id: ASK})
     assert placement_request(revision=ask, priority=Priority.COLD_REQUEST) is None
     assert Placement.objects.filter(id__in=[p.id for p in busy_node], state=P.READY).count() == 3
 
@@ -204,7 +206,7 @@ def test_the_estimate_allows_for_how_late_timers_fire(busy_node, make_revision):
     for late in (0.5, 3.0, 1.5):  # the median: 1.5 s
         residency.turn_late(late)
     ask = make_revision(4)
-    residency.record_requests({ask.id: 3})
+    residency.record_requests({ask.id: ASK})
     since = time.time()
     assert placement_request(revision=ask, priority=Priority.COLD_REQUEST) is None
     expected = 10 + 1.5 + DEFAULT_LOAD_S  # the oldest's turn, the timer's lateness, the load
@@ -224,3 +226,27 @@ def test_a_turns_timer_measures_how_late_it_fired(monkeypatch):
     finally:
         tasks.residency_turn.pop_request()
     assert asked == [7] and len(kept) == 1 and 2 <= kept[0] < 5
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("clean_frequencies")
+def test_entries_used_now_but_asked_rarely_are_not_waited_for_a_turn(busy_node, make_revision, sent, settings):
+    """A client going through its adapters one by one: each entry was used a moment ago, but is asked for a few
+    times in the period, so it frees by itself once unused for the minimum residency. A recurring ask is told the
+    minimum residency and a load, as before turns, not a turn's end; no timer."""
+    from serving.services.residency import frequency
+
+    frequency_client = redis_client()
+    for key in frequency_client.scan_iter(f"{residency.FREQUENCY_PREFIX}:*"):
+        frequency_client.delete(key)
+    now = timezone.now()
+    for placement, age in zip(busy_node, (20, 10, 5), strict=True):
+        Placement.objects.filter(id=placement.id).update(ready_at=now - timedelta(seconds=age))
+    ask = make_revision(4)
+    residency.record_requests({**{p.revision_id: 2 for p in busy_node}, ask.id: 2})
+    assert frequency().estimates(frequency_client, [ask.id], time.time())[ask.id] == 2
+    since = time.time()
+    assert placement_request(revision=ask, priority=Priority.COLD_REQUEST) is None
+    flat = settings.MINT_RESIDENCY_MIN_RESIDENT_S + 2 * DEFAULT_LOAD_S  # room (all but in use again), its load
+    assert flat - (time.time() - since) - 0.5 <= expected_ready_s(ask.id) <= flat + 0.5
+    assert sent_of(sent, "residency_turn") == []
