@@ -351,7 +351,7 @@ class Refusal:
     view: NodeView
     idle: bool
     paced_s: float = 0.0
-    turns: Turns | None = None
+    turns: Turns = field(default_factory=lambda: NO_TURNS)
 
 
 @dataclass(frozen=True)
@@ -362,6 +362,9 @@ class Turns:
     over: list[int]
     ends_s: tuple[float, ...]
     keys: tuple[int, ...]  # the entries whose turns `ends_s` are, in the same order
+
+
+NO_TURNS = Turns([], (), ())
 
 
 def quantum_s() -> float:
@@ -384,7 +387,7 @@ def _turns(view: NodeView, revision_id: int, tenant_id: int, asked: Callable[[in
     load time from now)."""
     quantum, incoming = quantum_s(), asked(revision_id)
     if not quantum or incoming <= ONE_OFF:
-        return Turns([], (), ())
+        return NO_TURNS
     own_only = view.cache.at_cap(tenant_id)
     now, load_s = timezone.now(), None
     # Asked for this often in a frequency period, an entry is expected to be used again within the minimum residency
@@ -467,7 +470,7 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
         best = None
         for refusal in refused:
             view, load_s = refusal.view, node_load_s(refusal.view.node.id)
-            turns = refusal.turns or Turns([], (), ())
+            turns = refusal.turns
             # When each entry it may take should be free: at its turn's end, for a recurring ask (time-slicing);
             # loaded for a request whose client is not back yet, or loading, at the minimum residency.
             frees: list[tuple[float, int | None]] = list(zip(turns.ends_s, turns.keys, strict=True))
