@@ -5,7 +5,8 @@ more than two periods ago is forgotten (TinyLFU halves its counters every sample
 the same way and need no pass over every counter). `LocalCounts` keeps them in memory, with the period counted in
 whatever clock its caller advances (requests in a trace, seconds in a test). `SharedCounts` keeps them in Redis,
 one hash per period, shared by every process: gateways add their batched counts (HINCRBY, one pipeline per
-flush), the control plane reads the few it compares at an eviction (HMGET of two hashes). No Django here.
+flush), the control plane reads the few it compares at an eviction (HMGET of two hashes). `in_last_period` reads
+the same hashes as a sliding window, for a rate over a short period. No Django here.
 """
 
 from __future__ import annotations
@@ -69,6 +70,15 @@ class SharedCounts:
 
     def estimates(self, client: Any, keys: Iterable[Hashable], now: float) -> dict[Hashable, int]:
         """Each key's requests in the current and previous periods (a sync Redis client; two HMGETs at once)."""
+        return {m: c + p for m, (c, p) in self._read(client, keys, now).items()}
+
+    def in_last_period(self, client: Any, keys: Iterable[Hashable], now: float) -> dict[Hashable, float]:
+        """Each key's requests in the last `period_s` seconds, as a sliding window: the current period's and the
+        share of the previous one's that falls inside it (requests spread evenly over a period)."""
+        outside = (now % self.period_s) / self.period_s  # of the previous period, already out of the window
+        return {m: c + p * (1.0 - outside) for m, (c, p) in self._read(client, keys, now).items()}
+
+    def _read(self, client: Any, keys: Iterable[Hashable], now: float) -> dict[Hashable, tuple[int, int]]:
         members = list(dict.fromkeys(keys))
         if not members:
             return {}
@@ -78,4 +88,4 @@ class SharedCounts:
         pipe.hmget(self._key(epoch), fields)
         pipe.hmget(self._key(epoch - 1), fields)
         current, previous = pipe.execute()
-        return {m: int(c or 0) + int(p or 0) for m, c, p in zip(members, current, previous, strict=True)}
+        return {m: (int(c or 0), int(p or 0)) for m, c, p in zip(members, current, previous, strict=True)}

@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 P = PlacementState
 _LORA_NAME = re.compile(r"^t[0-9]+-a[0-9]+-r[0-9]+$")  # serving.models.lora_name
 FREQUENCY_PREFIX = "mint:residency:freq"
+# The same requests over a short period (under FREQUENCY_PREFIX, so cleared with them): how steadily each is asked.
+STEADY_PREFIX = f"{FREQUENCY_PREFIX}:steady"
+STEADY_PERIOD_S = 60.0
 REFUSED_PREFIX = "mint:residency:refused"
 TURN_PREFIX = "mint:residency:turn"  # revision id → a timer asks again for it when its turn comes
 PROMISE_PREFIX = "mint:residency:promised"  # node id:entry → the revision whose waiting ask is told its turn's end
@@ -85,6 +88,10 @@ def shape() -> Shape:
 
 def frequency() -> SharedCounts:
     return SharedCounts(FREQUENCY_PREFIX, settings.MINT_RESIDENCY_FREQUENCY_PERIOD_S)
+
+
+def steadiness() -> SharedCounts:
+    return SharedCounts(STEADY_PREFIX, STEADY_PERIOD_S)
 
 
 def estimates(revision_ids: list[int]) -> dict[int, int] | None:
@@ -117,6 +124,7 @@ def record_requests(counts: dict[int, int], tiers: dict[tuple[str, str], int] | 
     now = time.time()
     pipe = redis_client().pipeline(transaction=False)
     frequency().add(pipe, counts, now)
+    steadiness().add(pipe, counts, now)
     per_node: dict[str, dict[str, int]] = {}
     for (node, tier), n in (tiers or {}).items():
         per_node.setdefault(node, {})[tier] = n
@@ -390,14 +398,11 @@ def _turns(view: NodeView, revision_id: int, tenant_id: int, asked: Callable[[in
         return NO_TURNS
     own_only = view.cache.at_cap(tenant_id)
     now, load_s = timezone.now(), None
-    # Asked for this often in a frequency period, an entry is expected to be used again within the minimum residency
-    # (so stays in use until its turn ends); one asked for less (a client going through its adapters one by one)
-    # frees by itself soon after its last use, as it did before turns.
-    steady = settings.MINT_RESIDENCY_FREQUENCY_PERIOD_S / max(settings.MINT_RESIDENCY_MIN_RESIDENT_S, 1e-3)
+    steady = _steady(view.busy)
     peers = []
     for key in view.busy:
         often = asked(key)
-        if often <= ONE_OFF or often < steady or often * TURN_PEERS > incoming:
+        if often <= ONE_OFF or key not in steady or often * TURN_PEERS > incoming:
             continue
         if own_only and view.cache.tenant_of(key) != tenant_id:
             continue
@@ -412,6 +417,23 @@ def _turns(view: NodeView, revision_id: int, tenant_id: int, asked: Callable[[in
     ends = tuple(max(0.0, (ready_at - now).total_seconds() + quantum) for ready_at, _ in peers)
     over = [key for (_, key), end in zip(peers, ends, strict=True) if end == 0.0 and key in view.used]
     return Turns(over, ends, tuple(key for _, key in peers))
+
+
+def _steady(keys: Collection[int]) -> set[int]:
+    """Of `keys`, those asked for at least once per minimum residency on average over the last STEADY_PERIOD_S, so
+    expected to be used again before they would free by themselves: each stays in use until its turn ends. One asked
+    for less (a client going through its adapters one by one) frees soon after its last use, as before turns. The
+    short period lets a busy set's turns start within a minute of its first requests, where the frequency period's
+    counts (minutes) would not. Without Redis, none."""
+    import redis
+
+    bar = STEADY_PERIOD_S / max(settings.MINT_RESIDENCY_MIN_RESIDENT_S, 1e-3)
+    try:
+        counts = steadiness().in_last_period(redis_client(), keys, time.time())
+    except redis.RedisError as exc:
+        log.warning("residency: steadiness unavailable (%s); no turns", exc)
+        return set()
+    return {key for key, n in counts.items() if n >= bar}
 
 
 def _free_turns(node_id: int, over: list[int], revision_id: int) -> list[int]:

@@ -24,8 +24,10 @@ from tests.serving.conftest import approved_revision, place
 from tests.serving.sent_tasks import sent_of
 
 P = PlacementState
-STEADY = 100  # requests in a frequency period (300 s): used again within the minimum residency (5 s), so in use
-ASK = 60  # an ask at least half as frequent: a peer of the entries in use
+# Requests in the last minute, one each 4 s: used again within the minimum residency (5 s), so in use. Fewer than the
+# frequency period's 60 (300 s ÷ 5 s): steadiness is judged over the last minute, not over the period.
+STEADY = 15
+ASK = 10  # an ask at least half as frequent: a peer of the entries in use
 
 
 def test_a_turn_goes_to_the_first_entry_over_that_the_tenant_may_take():
@@ -97,7 +99,7 @@ def test_a_one_off_ask_never_takes_a_turn(busy_node, make_revision):
 def test_an_entry_asked_for_much_more_often_keeps_its_slot(busy_node, make_revision):
     residency.record_requests({busy_node[0].revision_id: 200, busy_node[1].revision_id: 200})  # oldest two: hot
     ask = make_revision(4)
-    residency.record_requests({ask.id: ASK})  # 300 > ASK / TURN_PEERS; the newest is a peer, its turn not over
+    residency.record_requests({ask.id: ASK})  # 215 > ASK / TURN_PEERS; the newest is a peer, its turn not over
     assert placement_request(revision=ask, priority=Priority.COLD_REQUEST) is None
     assert Placement.objects.filter(id__in=[p.id for p in busy_node], state=P.READY).count() == 3
 
@@ -250,3 +252,23 @@ def test_entries_used_now_but_asked_rarely_are_not_waited_for_a_turn(busy_node, 
     flat = settings.MINT_RESIDENCY_MIN_RESIDENT_S + 2 * DEFAULT_LOAD_S  # room (all but in use again), its load
     assert flat - (time.time() - since) - 0.5 <= expected_ready_s(ask.id) <= flat + 0.5
     assert sent_of(sent, "residency_turn") == []
+
+
+def test_steadiness_is_a_sliding_minute_over_two_periods_counts():
+    """`SharedCounts.in_last_period`: the current period's requests and the share of the previous period's still
+    inside the window, as if spread evenly."""
+    from serving.residency.frequency import SharedCounts
+
+    counts, client = SharedCounts(f"{residency.FREQUENCY_PREFIX}:test", 60), redis_client()
+    start = (time.time() // 60) * 60  # a period's start
+    try:
+        pipe = client.pipeline()
+        counts.add(pipe, {"a": 20, "b": 4}, start - 30)  # the previous period
+        counts.add(pipe, {"a": 3}, start + 1)
+        pipe.execute()
+        assert counts.in_last_period(client, ["a", "b", "c"], start + 15) == {"a": 18.0, "b": 3.0, "c": 0.0}
+        assert counts.in_last_period(client, ["a"], start + 45) == {"a": 8.0}
+        assert counts.estimates(client, ["a"], start + 45) == {"a": 23}  # both periods whole
+    finally:
+        for key in client.scan_iter(f"{residency.FREQUENCY_PREFIX}:test:*"):
+            client.delete(key)
