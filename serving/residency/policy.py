@@ -207,13 +207,17 @@ class NodeCache(Generic[K]):
         """Take in `key`, a recurring ask that `miss` found no room for, in place of the first of `over` (entries in
         use whose turn is over, the caller's order: the longest loaded first) that its tenant may take: any below
         its cap, only its own at it. Time-slicing: a busy working set larger than the node is then served in
-        turns instead of half of it never. Not admitted, with nothing changed, when none may leave."""
+        turns instead of half of it never. The newcomer takes the leaver's place (main's probation for a protected
+        one: protection is earned by a hit there), not the window's: a busy set taking turns in the window would
+        keep it in use, and a first request would find no window entry free to make way for it. Not admitted,
+        with nothing changed, when none may leave."""
         mine = self.at_cap(tenant)
         victim = next((k for k in over if k in self._segment and (not mine or self._tenant[k] == tenant)), None)
         if victim is None or key in self._segment:
             return Admission(False, [])
+        place = self._segment[victim]
         self.remove(victim)
-        self.add(key, tenant, Segment.WINDOW)
+        self.add(key, tenant, Segment.PROBATION if place == Segment.PROTECTED else place)
         self._settle(_with(busy, key))
         return Admission(True, [victim])
 

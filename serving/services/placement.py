@@ -192,7 +192,8 @@ def _carry_out(decision: residency.Decision, row: Placement | None, revision: Ad
         evict(victim, reason=None)
     if decision.view is not None:
         residency.save_segments(decision.view)
-    return _queue(row, revision, node=decision.node, priority=priority)
+    segment = residency.segment_of(decision, revision)
+    return _queue(row, revision, node=decision.node, priority=priority, segment=segment)
 
 
 def _take_borrowed(nodes: list[ServingNode], *, tenant_id: int | None = None) -> ServingNode | None:
@@ -211,15 +212,21 @@ def _take_borrowed(nodes: list[ServingNode], *, tenant_id: int | None = None) ->
     return node
 
 
-def _queue(row: Placement | None, revision: AdapterRevision, *, node: ServingNode, priority: int) -> Placement:
-    """Queue the revision on `node` for admission (a slot there is its own now)."""
+def _queue(
+    row: Placement | None, revision: AdapterRevision, *, node: ServingNode, priority: int, segment: str = "window"
+) -> Placement:
+    """Queue the revision on `node` for admission (a slot there is its own now), in the residency `segment` it
+    enters (the window, but for a turn taken in main: serving/residency/policy.py)."""
     now = timezone.now()
     if row is None:
-        row = Placement.objects.create(node=node, revision=revision, priority=priority, queued_at=now, updated_at=now)
+        row = Placement.objects.create(
+            node=node, revision=revision, priority=priority, queued_at=now, updated_at=now, segment=segment
+        )
     else:
         row.node, row.state, row.attempts, row.failure_reason = node, P.QUEUED, 0, ""
-        row.priority, row.queued_at, row.updated_at = max(row.priority, priority), now, now
-        row.save(update_fields=["node", "state", "attempts", "failure_reason", "priority", "queued_at", "updated_at"])
+        row.priority, row.queued_at, row.updated_at, row.segment = max(row.priority, priority), now, now, segment
+        fields = ["node", "state", "attempts", "failure_reason", "priority", "queued_at", "updated_at", "segment"]
+        row.save(update_fields=fields)
     outbox.placement_event(row.id, state=P.QUEUED, updated_at=now, revision=revision, node=node)
     transaction.on_commit(lambda: admit(node_id=node.id))
     return row

@@ -210,9 +210,12 @@ def node_view(
     cache_.rebalance()
     # A load on demand under way is the window's newest entry, busy: it counts towards its tenant's cap, and a
     # scan's next newcomer is weighed against main (not let past because the load left the window a slot short).
+    # One taking a turn is loaded in main, where its leaver was (`Decision.segment`).
     loading.sort(key=lambda p: (p.queued_at or p.updated_at, p.id))
     for placement in loading:
-        cache_.add(placement.revision_id, placement.revision.adapter.tenant_id, Segment.WINDOW)
+        turn = placement.state != P.READY and placement.segment in segments
+        segment = Segment(placement.segment) if turn else Segment.WINDOW
+        cache_.add(placement.revision_id, placement.revision.adapter.tenant_id, segment)
     since = now - timedelta(seconds=settings.MINT_RESIDENCY_MIN_RESIDENT_S)
     lately = now - timedelta(seconds=settings.MINT_NODE_PACING_NEIGHBOUR_S)
     resting = resting_tenants(node.id, now) if any(p.state == P.QUEUED for p in rows) else set()
@@ -598,6 +601,12 @@ def make_room(
         if evicted:
             return Decision(node, [view.ready[k] for k in evicted], view)
     return Decision(None, [])
+
+
+def segment_of(decision: Decision, revision) -> str:
+    """The segment a load decided on demand enters: the window, but where its entry took a turn (main)."""
+    entered = decision.view.cache.segment_of(revision.id) if decision.view is not None else None
+    return str(entered or Segment.WINDOW)
 
 
 def save_segments(view: NodeView) -> int:

@@ -35,7 +35,20 @@ def test_a_turn_goes_to_the_first_entry_over_that_the_tenant_may_take():
     for key, tenant in ((1, 1), (2, 2), (3, 2), (4, 1)):
         cache.add(key, tenant, Segment.PROTECTED)
     assert cache.take_turn(9, 3, over=[3, 1]) == Admission(True, [3])  # below its cap: the first of them
-    assert 9 in cache and 3 not in cache and cache.segment_of(9) == Segment.WINDOW
+    assert 9 in cache and 3 not in cache and cache.segment_of(9) == Segment.PROBATION  # in main, unprotected
+
+
+def test_a_turn_leaves_the_window_to_first_requests():
+    """Entries taking turns take the leavers' places in main: with the window's entry idle, a first request (asked
+    for once) still finds room while the busy set turns over, also when main's idle victim is asked for more."""
+    cache: NodeCache[int] = NodeCache(4, Shape(window=0.2))  # one window slot
+    cache.add(1, 1, Segment.WINDOW)  # a first request's entry, served: idle
+    for key in (2, 3, 4):
+        cache.add(key, 2, Segment.PROBATION)  # 2 idle, asked for often; 3 and 4 a busy set's, in use
+    often = {1: 1, 2: 5, 3: 5, 4: 5, 9: 5, 10: 1}.__getitem__
+    assert cache.take_turn(9, 2, over=[3], busy={4}) == Admission(True, [3])
+    assert cache.segment_of(9) == Segment.PROBATION and cache.segment_of(1) == Segment.WINDOW
+    assert cache.miss(10, 3, frequency=often, busy={4, 9}) == Admission(True, [1])
 
 
 def test_at_its_cap_a_tenant_gives_turns_only_to_itself():
@@ -76,10 +89,16 @@ def busy_node(node, make_revision, settings):
 @pytest.mark.usefixtures("sent", "clean_frequencies")
 def test_a_recurring_ask_takes_the_turn_of_the_longest_loaded_entry_in_use(busy_node, make_revision):
     oldest, middle, newest = busy_node
+    Placement.objects.filter(id=oldest.id).update(segment="protected")
     first, second = make_revision(4), make_revision(5)
     residency.record_requests({first.id: ASK, second.id: ASK})
-    assert placement_request(revision=first, priority=Priority.COLD_REQUEST).state == P.QUEUED
+    taken = placement_request(revision=first, priority=Priority.COLD_REQUEST)
+    assert taken.state == P.QUEUED
     assert Placement.objects.get(id=oldest.id).state == P.EVICTING
+    # In its leaver's place in main (unprotected), also while it loads: the window stays for first requests.
+    assert Placement.objects.get(id=taken.id).segment == "probation"
+    view = residency.node_view(oldest.node, pins=set())
+    assert view.cache.segment_of(first.id) == Segment.PROBATION and first.id in view.busy
     assert placement_request(revision=second, priority=Priority.COLD_REQUEST).state == P.QUEUED
     assert Placement.objects.get(id=middle.id).state == P.EVICTING
     assert Placement.objects.get(id=newest.id).state == P.READY  # 20 s of its turn left
