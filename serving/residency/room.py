@@ -105,8 +105,12 @@ class RefusedAsks:
 
     def waiting(self, redis, base_model_id: int, tenant_id: int, revision_id: int, now: float) -> bool:
         """Whether the ask of `revision_id` still waits: refused within `keep_s`, not placed since."""
+        return self.waiting_s(redis, base_model_id, tenant_id, revision_id, now) is not None
+
+    def waiting_s(self, redis, base_model_id: int, tenant_id: int, revision_id: int, now: float) -> float | None:
+        """How long the ask of `revision_id` has waited since its first refusal; None: it does not wait."""
         first = redis.zscore(self._asks(base_model_id, tenant_id), str(revision_id))
-        return first is not None and float(first) > now - self.keep_s
+        return now - float(first) if first is not None and float(first) > now - self.keep_s else None
 
     def placed(self, redis, base_model_id: int, tenant_id: int, revision_id: int) -> None:
         redis.zrem(self._asks(base_model_id, tenant_id), str(revision_id))

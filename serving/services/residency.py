@@ -69,6 +69,7 @@ STEADY_PERIOD_S = 60.0
 REFUSED_PREFIX = "mint:residency:refused"
 TURN_PREFIX = "mint:residency:turn"  # revision id → a timer asks again for it when its turn comes
 PROMISE_PREFIX = "mint:residency:promised"  # node id:entry → the revision whose waiting ask is told its turn's end
+ROTATING_PREFIX = "mint:residency:rotating"  # node id → set while a turn there is promised: a busy set takes turns
 # A turn promised to a waiting ask is kept for it this long past the turn's end (its timer's lateness).
 PROMISE_GRACE_S = 2.0
 LATE_KEY = "mint:residency:turn-late"  # how late turns' timers fired, the latest first
@@ -397,11 +398,19 @@ def _turns(view: NodeView, revision_id: int, tenant_id: int, asked: Callable[[in
     when it is at its cap. A turn ends a quantum after its entry became ready (a load under way: after the node's
     load time from now)."""
     quantum, incoming = quantum_s(), asked(revision_id)
-    if not quantum or incoming <= ONE_OFF:
+    if not quantum or (incoming <= ONE_OFF and not _came_back(view, tenant_id, revision_id)):
         return NO_TURNS
+    steady = _steady(view.busy)
+    if incoming <= ONE_OFF:
+        # A first request whose client came back while a busy set takes turns here joins them, as that set's least
+        # asked entry: otherwise it would find every entry in use until the set is gone (benchmarks/long_tail: the
+        # recovery after the thrash phase). A scan's asks still take no turn while no busy set is served in turns.
+        peers = [often for key in steady if (often := asked(key)) > ONE_OFF]
+        if not peers:
+            return NO_TURNS
+        incoming = min(peers)
     own_only = view.cache.at_cap(tenant_id)
     now, load_s = timezone.now(), None
-    steady = _steady(view.busy)
     peers = []
     for key in view.busy:
         often = asked(key)
@@ -420,6 +429,22 @@ def _turns(view: NodeView, revision_id: int, tenant_id: int, asked: Callable[[in
     ends = tuple(max(0.0, (ready_at - now).total_seconds() + quantum) for ready_at, _ in peers)
     over = [key for (_, key), end in zip(peers, ends, strict=True) if end == 0.0 and key in view.used]
     return Turns(over, ends, tuple(key for _, key in peers))
+
+
+def _came_back(view: NodeView, tenant_id: int, revision_id: int) -> bool:
+    """Whether the ask of `revision_id` was refused at least a minimum residency ago (its client came back after the
+    Retry-After it was told) while a busy set takes turns on the view's node (a turn there promised). Without
+    Redis, no."""
+    import redis
+
+    try:
+        client = redis_client()
+        if not client.exists(f"{ROTATING_PREFIX}:{view.node.id}"):
+            return False
+        waited = refused_asks().waiting_s(client, view.node.base_model_id, tenant_id, revision_id, time.time())
+    except redis.RedisError:
+        return False
+    return waited is not None and waited >= settings.MINT_RESIDENCY_MIN_RESIDENT_S
 
 
 def _steady(keys: Collection[int]) -> set[int]:
@@ -531,6 +556,7 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
         # timer asks again for it then: one timer per revision at a time.
         hold = math.ceil(room_s + PROMISE_GRACE_S)
         client.set(f"{PROMISE_PREFIX}:{node_id}:{promised}", revision_id, nx=True, ex=hold)
+        client.set(f"{ROTATING_PREFIX}:{node_id}", 1, ex=hold)
         if client.set(f"{TURN_PREFIX}:{revision_id}", 1, nx=True, ex=math.ceil(room_s) + 1):
             return room_s
     except redis.RedisError as exc:

@@ -104,6 +104,7 @@ def clean_frequencies():
             residency.ROOM_PREFIX,
             residency.TURN_PREFIX,
             residency.PROMISE_PREFIX,
+            residency.ROTATING_PREFIX,
         ):
             for key in client.scan_iter(f"{prefix}:*"):
                 client.delete(key)

@@ -172,6 +172,7 @@ def test_a_recurring_ask_refused_is_told_when_a_turn_ends_and_its_load_starts_th
         assert turn_s + DEFAULT_LOAD_S - (time.time() - since) - 0.5 <= estimate <= turn_s + DEFAULT_LOAD_S + 0.5
     timers = sent_of(sent, "residency_turn")
     assert [t["revision_id"] for t in timers] == [first.id, second.id]
+    assert redis_client().exists(f"{residency.ROTATING_PREFIX}:{oldest.node_id}")  # a busy set takes turns here
     assert [round(t["countdown"]) for t in timers] == [10, 20]
     # Asked again before its timer fires: no second timer.
     with django_capture_on_commit_callbacks(execute=True):
@@ -193,6 +194,29 @@ def test_a_recurring_ask_refused_is_told_when_a_turn_ends_and_its_load_starts_th
     assert placement_turn(revision_id=first.id).state == P.QUEUED
     assert Placement.objects.get(id=oldest.id).state == P.EVICTING
     assert not residency.turn_due(first)  # placed: its ask no longer waits
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sent", "clean_frequencies")
+def test_a_first_request_whose_client_came_back_joins_a_busy_set_taking_turns(busy_node, make_revision):
+    """A busy set's backlog keeps every entry in use (benchmarks/long_tail: the recovery after the thrash phase). A
+    first request (asked for once) whose client came back after its Retry-After takes a turn that is over, as the
+    set's least asked entry would; one just refused does not, nor any while no busy set takes turns there (a scan's
+    retries take nothing in use)."""
+    oldest, middle, _ = busy_node  # loaded 100 s and 50 s ago: their turns are over
+    came_back, fresh = make_revision(4), make_revision(5)
+    residency.record_requests({came_back.id: 1, fresh.id: 1})
+    client, base_model_id = redis_client(), oldest.node.base_model_id
+    residency.refused_asks().ahead(client, base_model_id, came_back.adapter.tenant_id, came_back.id, time.time() - 6)
+    assert placement_request(revision=came_back, priority=Priority.COLD_REQUEST) is None  # nothing rotates here
+    assert Placement.objects.filter(id__in=[p.id for p in busy_node], state=P.READY).count() == 3
+
+    client.set(f"{residency.ROTATING_PREFIX}:{oldest.node_id}", 1, ex=60)  # a turn promised here (`_refused`)
+    assert placement_request(revision=fresh, priority=Priority.COLD_REQUEST) is None  # refused just now
+    assert Placement.objects.filter(id__in=[p.id for p in busy_node], state=P.READY).count() == 3
+    assert placement_request(revision=came_back, priority=Priority.COLD_REQUEST).state == P.QUEUED
+    assert Placement.objects.get(id=oldest.id).state == P.EVICTING
+    assert Placement.objects.get(id=middle.id).state == P.READY
 
 
 @pytest.mark.django_db
