@@ -192,7 +192,7 @@ def _carry_out(decision: residency.Decision, row: Placement | None, revision: Ad
         evict(victim, reason=None)
     if decision.view is not None:
         residency.save_segments(decision.view)
-    segment = residency.segment_of(decision, revision)
+    segment = residency.segment_of(decision, revision.id)
     return _queue(row, revision, node=decision.node, priority=priority, segment=segment)
 
 

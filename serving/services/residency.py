@@ -211,7 +211,7 @@ def node_view(
     cache_.rebalance()
     # A load on demand under way is the window's newest entry, busy: it counts towards its tenant's cap, and a
     # scan's next newcomer is weighed against main (not let past because the load left the window a slot short).
-    # One taking a turn is loaded in main, where its leaver was (`Decision.segment`).
+    # One taking a turn is loaded in main, where its leaver was (`segment_of`).
     loading.sort(key=lambda p: (p.queued_at or p.updated_at, p.id))
     for placement in loading:
         turn = placement.state != P.READY and placement.segment in segments
@@ -629,9 +629,9 @@ def make_room(
     return Decision(None, [])
 
 
-def segment_of(decision: Decision, revision) -> str:
+def segment_of(decision: Decision, revision_id: int) -> str:
     """The segment a load decided on demand enters: the window, but where its entry took a turn (main)."""
-    entered = decision.view.cache.segment_of(revision.id) if decision.view is not None else None
+    entered = decision.view.cache.segment_of(revision_id) if decision.view is not None else None
     return str(entered or Segment.WINDOW)
 
 
