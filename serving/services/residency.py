@@ -214,8 +214,8 @@ def node_view(
     # One taking a turn is loaded in main, where its leaver was (`segment_of`).
     loading.sort(key=lambda p: (p.queued_at or p.updated_at, p.id))
     for placement in loading:
-        turn = placement.state != P.READY and placement.segment in segments
-        segment = Segment(placement.segment) if turn else Segment.WINDOW
+        queued_in = placement.segment if placement.state != P.READY else None  # an activation's: the window
+        segment = Segment(queued_in) if queued_in in segments else Segment.WINDOW
         cache_.add(placement.revision_id, placement.revision.adapter.tenant_id, segment)
     since = now - timedelta(seconds=settings.MINT_RESIDENCY_MIN_RESIDENT_S)
     lately = now - timedelta(seconds=settings.MINT_NODE_PACING_NEIGHBOUR_S)
