@@ -59,6 +59,11 @@ def _window_of(windows: list[dict], at: float) -> dict | None:
     return None
 
 
+def _phase(record: dict) -> str:
+    """The kind of window a request started in (`after`: once the windows were over)."""
+    return (record["window"] or {}).get("kind", "after")
+
+
 def _retry_after(records, revision_of, ready, intervals) -> dict:
     ratios, stale, never, given_s = [], 0, 0, []
     by_kind: dict[str, list[float]] = {}
@@ -109,13 +114,18 @@ def live_figures(run: dict) -> dict:
     ok_by_kind = Counter(r["kind"] for r in records if r["ok"])
     others = Counter(f"{a[2]} {a[4]}".strip() for r in records for a in r["attempts"] if a[2] not in (200, 503))
     failures = Counter(f"{r['kind']}: {r['error']}" for r in records if not r["ok"])
-    phases = Counter((r["window"] or {}).get("kind", "after") for r in records)
-    ok_phases = Counter((r["window"] or {}).get("kind", "after") for r in records if r["ok"])
+    phases = Counter(_phase(r) for r in records)
+    ok_phases = Counter(_phase(r) for r in records if r["ok"])
 
     cold = [r["latency"] for r in records if r["ok"] and r["attempts"] and r["attempts"][0][2] == 503]
     cold_by_kind = {
         kind: _r(percentile([r["latency"] for r in records if r["kind"] == kind and r["ok"] and not r["hit"]], 95), 3)
         for kind in sorted(by_kind)
+    }
+    cold_by_phase = {
+        phase: _r(percentile(cold_in, 95), 3)
+        for phase in sorted(phases)
+        if (cold_in := [r["latency"] for r in records if r["ok"] and not r["hit"] and _phase(r) == phase])
     }
 
     # Hot tenant's p95, scan ÷ quiet per pair.
@@ -192,6 +202,7 @@ def live_figures(run: dict) -> dict:
         "cold_start_p95_s": _r(percentile(cold, 95), 3) if cold else None,
         "cold_start_max_s": _r(max(cold), 3) if cold else None,
         "cold_start_p95_s_by_kind": cold_by_kind,
+        "cold_start_p95_s_by_phase": cold_by_phase,
         "retry_after_ratio_median": retry["median"],
         "retry_after": retry,
         "hot_pairs": pairs,

@@ -11,7 +11,8 @@ when used within MINT_RESIDENCY_MIN_RESIDENT_S and asked for more than once late
 the node waits for room instead of thrashing. One asked for once that served its request may leave at once.
 Time-slicing (`_turns`): an entry in use loaded MINT_RESIDENCY_QUANTUM_S ago may leave for a recurring ask that
 found no room, so that such a working set is served in turns; an ask refused before a turn ends is told when it
-ends, and asked for again then (the `residency_turn` task), so its load starts before its client comes back.
+ends, and asked for again then (the `residency_turn` task), so its load starts before its client comes back. So is
+an ask refused for its tenant's pacing, when its place among that tenant's loads comes.
 
 `on_demand` decides; serving/services/placement.py carries the decision out (evicts, queues) inside its
 transaction, with the nodes' rows locked.
@@ -507,7 +508,8 @@ def _paced_s(view: NodeView, tenant_id: int) -> float:
 def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float | None:
     """A cold request found no room on the nodes tried: note when it should (serving/residency/room.py), for its
     `Retry-After` (`selectors.residency.expected_ready_s`). Without Redis, the estimate stays the flat one.
-    Returns, when the room is an entry's turn ending and no timer waits for it yet, when to ask again."""
+    Returns, when the room is an entry's turn ending or the tenant's pacing lets its load start, and no timer waits
+    for it yet, when to ask again."""
     import redis
 
     if not refused:
@@ -538,19 +540,30 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
                 min_resident_s=min_s,
                 quantum_s=quantum_s() if turns.ends_s else 0.0,
             )
-            due = room_s + node_cold_s(view.node.id, view.node.name, load_s=load_s)
+            cold_s = node_cold_s(view.node.id, view.node.name, load_s=load_s)
+            due, paced_start = room_s + cold_s, None
             if refusal.paced_s:  # the pause, the tenant's asks before it one start each, then its own load
-                due = max(due, refusal.paced_s + turn.own * on_demand_start_s(load_s) - PACED_GRACE_S / 2 + load_s)
+                paced_start = refusal.paced_s + turn.own * on_demand_start_s(load_s) - PACED_GRACE_S / 2
+                due = max(due, paced_start + load_s)
+                paced_start = max(paced_start, due - cold_s)  # not before the pause lets it start
             if best is None or due < best[0]:
                 # The turn it waits for: the one its place among the waiting asks gives it, when that is a turn.
                 ranked = sorted(frees, key=lambda free: (max(0.0, free[0]), free[1] is None))
                 promised = ranked[turn.ahead][1] if turn.ahead < len(ranked) and turns.ends_s else None
-                best = (due, room_s, view.node.id, promised)
-        due, room_s, node_id, promised = best
-        if promised is not None:  # its load starts when the timer fires, a little after the turn's end
+                best = (due, room_s, view.node.id, promised, paced_start)
+        due, room_s, node_id, promised, paced_start = best
+        if promised is not None or paced_start is not None:  # its load starts when the timer fires, a little late
             due += turn_late_s(client)
         client.set(f"{ROOM_PREFIX}:{revision_id}", f"{clock + due:.3f}", ex=max(1, math.ceil(due) + 1))
         if promised is None:
+            # A paced tenant's ask is asked again when its place among the tenant's loads comes, so that its load
+            # starts then and is ready when its client comes back. Left to its client, it found the pace taken by
+            # the tenant's other asks coming back at about the same time, and a scan's requests ran out of
+            # retries (benchmarks/long_tail: up to 14 a run).
+            if paced_start is not None and client.set(
+                f"{TURN_PREFIX}:{revision_id}", 1, nx=True, ex=math.ceil(paced_start) + 1
+            ):
+                return paced_start
             return None
         # That turn is kept for this ask a moment past its end (another ask coming then does not take it), and a
         # timer asks again for it then: one timer per revision at a time.

@@ -13,9 +13,10 @@ from django.utils import timezone
 from serving.models import Placement, Priority
 from serving.residency.room import RefusedAsks, Turn, room_in_s
 from serving.selectors.residency import DEFAULT_LOAD_S, expected_ready_s, redis_client
-from serving.services.placement import placement_request
+from serving.services.placement import placement_request, placement_turn
 from serving.services.residency import PACED_GRACE_S
 from tests.serving.conftest import place
+from tests.serving.sent_tasks import sent_of
 
 
 def told(revision, expected: float, *, since: float, tolerance: float) -> None:
@@ -140,13 +141,13 @@ def test_without_redis_a_refusal_gets_the_flat_estimate(node, make_revision, set
 
 
 @pytest.mark.django_db
-@pytest.mark.usefixtures("sent", "clean_frequencies")
+@pytest.mark.usefixtures("clean_frequencies")
 def test_a_tenant_paced_on_a_shared_node_is_refused_there_before_anything_is_evicted(
-    node, make_revision, adapter_b, settings
+    node, make_revision, adapter_b, settings, sent, django_capture_on_commit_callbacks
 ):
     """While its pause lasts (serving/services/admission.py), a tenant's load on demand would empty a slot that it
     may not fill yet: it is refused without an eviction and told when its turn comes, its own asks one interval
-    apart. Another tenant's ask takes the room."""
+    apart, and a timer asks again for each when its load may start. Another tenant's ask takes the room."""
     from serving.models import AdapterRevision, PrewarmTurn
 
     settings.MINT_NODE_COLD_LOADS_PER_MIN = 30  # a start every 2 s
@@ -167,13 +168,23 @@ def test_a_tenant_paced_on_a_shared_node_is_refused_there_before_anything_is_evi
     )
 
     first, second = make_revision(3), make_revision(4)
-    assert placement_request(revision=first, priority=Priority.COLD_REQUEST) is None
-    assert placement_request(revision=second, priority=Priority.COLD_REQUEST) is None
+    with django_capture_on_commit_callbacks(execute=True):
+        assert placement_request(revision=first, priority=Priority.COLD_REQUEST) is None
+        assert placement_request(revision=second, priority=Priority.COLD_REQUEST) is None
+        assert placement_request(revision=second, priority=Priority.COLD_REQUEST) is None  # its client, early
     assert Placement.objects.get(id=idle.id).state == "ready"  # nothing was evicted for either
     # Back half the grace before its pause ends (its load, 0.2 s as loads here have gone, then starts when the pause
     # is over); the second ask one interval later.
     told(first, 1.8 - PACED_GRACE_S / 2 + 0.2, since=now.timestamp(), tolerance=0.2)
     told(second, 1.8 + 2 - PACED_GRACE_S / 2 + 0.2, since=now.timestamp(), tolerance=0.2)
+    # Each is asked again when its load may start, not when its client comes back: one timer each.
+    timers = sent_of(sent, "residency_turn")
+    assert [t["revision_id"] for t in timers] == [first.id, second.id]
+    starts = [1.8 - PACED_GRACE_S / 2, 1.8 + 2 - PACED_GRACE_S / 2]
+    assert all(abs(t["countdown"] - start) < 0.3 for t, start in zip(timers, starts, strict=True)), timers
+    # The first's timer fires once its pause is within the grace: its load is queued, admission starts it.
+    PrewarmTurn.objects.filter(tenant_id=tenant_id).update(resting_until=timezone.now() + timedelta(seconds=0.4))
+    assert placement_turn(revision_id=first.id).state == "queued"
 
     placed = placement_request(revision=theirs(4), priority=Priority.COLD_REQUEST)
     assert placed is not None and placed.state == "queued"  # the neighbour is not paced: it takes the idle entry
