@@ -12,7 +12,7 @@ the node waits for room instead of thrashing. One asked for once that served its
 Time-slicing (`_turns`): an entry in use loaded MINT_RESIDENCY_QUANTUM_S ago may leave for a recurring ask that
 found no room, so that such a working set is served in turns; an ask refused before a turn ends is told when it
 ends, and asked for again then (the `residency_turn` task), so its load starts before its client comes back. So is
-an ask refused for its tenant's pacing, when its place among that tenant's loads comes.
+a one-off ask refused for its tenant's pacing (a scan's), when its place among that tenant's loads comes.
 
 `on_demand` decides; serving/services/placement.py carries the decision out (evicts, queues) inside its
 transaction, with the nodes' rows locked.
@@ -296,7 +296,8 @@ def on_demand(
             # The tenant's loads here are paced while others use the node (serving/services/admission.py): an
             # eviction now would empty a slot that its load may not fill until the pause is over, and a scan's
             # queued loads would hold the others' asks back (`pending`, below). No room for it here now.
-            refused.append(Refusal(view, idle=True, paced_s=paced))
+            recurring = _lookup([revision_id], incoming=revision_id)(revision_id) > ONE_OFF
+            refused.append(Refusal(view, idle=True, paced_s=paced, recurring=recurring))
             continue
         if view.pending > settings.MINT_NODE_COLD_LOADS:
             # Loads wait here already beyond those the node runs at once. An eviction now would empty a slot that
@@ -359,11 +360,13 @@ def _ask_answered(base_model_id: int, tenant_id: int, revision_id: int) -> None:
 class Refusal:
     """A node that refused a load on demand: `idle`, for the loads queued there or its tenant's pacing, not for want
     of room (its idle entries may leave once those have started); `paced_s`, the tenant's pacing left there;
-    `turns`, for a recurring ask, those of the entries there that it may take when their turn ends."""
+    `turns`, for a recurring ask, those of the entries there that it may take when their turn ends; `recurring`,
+    for a paced one, whether it is asked for more than once lately."""
 
     view: NodeView
     idle: bool
     paced_s: float = 0.0
+    recurring: bool = False
     turns: Turns = field(default_factory=lambda: NO_TURNS)
 
 
@@ -543,9 +546,10 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
             cold_s = node_cold_s(view.node.id, view.node.name, load_s=load_s)
             due, paced_start = room_s + cold_s, None
             if refusal.paced_s:  # the pause, the tenant's asks before it one start each, then its own load
-                paced_start = refusal.paced_s + turn.own * on_demand_start_s(load_s) - PACED_GRACE_S / 2
-                due = max(due, paced_start + load_s)
-                paced_start = max(paced_start, due - cold_s)  # not before the pause lets it start
+                start = refusal.paced_s + turn.own * on_demand_start_s(load_s) - PACED_GRACE_S / 2
+                due = max(due, start + load_s)
+                if not refusal.recurring:  # a recurring ask waits for a turn besides, whose timer starts its load
+                    paced_start = max(start, due - cold_s)  # not before the pause lets it start
             if best is None or due < best[0]:
                 # The turn it waits for: the one its place among the waiting asks gives it, when that is a turn.
                 ranked = sorted(frees, key=lambda free: (max(0.0, free[0]), free[1] is None))
@@ -556,10 +560,10 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
             due += turn_late_s(client)
         client.set(f"{ROOM_PREFIX}:{revision_id}", f"{clock + due:.3f}", ex=max(1, math.ceil(due) + 1))
         if promised is None:
-            # A paced tenant's ask is asked again when its place among the tenant's loads comes, so that its load
-            # starts then and is ready when its client comes back. Left to its client, it found the pace taken by
-            # the tenant's other asks coming back at about the same time, and a scan's requests ran out of
-            # retries (benchmarks/long_tail: up to 14 a run).
+            # A paced tenant's one-off ask (a scan's) is asked again when its place among the tenant's loads comes,
+            # so that its load starts then and is ready when its client comes back. Left to its client, it found
+            # the pace taken by the tenant's other asks coming back at about the same time, and a scan's requests
+            # ran out of retries (benchmarks/long_tail: up to 14 a run).
             if paced_start is not None and client.set(
                 f"{TURN_PREFIX}:{revision_id}", 1, nx=True, ex=math.ceil(paced_start) + 1
             ):

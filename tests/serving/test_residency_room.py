@@ -13,6 +13,7 @@ from django.utils import timezone
 from serving.models import Placement, Priority
 from serving.residency.room import RefusedAsks, Turn, room_in_s
 from serving.selectors.residency import DEFAULT_LOAD_S, expected_ready_s, redis_client
+from serving.services import residency
 from serving.services.placement import placement_request, placement_turn
 from serving.services.residency import PACED_GRACE_S
 from tests.serving.conftest import place
@@ -185,6 +186,12 @@ def test_a_tenant_paced_on_a_shared_node_is_refused_there_before_anything_is_evi
     # The first's timer fires once its pause is within the grace: its load is queued, admission starts it.
     PrewarmTurn.objects.filter(tenant_id=tenant_id).update(resting_until=timezone.now() + timedelta(seconds=0.4))
     assert placement_turn(revision_id=first.id).state == "queued"
+    # A recurring ask refused for pacing gets no such timer: it waits for a turn besides, whose timer starts it.
+    recurring = make_revision(5)
+    residency.record_requests({recurring.id: 5})
+    with django_capture_on_commit_callbacks(execute=True):
+        assert placement_request(revision=recurring, priority=Priority.COLD_REQUEST) is None
+    assert [t["revision_id"] for t in sent_of(sent, "residency_turn")] == [first.id, second.id]
 
     placed = placement_request(revision=theirs(4), priority=Priority.COLD_REQUEST)
     assert placed is not None and placed.state == "queued"  # the neighbour is not paced: it takes the idle entry
