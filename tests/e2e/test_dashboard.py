@@ -184,6 +184,10 @@ def test_approver_approves_activates_watches_prewarm_and_rolls_back(
     page.get_by_role("button", name="Confirm rollback of production to r1").click()
     wait(lambda: Alias.objects.get(adapter=adapter).revision_id == r1.id, timeout=15, what="rollback", logs=world.logs)
     page.wait_for_selector("[data-revision='r1'] .live-tag", timeout=5_000)
+    # The alias card is a fragment of its own, refreshed by the same event as the revision's row, not with it.
+    page.wait_for_function(
+        "() => document.querySelector('[data-alias-live]')?.innerText.trim() === 'r1'", timeout=5_000
+    )
     assert page.locator("[data-alias-live]").inner_text().strip() == "r1"
     assert navigations == [], navigations
 
