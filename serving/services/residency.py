@@ -290,13 +290,15 @@ def on_demand(
         return _placed(Decision(node, []), revision_id, tenant_id)
     tried = [node, *(n for n in order if n.id != node.id)][: settings.MINT_RESIDENCY_NODE_CHOICES]
     refused: list[Refusal] = []
+    recurring: bool | None = None  # read once, on the first node that paces the tenant
     for candidate in tried:
         view = node_view(candidate, pins=pins, activating=activating)
         if (paced := _paced_s(view, tenant_id)) > PACED_GRACE_S:
             # The tenant's loads here are paced while others use the node (serving/services/admission.py): an
             # eviction now would empty a slot that its load may not fill until the pause is over, and a scan's
             # queued loads would hold the others' asks back (`pending`, below). No room for it here now.
-            recurring = _lookup([revision_id], incoming=revision_id)(revision_id) > ONE_OFF
+            if recurring is None:
+                recurring = _lookup([revision_id], incoming=revision_id)(revision_id) > ONE_OFF
             refused.append(Refusal(view, idle=True, paced_s=paced, recurring=recurring))
             continue
         if view.pending > settings.MINT_NODE_COLD_LOADS:
@@ -564,8 +566,12 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
             # so that its load starts then and is ready when its client comes back. Left to its client, it found
             # the pace taken by the tenant's other asks coming back at about the same time, and a scan's requests
             # ran out of retries (benchmarks/long_tail: up to 14 a run).
-            if paced_start is not None and client.set(
-                f"{TURN_PREFIX}:{revision_id}", 1, nx=True, ex=math.ceil(paced_start) + 1
+            # Not when the ask would be forgotten before then: a tenant flooding cold asks while paced would
+            # otherwise fill the shared worker with timers that find nothing to do.
+            if (
+                paced_start is not None
+                and paced_start < refused_asks().keep_s
+                and client.set(f"{TURN_PREFIX}:{revision_id}", 1, nx=True, ex=math.ceil(paced_start) + 1)
             ):
                 return paced_start
             return None

@@ -192,6 +192,11 @@ def test_a_tenant_paced_on_a_shared_node_is_refused_there_before_anything_is_evi
     with django_capture_on_commit_callbacks(execute=True):
         assert placement_request(revision=recurring, priority=Priority.COLD_REQUEST) is None
     assert [t["revision_id"] for t in sent_of(sent, "residency_turn")] == [first.id, second.id]
+    # Nor one whose load may start only after its ask is forgotten (a flood's far end): it would find nothing to do.
+    PrewarmTurn.objects.filter(tenant_id=tenant_id).update(resting_until=timezone.now() + timedelta(seconds=600))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert placement_request(revision=make_revision(6), priority=Priority.COLD_REQUEST) is None
+    assert [t["revision_id"] for t in sent_of(sent, "residency_turn")] == [first.id, second.id]
 
     placed = placement_request(revision=theirs(4), priority=Priority.COLD_REQUEST)
     assert placed is not None and placed.state == "queued"  # the neighbour is not paced: it takes the idle entry
