@@ -6,7 +6,8 @@ asks again. Coming back too early costs that client one of its retries (the offi
 too late costs it only time. So the estimate is the time the node should have room *for this ask*:
 
 - asks refused before it and still waiting are ahead, in the turns tenants take (`RefusedAsks`: in Redis, per base
-  model, one sorted set per tenant with each ask's first refusal as score, shared by every process): an ask that is
+  model, one sorted set per tenant with each ask's first refusal as score, shared by every process; an ask whose
+  client was not back by the time it was told, and a little more, has given up and leaves): an ask that is
   preceded by r asks of its own tenant goes after those, and after each other tenant's first r and its next one if
   refused earlier, so a tenant that floods cold requests pushes another's estimate back by one ask a turn, not by
   its flood. The k-th ask in that order needs the k-th room;
@@ -54,17 +55,31 @@ def room_in_s(
     return max(room, queue)
 
 
+# A tenant's asks less those whose client was not back by when it was told (KEYS[2]: each ask's time, as score), and
+# those first refused before ARGV[2]; their count. O(log n) per ask that leaves, each leaving once.
+_TRIM = """
+local late = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1])
+for _, ask in ipairs(late) do redis.call('ZREM', KEYS[1], ask) end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
+return redis.call('ZCARD', KEYS[1])
+"""
+
+
 class RefusedAsks:
     """The cold requests refused for want of room and still waiting, per base model and tenant, oldest first (Redis).
 
-    An ask's place is kept from its first refusal (a retry does not move it to the back) for `keep_s`, longer
-    than a client's retries last; one that is placed, or whose revision becomes ready by another path (an
-    activation, a spread), leaves at once. Per base model, a sorted set of the tenants
-    with asks waiting (last refusal as score) and one of each tenant's asks.
+    An ask's place is kept from its first refusal (a retry does not move it to the back) while its client keeps
+    coming back: each refusal tells it when (`expect`), and an ask not asked again by then and `grace_s` more has
+    given up (the `openai` client stops after its second retry) and leaves; so does any after `keep_s`, longer than
+    a client's retries last. One that is placed, or whose revision becomes ready by another path (an activation, a
+    spread), leaves at once. Per base model, a sorted set of the tenants with asks waiting (last refusal as score),
+    one of each tenant's asks, and one of when each of those should be asked again by.
     """
 
-    def __init__(self, prefix: str, keep_s: float) -> None:
-        self.prefix, self.keep_s = prefix, keep_s
+    def __init__(self, prefix: str, keep_s: float, grace_s: float = 5.0) -> None:
+        self.prefix, self.keep_s, self.grace_s = prefix, keep_s, grace_s
+        self._trim = None
 
     def _tenants(self, base_model_id: int) -> str:
         return f"{self.prefix}:{base_model_id}"
@@ -72,12 +87,23 @@ class RefusedAsks:
     def _asks(self, base_model_id: int, tenant_id: int) -> str:
         return f"{self.prefix}:{base_model_id}:t{tenant_id}"
 
+    def _back(self, base_model_id: int, tenant_id: int) -> str:
+        return f"{self.prefix}:{base_model_id}:t{tenant_id}:back"
+
+    def _trimmed(self, redis, pipe, base_model_id: int, tenant_id: int, now: float) -> None:
+        """Queue on `pipe` the trim of a tenant's asks (those given up or too old); its result is their count."""
+        if self._trim is None:
+            self._trim = redis.register_script(_TRIM)
+        keys = [self._asks(base_model_id, tenant_id), self._back(base_model_id, tenant_id)]
+        self._trim(keys=keys, args=[now, now - self.keep_s], client=pipe)
+
     def ahead(self, redis, base_model_id: int, tenant_id: int, revision_id: int, now: float) -> Turn:
         """Record the refusal of `revision_id` (its first time kept) and return the asks that go before it."""
         gone, ttl = now - self.keep_s, int(self.keep_s) + 1
         tenants, own = self._tenants(base_model_id), self._asks(base_model_id, tenant_id)
         pipe = redis.pipeline(transaction=False)
-        pipe.zremrangebyscore(own, "-inf", gone)
+        self._trimmed(redis, pipe, base_model_id, tenant_id, now)  # one back too late has left: it starts again
+        pipe.zrem(self._back(base_model_id, tenant_id), str(revision_id))  # back in time: until told again
         pipe.zadd(own, {str(revision_id): now}, nx=True)
         pipe.zrank(own, str(revision_id))
         pipe.zscore(own, str(revision_id))
@@ -87,33 +113,48 @@ class RefusedAsks:
         pipe.zrange(tenants, 0, -1)
         pipe.expire(tenants, ttl)
         found = pipe.execute()
-        rank, first = int(found[2] or 0), float(found[3] or now)
-        others = [int(t) for t in found[7] if int(t) != tenant_id]
+        rank, first = int(found[3] or 0), float(found[4] or now)
+        others = [int(t) for t in found[8] if int(t) != tenant_id]
         if not others:
             return Turn(rank, rank)
         pipe = redis.pipeline(transaction=False)
-        for other in others:  # trimmed, then its count and its ask of this turn: O(log n) each, however many
-            key = self._asks(base_model_id, other)
-            pipe.zremrangebyscore(key, "-inf", gone)
-            pipe.zcard(key)
-            pipe.zrange(key, rank, rank, withscores=True)
+        for other in others:  # trimmed (its count), then its ask of this turn: O(log n) each, however many
+            self._trimmed(redis, pipe, base_model_id, other, now)
+            pipe.zrange(self._asks(base_model_id, other), rank, rank, withscores=True)
         found = pipe.execute()
-        counts, asks = found[1::3], found[2::3]
+        counts, asks = found[0::2], found[1::2]
         # Each other tenant's asks of the turns before this one's, and of this turn the one refused before it.
         before = sum(min(n, rank) + bool(ask and ask[0][1] < first) for n, ask in zip(counts, asks, strict=True))
         return Turn(rank + before, rank)
 
+    def expect(self, redis, base_model_id: int, tenant_id: int, revision_id: int, back_at: float) -> None:
+        """The refused ask's client was told to come back at `back_at`: not asked again by then and `grace_s`
+        more, it has given up and leaves."""
+        back = self._back(base_model_id, tenant_id)
+        pipe = redis.pipeline(transaction=False)
+        pipe.zadd(back, {str(revision_id): back_at + self.grace_s})
+        pipe.expire(back, int(self.keep_s) + 1)
+        pipe.execute()
+
     def waiting(self, redis, base_model_id: int, tenant_id: int, revision_id: int, now: float) -> bool:
-        """Whether the ask of `revision_id` still waits: refused within `keep_s`, not placed since."""
+        """Whether the ask of `revision_id` still waits: refused within `keep_s`, not placed or given up since."""
         return self.waiting_s(redis, base_model_id, tenant_id, revision_id, now) is not None
 
     def waiting_s(self, redis, base_model_id: int, tenant_id: int, revision_id: int, now: float) -> float | None:
         """How long the ask of `revision_id` has waited since its first refusal; None: it does not wait."""
-        first = redis.zscore(self._asks(base_model_id, tenant_id), str(revision_id))
-        return now - float(first) if first is not None and float(first) > now - self.keep_s else None
+        pipe = redis.pipeline(transaction=False)
+        pipe.zscore(self._asks(base_model_id, tenant_id), str(revision_id))
+        pipe.zscore(self._back(base_model_id, tenant_id), str(revision_id))
+        first, back_by = pipe.execute()
+        if first is None or float(first) <= now - self.keep_s or (back_by is not None and float(back_by) < now):
+            return None
+        return now - float(first)
 
     def placed(self, redis, base_model_id: int, tenant_id: int, revision_id: int) -> None:
-        redis.zrem(self._asks(base_model_id, tenant_id), str(revision_id))
+        pipe = redis.pipeline(transaction=False)
+        pipe.zrem(self._asks(base_model_id, tenant_id), str(revision_id))
+        pipe.zrem(self._back(base_model_id, tenant_id), str(revision_id))
+        pipe.execute()
 
 
 @dataclass(frozen=True)

@@ -523,7 +523,8 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
     min_s = settings.MINT_RESIDENCY_MIN_RESIDENT_S
     try:
         client = redis_client()
-        turn = refused_asks().ahead(client, refused[0].view.node.base_model_id, tenant_id, revision_id, clock)
+        base_model_id = refused[0].view.node.base_model_id
+        turn = refused_asks().ahead(client, base_model_id, tenant_id, revision_id, clock)
         best = None
         for refusal in refused:
             view, load_s = refusal.view, node_load_s(refusal.view.node.id)
@@ -561,6 +562,10 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
         if promised is not None or paced_start is not None:  # its load starts when the timer fires, a little late
             due += turn_late_s(client)
         client.set(f"{ROOM_PREFIX}:{revision_id}", f"{clock + due:.3f}", ex=max(1, math.ceil(due) + 1))
+        # Told to come back then (`Retry-After`, rounded up): a client that does not has given up, and its ask stops
+        # holding back those behind it (after the thrash phase of benchmarks/long_tail, asks whose clients had run
+        # out of retries kept first requests waiting for up to a minute).
+        refused_asks().expect(client, base_model_id, tenant_id, revision_id, clock + max(1, math.ceil(due)))
         if promised is None:
             # A paced tenant's one-off ask (a scan's) is asked again when its place among the tenant's loads comes,
             # so that its load starts then and is ready when its client comes back. Left to its client, it found

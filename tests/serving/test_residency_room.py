@@ -54,6 +54,29 @@ def test_refused_asks_keep_their_place_until_placed_or_gone():
 
 
 @pytest.mark.usefixtures("clean_frequencies")
+def test_an_ask_whose_client_was_not_back_when_told_has_given_up_and_leaves():
+    """An ask holds back those behind it only while its client keeps coming back: one not asked again by when it
+    was told and the grace more leaves (the openai client stops after its second retry), and starts again at the
+    back if it does come back after all."""
+    asks, redis = RefusedAsks("mint:residency:refused", keep_s=60, grace_s=2), redis_client()
+    asks.ahead(redis, 7, 1, 1, now=100.0)
+    asks.expect(redis, 7, 1, 1, back_at=104.0)  # asked again by 106, or gone
+    asks.ahead(redis, 7, 2, 2, now=100.5)
+    asks.expect(redis, 7, 2, 2, back_at=103.0)  # by 105
+    assert asks.ahead(redis, 7, 3, 3, now=101.0) == Turn(2, 0)
+    assert asks.ahead(redis, 7, 1, 1, now=104.0) == Turn(0, 0)  # back in time: its first place kept
+    asks.expect(redis, 7, 1, 1, back_at=108.0)
+    assert asks.waiting(redis, 7, 2, 2, now=104.9)
+    assert asks.ahead(redis, 7, 3, 3, now=105.5) == Turn(1, 0)  # tenant 2's has given up: only tenant 1's before
+    assert not asks.waiting(redis, 7, 2, 2, now=105.5)
+    assert asks.waiting(redis, 7, 1, 1, now=109.9)  # told 108: waits until 110
+    assert not asks.waiting(redis, 7, 1, 1, now=110.1)
+    assert asks.ahead(redis, 7, 2, 2, now=106.0) == Turn(2, 0)  # back after all: behind tenants 1 and 3 now
+    asks.placed(redis, 7, 1, 1)
+    assert asks.ahead(redis, 7, 2, 2, now=106.5) == Turn(1, 0)
+
+
+@pytest.mark.usefixtures("clean_frequencies")
 def test_a_tenant_that_floods_refused_asks_pushes_another_back_by_one_a_turn():
     """Tenants take turns: an ask with r of its own tenant's before it waits behind each other tenant's first r, and
     its next one if refused earlier, however many that tenant has waiting."""
@@ -94,6 +117,10 @@ def test_a_request_refused_behind_queued_loads_is_told_when_they_have_started(no
     told(second, 3 * DEFAULT_LOAD_S, since=since, tolerance=0.1)
     assert expected_ready_s(second.id) < flat
     assert not Placement.objects.filter(revision__in=(first, second)).exists()  # nothing held for either
+    # Told to come back in 2 s (Retry-After, rounded up): its ask holds its place until then and the grace more.
+    asks, redis, base = residency.refused_asks(), redis_client(), first.adapter.base_model_id
+    assert asks.waiting(redis, base, first.adapter.tenant_id, first.id, now=since + 2 + asks.grace_s - 0.2)
+    assert not asks.waiting(redis, base, first.adapter.tenant_id, first.id, now=since + 3 + asks.grace_s + 1)
 
 
 @pytest.mark.django_db
