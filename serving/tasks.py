@@ -244,8 +244,9 @@ def node_admit(self, *, node_id: int) -> None:
 
 @shared_task(bind=True, ignore_result=True)
 def residency_turn(self, *, revision_id: int) -> None:
-    """An ask refused on demand, asked again when the turn it waits for ends (a recurring ask) or when its tenant's
-    pacing lets its load start; how late the timer fired is measured (the next asks' `Retry-After` allow for it)."""
+    """An ask refused on demand, asked again when the turn it waits for ends (a recurring ask), the entry it waits
+    for should free, or its tenant's pacing lets its load start; how late the timer fired is measured (the next
+    asks' `Retry-After` allow for it)."""
     if self.request.eta:
         eta = datetime.fromisoformat(str(self.request.eta))
         residency.turn_late((timezone.now() - (eta if eta.tzinfo else eta.replace(tzinfo=UTC))).total_seconds())

@@ -84,9 +84,10 @@ def placement_request(*, revision: AdapterRevision, priority: int, replicas: int
 
 
 def placement_turn(*, revision_id: int) -> Placement | None:
-    """Ask again for a revision whose request was refused on demand, when the turn it waits for ends or its tenant's
-    pacing lets its load start (the `residency_turn` task; serving/services/residency.py): its load starts then, not
-    when its client comes back. Nothing when the ask no longer waits (placed meanwhile, or given up)."""
+    """Ask again for a revision whose request was refused on demand, when the turn it waits for ends, the entry it
+    waits for should free, or its tenant's pacing lets its load start (the `residency_turn` task;
+    serving/services/residency.py): its load starts then, not when its client comes back. Nothing when the ask no
+    longer waits (placed meanwhile, or given up)."""
     revision = AdapterRevision.objects.select_related("adapter").filter(id=revision_id).first()
     if revision is None:
         return None

@@ -258,8 +258,8 @@ class Decision:
     node: ServingNode | None
     evict: list[Placement]
     view: NodeView | None = None
-    # No room, for a recurring ask: seconds until the turn it waits for ends, when the caller asks again for it
-    # (the `residency_turn` task), so that its load starts then and not when its client comes back.
+    # No room: seconds until its load may start (the turn or the entry it waits for frees, its tenant's pacing lets
+    # it), when the caller asks again for it (the `residency_turn` task), not when its client comes back.
     ask_again_s: float | None = None
 
 
@@ -513,8 +513,9 @@ def _paced_s(view: NodeView, tenant_id: int) -> float:
 def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float | None:
     """A cold request found no room on the nodes tried: note when it should (serving/residency/room.py), for its
     `Retry-After` (`selectors.residency.expected_ready_s`). Without Redis, the estimate stays the flat one.
-    Returns, when the room is an entry's turn ending or the tenant's pacing lets its load start, and no timer waits
-    for it yet, when to ask again."""
+    Returns, when the room is an entry known to free (an entry's turn ending, one loaded for another request, the
+    loads queued ahead started) or the tenant's pacing lets its load start, and no timer waits for it yet, when to
+    ask again."""
     import redis
 
     if not refused:
@@ -547,19 +548,21 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
                 quantum_s=quantum_s() if turns.ends_s else 0.0,
             )
             cold_s = node_cold_s(view.node.id, view.node.name, load_s=load_s)
-            due, paced_start = room_s + cold_s, None
+            # When its load may start: when the room it waits for frees, if that is an entry known to free (not the
+            # flat guess for more asks than entries freeing); a second at least, as a Retry-After.
+            due, start = room_s + cold_s, max(room_s, 1.0) if turn.ahead < len(frees) else None
             if refusal.paced_s:  # the pause, the tenant's asks before it one start each, then its own load
-                start = refusal.paced_s + turn.own * on_demand_start_s(load_s) - PACED_GRACE_S / 2
-                due = max(due, start + load_s)
-                if not refusal.recurring:  # a recurring ask waits for a turn besides, whose timer starts its load
-                    paced_start = max(start, due - cold_s)  # not before the pause lets it start
+                paced = refusal.paced_s + turn.own * on_demand_start_s(load_s) - PACED_GRACE_S / 2
+                due = max(due, paced + load_s)
+                # A recurring ask waits for a turn besides, whose timer starts its load.
+                start = None if refusal.recurring else max(paced, due - cold_s)  # not before the pause ends
             if best is None or due < best[0]:
                 # The turn it waits for: the one its place among the waiting asks gives it, when that is a turn.
                 ranked = sorted(frees, key=lambda free: (max(0.0, free[0]), free[1] is None))
                 promised = ranked[turn.ahead][1] if turn.ahead < len(ranked) and turns.ends_s else None
-                best = (due, room_s, view.node.id, promised, paced_start)
-        due, room_s, node_id, promised, paced_start = best
-        if promised is not None or paced_start is not None:  # its load starts when the timer fires, a little late
+                best = (due, room_s, view.node.id, promised, start)
+        due, room_s, node_id, promised, start = best
+        if promised is not None or start is not None:  # its load starts when the timer fires, a little late
             due += turn_late_s(client)
         client.set(f"{ROOM_PREFIX}:{revision_id}", f"{clock + due:.3f}", ex=max(1, math.ceil(due) + 1))
         # Told to come back then (`Retry-After`, rounded up): a client that does not has given up, and its ask stops
@@ -567,18 +570,20 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
         # out of retries kept first requests waiting for up to a minute).
         refused_asks().expect(client, base_model_id, tenant_id, revision_id, clock + max(1, math.ceil(due)))
         if promised is None:
-            # A paced tenant's one-off ask (a scan's) is asked again when its place among the tenant's loads comes,
-            # so that its load starts then and is ready when its client comes back. Left to its client, it found
-            # the pace taken by the tenant's other asks coming back at about the same time, and a scan's requests
-            # ran out of retries (benchmarks/long_tail: up to 14 a run).
-            # Not when the ask would be forgotten before then: a tenant flooding cold asks while paced would
-            # otherwise fill the shared worker with timers that find nothing to do.
+            # Asked again when its room should be there, or its place among a paced tenant's loads comes, so that
+            # its load starts then and is ready when its client comes back. Left to its client, the load started
+            # only then: the client's first retry found it loading and its second was its last (a paced scan's
+            # found the pace taken by the tenant's other asks coming back at about the same time, and ran out of
+            # retries: benchmarks/long_tail, up to 14 a run).
+            # Not when the ask would be forgotten before then, nor for a room no entry is known to free by then:
+            # a tenant flooding cold asks would otherwise fill the shared worker with timers that find nothing to
+            # do. So at most one timer per entry freeing, per paced tenant's start within the keep, per revision.
             if (
-                paced_start is not None
-                and paced_start < refused_asks().keep_s
-                and client.set(f"{TURN_PREFIX}:{revision_id}", 1, nx=True, ex=math.ceil(paced_start) + 1)
+                start is not None
+                and start < refused_asks().keep_s
+                and client.set(f"{TURN_PREFIX}:{revision_id}", 1, nx=True, ex=math.ceil(start) + 1)
             ):
-                return paced_start
+                return start
             return None
         # That turn is kept for this ask a moment past its end (another ask coming then does not take it), and a
         # timer asks again for it then: one timer per revision at a time.

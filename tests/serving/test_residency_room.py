@@ -124,10 +124,13 @@ def test_a_request_refused_behind_queued_loads_is_told_when_they_have_started(no
 
 
 @pytest.mark.django_db
-@pytest.mark.usefixtures("sent", "clean_frequencies")
-def test_a_request_refused_while_every_entry_is_busy_is_told_when_the_oldest_frees(node, make_revision, settings):
+@pytest.mark.usefixtures("clean_frequencies")
+def test_a_request_refused_while_every_entry_is_busy_is_told_when_the_oldest_frees(
+    node, make_revision, settings, sent, django_capture_on_commit_callbacks
+):
     """Entries loaded for requests whose clients have not come back are free at the latest MIN_RESIDENT_S after
-    they became ready; recurring entries in use are not counted on."""
+    they became ready; recurring entries in use are not counted on. An ask waiting for such an entry is asked again
+    when it should free, so that its load starts then, not when its client comes back."""
     settings.MINT_RESIDENCY_MIN_RESIDENT_S = 30
     now = timezone.now()
     awaiting = [
@@ -139,12 +142,23 @@ def test_a_request_refused_while_every_entry_is_busy_is_told_when_the_oldest_fre
 
     residency.record_requests({recurring.revision_id: 9, awaiting[0].revision_id: 1, awaiting[1].revision_id: 1})
     first, second, third = make_revision(4), make_revision(5), make_revision(6)
-    for revision in (first, second, third):
-        assert placement_request(revision=revision, priority=Priority.COLD_REQUEST) is None
+    with django_capture_on_commit_callbacks(execute=True):
+        for revision in (first, second, third):
+            assert placement_request(revision=revision, priority=Priority.COLD_REQUEST) is None
     # 30 - 20 s and 30 - 10 s, each with a load after; the third would need a third entry: the flat estimate.
     assert expected_ready_s(first.id) == pytest.approx(10 + DEFAULT_LOAD_S, abs=0.5)
     assert expected_ready_s(second.id) == pytest.approx(20 + DEFAULT_LOAD_S, abs=0.5)
     assert expected_ready_s(third.id) == pytest.approx(30 + 2 * DEFAULT_LOAD_S, abs=0.5)
+    # The first two are asked again when their entries should free; the third waits for no entry known to free
+    # (a flood's asks past the entries freeing): no timer.
+    timers = sent_of(sent, "residency_turn")
+    assert [t["revision_id"] for t in timers] == [first.id, second.id]
+    assert [t["countdown"] for t in timers] == [pytest.approx(10, abs=0.5), pytest.approx(20, abs=0.5)]
+    # The first's timer fires once its entry's client came and went (used once: kept for nobody): its load is queued.
+    Placement.objects.filter(id=awaiting[0].id).update(last_used_at=timezone.now())
+    placed = placement_turn(revision_id=first.id)
+    assert placed is not None and placed.state == "queued"
+    assert Placement.objects.get(id=awaiting[0].id).state == "evicting"
 
 
 @pytest.mark.django_db
