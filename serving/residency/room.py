@@ -103,7 +103,6 @@ class RefusedAsks:
         tenants, own = self._tenants(base_model_id), self._asks(base_model_id, tenant_id)
         pipe = redis.pipeline(transaction=False)
         self._trimmed(redis, pipe, base_model_id, tenant_id, now)  # one back too late has left: it starts again
-        pipe.zrem(self._back(base_model_id, tenant_id), str(revision_id))  # back in time: until told again
         pipe.zadd(own, {str(revision_id): now}, nx=True)
         pipe.zrank(own, str(revision_id))
         pipe.zscore(own, str(revision_id))
@@ -113,8 +112,8 @@ class RefusedAsks:
         pipe.zrange(tenants, 0, -1)
         pipe.expire(tenants, ttl)
         found = pipe.execute()
-        rank, first = int(found[3] or 0), float(found[4] or now)
-        others = [int(t) for t in found[8] if int(t) != tenant_id]
+        rank, first = int(found[2] or 0), float(found[3] or now)
+        others = [int(t) for t in found[7] if int(t) != tenant_id]
         if not others:
             return Turn(rank, rank)
         pipe = redis.pipeline(transaction=False)
@@ -128,8 +127,8 @@ class RefusedAsks:
         return Turn(rank + before, rank)
 
     def expect(self, redis, base_model_id: int, tenant_id: int, revision_id: int, back_at: float) -> None:
-        """The refused ask's client was told to come back at `back_at`: not asked again by then and `grace_s`
-        more, it has given up and leaves."""
+        """The refused ask's client was told to come back at `back_at` (its latest refusal, `ahead`, told it): not
+        asked again by then and `grace_s` more, it has given up and leaves."""
         back = self._back(base_model_id, tenant_id)
         pipe = redis.pipeline(transaction=False)
         pipe.zadd(back, {str(revision_id): back_at + self.grace_s})

@@ -93,7 +93,8 @@ def placement_turn(*, revision_id: int) -> Placement | None:
         return None
     if not residency.turn_due(revision):
         return None
-    return placement_request(revision=revision, priority=Priority.COLD_REQUEST)
+    with residency.asked_again():
+        return placement_request(revision=revision, priority=Priority.COLD_REQUEST)
 
 
 def place(revision: AdapterRevision, priority: int, *, row: Placement | None) -> Placement | None:

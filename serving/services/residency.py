@@ -26,7 +26,9 @@ import re
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -568,7 +570,8 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
         # Told to come back then (`Retry-After`, rounded up): a client that does not has given up, and its ask stops
         # holding back those behind it (after the thrash phase of benchmarks/long_tail, asks whose clients had run
         # out of retries kept first requests waiting for up to a minute).
-        refused_asks().expect(client, base_model_id, tenant_id, revision_id, clock + max(1, math.ceil(due)))
+        if not _ASKED_AGAIN.get():  # a timer's refusal tells the client nothing: one gone stays gone
+            refused_asks().expect(client, base_model_id, tenant_id, revision_id, clock + max(1, math.ceil(due)))
         if promised is None:
             # Asked again when its room should be there, or its place among a paced tenant's loads comes, so that
             # its load starts then and is ready when its client comes back. Left to its client, the load started
@@ -616,6 +619,21 @@ def turn_late_s(client) -> float:
     long after its turn's end."""
     late = [float(v) for v in client.lrange(LATE_KEY, 0, -1)]
     return statistics.median(late) if late else 0.0
+
+
+# Set while a timer asks again for a refused ask (`asked_again`): its client was told nothing new, so a refusal then
+# does not move the time by which that client must be back (`RefusedAsks.expect`).
+_ASKED_AGAIN: ContextVar[bool] = ContextVar("residency_asked_again", default=False)
+
+
+@contextmanager
+def asked_again() -> Iterator[None]:
+    """The placement inside is a timer's (`serving/services/placement.py`, `placement_turn`), not a client's."""
+    token = _ASKED_AGAIN.set(True)
+    try:
+        yield
+    finally:
+        _ASKED_AGAIN.reset(token)
 
 
 def turn_due(revision) -> bool:

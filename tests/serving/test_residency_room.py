@@ -159,6 +159,16 @@ def test_a_request_refused_while_every_entry_is_busy_is_told_when_the_oldest_fre
     placed = placement_turn(revision_id=first.id)
     assert placed is not None and placed.state == "queued"
     assert Placement.objects.get(id=awaiting[0].id).state == "evicting"
+    # The second's timer finds its entry to free later than thought (its client's request was later): refused
+    # again and asked again then. Its client was told nothing new: it must still be back by when it was told
+    # (21 s, 22 rounded up, and the grace), or its ask is given up, timer or not.
+    Placement.objects.filter(id=awaiting[1].id).update(ready_at=timezone.now())
+    with django_capture_on_commit_callbacks(execute=True):
+        assert placement_turn(revision_id=second.id) is None
+    again = sent_of(sent, "residency_turn")[-1]
+    assert again["revision_id"] == second.id and again["countdown"] == pytest.approx(30, abs=0.5)
+    asks, now = residency.refused_asks(), time.time()
+    assert not asks.waiting(redis_client(), node.base_model_id, second.adapter.tenant_id, second.id, now=now + 29)
 
 
 @pytest.mark.django_db
