@@ -580,7 +580,7 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
             # retries: benchmarks/long_tail, up to 14 a run).
             # Not when the ask would be forgotten before then, nor for a room no entry is known to free by then:
             # a tenant flooding cold asks would otherwise fill the shared worker with timers that find nothing to
-            # do. So at most one timer per entry freeing, per paced tenant's start within the keep, per revision.
+            # do. So one timer per revision at most, and only for an entry known to free or a paced start.
             if (
                 start is not None
                 and start < refused_asks().keep_s
