@@ -26,13 +26,13 @@ run: install
 
 # The suite in two parts: everything outside tests/e2e/ in TEST_WORKERS processes (pytest-xdist; each has its own
 # test database and Redis database, tests/parallel.py), then tests/e2e/ in one: its engines, workers and browsers
-# want the whole machine. PYTEST_ARGS go to both.
+# want the whole machine. PYTEST_ARGS go to both; each names its slowest tests at the end (the CI run has a budget).
 TEST_WORKERS ?= 2
 test: install
 	scripts/services.sh --install
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \
-		$(PY) -m pytest -p tests.parallel -n $(TEST_WORKERS) --ignore=tests/e2e $(PYTEST_ARGS)
-	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+		$(PY) -m pytest -p tests.parallel -n $(TEST_WORKERS) --ignore=tests/e2e --durations=15 $(PYTEST_ARGS)
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest tests/e2e --durations=15 $(PYTEST_ARGS)
 
 # tests/e2e/ RUNS times in a row (default 10), to find flakes: scripts/e2e-repeat.sh, results in var/e2e-repeat/.
 e2e-repeat: install
