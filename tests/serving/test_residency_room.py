@@ -172,6 +172,29 @@ def test_a_request_refused_while_every_entry_is_busy_is_told_when_the_oldest_fre
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("clean_frequencies")
+def test_a_flood_of_refused_asks_gets_a_timer_only_for_each_entry_known_to_free(
+    node, make_revision, settings, sent, django_capture_on_commit_callbacks
+):
+    """A tenant asking for 20 cold revisions at once, every entry loaded for another request: the first three asks
+    (one per entry that frees) are asked again when their entry should free; the rest get the flat estimate and no
+    timer, so a flood cannot fill the shared worker with timers. Asked again by their clients, still none."""
+    settings.MINT_RESIDENCY_MIN_RESIDENT_S = 30
+    now = timezone.now()
+    for n in (1, 2, 3):  # every slot: loaded for a request whose client is not back yet
+        place(node, make_revision(n), "ready", ready_at=now - timedelta(seconds=5 * n), last_used_at=None)
+    flood = [make_revision(100 + i) for i in range(20)]
+    with django_capture_on_commit_callbacks(execute=True):
+        for _ in range(2):  # the first asks, then their clients' retries
+            for revision in flood:
+                assert placement_request(revision=revision, priority=Priority.COLD_REQUEST) is None
+    timers = sent_of(sent, "residency_turn")
+    assert [t["revision_id"] for t in timers] == [r.id for r in flood[:3]]
+    assert [t["countdown"] for t in timers] == [pytest.approx(s, abs=0.5) for s in (15, 20, 25)]
+    assert expected_ready_s(flood[-1].id) == pytest.approx(30 + 2 * DEFAULT_LOAD_S, abs=0.5)  # the flat estimate
+
+
+@pytest.mark.django_db
 @pytest.mark.usefixtures("sent", "clean_frequencies")
 def test_without_redis_a_refusal_gets_the_flat_estimate(node, make_revision, settings, monkeypatch):
     import redis
