@@ -79,7 +79,6 @@ class RefusedAsks:
 
     def __init__(self, prefix: str, keep_s: float, grace_s: float = 5.0) -> None:
         self.prefix, self.keep_s, self.grace_s = prefix, keep_s, grace_s
-        self._trim = None
 
     def _tenants(self, base_model_id: int) -> str:
         return f"{self.prefix}:{base_model_id}"
@@ -90,19 +89,18 @@ class RefusedAsks:
     def _back(self, base_model_id: int, tenant_id: int) -> str:
         return f"{self.prefix}:{base_model_id}:t{tenant_id}:back"
 
-    def _trimmed(self, redis, pipe, base_model_id: int, tenant_id: int, now: float) -> None:
-        """Queue on `pipe` the trim of a tenant's asks (those given up or too old); its result is their count."""
-        if self._trim is None:
-            self._trim = redis.register_script(_TRIM)
-        keys = [self._asks(base_model_id, tenant_id), self._back(base_model_id, tenant_id)]
-        self._trim(keys=keys, args=[now, now - self.keep_s], client=pipe)
+    def _trimmed(self, pipe, base_model_id: int, tenant_id: int, now: float) -> None:
+        """Queue on `pipe` the trim of a tenant's asks (those given up or too old); its result is their count.
+        EVAL, not a registered script: a pipeline with one asks the server whether it has it, a round trip more."""
+        keys = (self._asks(base_model_id, tenant_id), self._back(base_model_id, tenant_id))
+        pipe.eval(_TRIM, 2, *keys, now, now - self.keep_s)
 
     def ahead(self, redis, base_model_id: int, tenant_id: int, revision_id: int, now: float) -> Turn:
         """Record the refusal of `revision_id` (its first time kept) and return the asks that go before it."""
         gone, ttl = now - self.keep_s, int(self.keep_s) + 1
         tenants, own = self._tenants(base_model_id), self._asks(base_model_id, tenant_id)
         pipe = redis.pipeline(transaction=False)
-        self._trimmed(redis, pipe, base_model_id, tenant_id, now)  # one back too late has left: it starts again
+        self._trimmed(pipe, base_model_id, tenant_id, now)  # one back too late has left: it starts again
         pipe.zadd(own, {str(revision_id): now}, nx=True)
         pipe.zrank(own, str(revision_id))
         pipe.zscore(own, str(revision_id))
@@ -118,7 +116,7 @@ class RefusedAsks:
             return Turn(rank, rank)
         pipe = redis.pipeline(transaction=False)
         for other in others:  # trimmed (its count), then its ask of this turn: O(log n) each, however many
-            self._trimmed(redis, pipe, base_model_id, other, now)
+            self._trimmed(pipe, base_model_id, other, now)
             pipe.zrange(self._asks(base_model_id, other), rank, rank, withscores=True)
         found = pipe.execute()
         counts, asks = found[0::2], found[1::2]
@@ -126,14 +124,12 @@ class RefusedAsks:
         before = sum(min(n, rank) + bool(ask and ask[0][1] < first) for n, ask in zip(counts, asks, strict=True))
         return Turn(rank + before, rank)
 
-    def expect(self, redis, base_model_id: int, tenant_id: int, revision_id: int, back_at: float) -> None:
-        """The refused ask's client was told to come back at `back_at` (its latest refusal, `ahead`, told it): not
-        asked again by then and `grace_s` more, it has given up and leaves."""
+    def expect(self, pipe, base_model_id: int, tenant_id: int, revision_id: int, back_at: float) -> None:
+        """Queue on `pipe` that the refused ask's client was told to come back at `back_at` (its latest refusal,
+        `ahead`, told it): not asked again by then and `grace_s` more, it has given up and leaves."""
         back = self._back(base_model_id, tenant_id)
-        pipe = redis.pipeline(transaction=False)
         pipe.zadd(back, {str(revision_id): back_at + self.grace_s})
         pipe.expire(back, int(self.keep_s) + 1)
-        pipe.execute()
 
     def waiting(self, redis, base_model_id: int, tenant_id: int, revision_id: int, now: float) -> bool:
         """Whether the ask of `revision_id` still waits: refused within `keep_s`, not placed or given up since."""

@@ -526,8 +526,8 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
     min_s = settings.MINT_RESIDENCY_MIN_RESIDENT_S
     try:
         client = redis_client()
-        base_model_id = refused[0].view.node.base_model_id
-        turn = refused_asks().ahead(client, base_model_id, tenant_id, revision_id, clock)
+        asks, base_model_id = refused_asks(), refused[0].view.node.base_model_id
+        turn = asks.ahead(client, base_model_id, tenant_id, revision_id, clock)
         best = None
         for refusal in refused:
             view, load_s = refusal.view, node_load_s(refusal.view.node.id)
@@ -566,12 +566,14 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
         due, room_s, node_id, promised, start = best
         if promised is not None or start is not None:  # its load starts when the timer fires, a little late
             due += turn_late_s(client)
-        client.set(f"{ROOM_PREFIX}:{revision_id}", f"{clock + due:.3f}", ex=max(1, math.ceil(due) + 1))
+        pipe = client.pipeline(transaction=False)
+        pipe.set(f"{ROOM_PREFIX}:{revision_id}", f"{clock + due:.3f}", ex=max(1, math.ceil(due) + 1))
         # Told to come back then (`Retry-After`, rounded up): a client that does not has given up, and its ask stops
         # holding back those behind it (after the thrash phase of benchmarks/long_tail, asks whose clients had run
         # out of retries kept first requests waiting for up to a minute).
         if not _ASKED_AGAIN.get():  # a timer's refusal tells the client nothing: one gone stays gone
-            refused_asks().expect(client, base_model_id, tenant_id, revision_id, clock + max(1, math.ceil(due)))
+            asks.expect(pipe, base_model_id, tenant_id, revision_id, clock + max(1, math.ceil(due)))
+        pipe.execute()
         if promised is None:
             # Asked again when its room should be there, or its place among a paced tenant's loads comes, so that
             # its load starts then and is ready when its client comes back. Left to its client, the load started
@@ -583,7 +585,7 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
             # do. So one timer per revision at most, and only for an entry known to free or a paced start.
             if (
                 start is not None
-                and start < refused_asks().keep_s
+                and start < asks.keep_s
                 and client.set(f"{TURN_PREFIX}:{revision_id}", 1, nx=True, ex=math.ceil(start) + 1)
             ):
                 return start
