@@ -26,6 +26,7 @@ from serving.services import outbox, residency
 
 log = logging.getLogger(__name__)
 P = PlacementState
+PACED_LATE_MAX_S = 5.0  # a paced load later than this past its pause waited for something else: not counted
 REGISTERED_STATES = (P.LOADING, P.WARMING, P.READY, P.EVICTING)  # what the engine may hold under a LoRA name
 
 
@@ -120,6 +121,8 @@ def _rest(placement: Placement, *, busy_s: float, now: datetime) -> None:
     nobody else there it would only slow the tenant down."""
     tenant_id = placement.revision.adapter.tenant_id
     window = settings.MINT_NODE_PACING_NEIGHBOUR_S
+    if placement.priority == Priority.COLD_REQUEST:
+        _paced_late(placement, tenant_id, busy_s=busy_s, now=now)
     neighbours = (
         not window  # 0: always paced
         or Placement.objects.filter(node_id=placement.node_id, last_used_at__gte=now - timedelta(seconds=window))
@@ -139,6 +142,22 @@ def _rest(placement: Placement, *, busy_s: float, now: datetime) -> None:
         defaults={"resting_until": now + timedelta(seconds=gap)},
         create_defaults={"started_at": placement.started_at or now, "resting_until": now + timedelta(seconds=gap)},
     )
+
+
+def _paced_late(placement: Placement, tenant_id: int, *, busy_s: float, now: datetime) -> None:
+    """A load on demand queued before its tenant's last pause on the node ended (it waited for it) is ready now:
+    how much later than that end plus its own `busy_s` is what pacing's estimates add to each paced load
+    (`residency.paced_late_s`: the hand-offs around a load, admission after the pause)."""
+    until = (
+        PrewarmTurn.objects.filter(node_id=placement.node_id, tenant_id=tenant_id)
+        .values_list("resting_until", flat=True)
+        .first()
+    )
+    if until is None or placement.queued_at is None or placement.queued_at > until:
+        return  # not held by a pause: nothing to learn about one
+    late = (now - until).total_seconds() - busy_s
+    if late < PACED_LATE_MAX_S:  # longer: the node was held by something else (an unload, another's load)
+        residency.paced_late(node_id=placement.node_id, seconds=late)
 
 
 def _admit_later_key(node_id: int) -> str:

@@ -76,6 +76,8 @@ ROTATING_PREFIX = "mint:residency:rotating"  # node id → set while a turn ther
 # A turn promised to a waiting ask is kept for it this long past the turn's end (its timer's lateness).
 PROMISE_GRACE_S = 2.0
 LATE_KEY = "mint:residency:turn-late"  # how late turns' timers fired, the latest first
+# node id → how much later than its pause's end plus its own load time a paced tenant's load was ready there
+PACED_LATE_PREFIX = "mint:residency:paced-late"
 _LATE_SAMPLE = 20
 # An ask whose tenant's pause on a node ends within this is placed there all the same (admission starts its load when
 # the pause is over): a client told to come back after a whole number of seconds cannot hit the pause's end exactly.
@@ -554,10 +556,14 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
             # flat guess for more asks than entries freeing); a second at least, as a Retry-After.
             due, start = room_s + cold_s, max(room_s, 1.0) if turn.ahead < len(frees) else None
             if refusal.paced_s:  # the pause, the tenant's asks before it one start each, then its own load
-                paced = refusal.paced_s + turn.own * on_demand_start_s(load_s) - PACED_GRACE_S / 2
-                due = max(due, paced + load_s)
-                # A recurring ask waits for a turn besides, whose timer starts its load.
-                start = None if refusal.recurring else max(paced, due - cold_s)  # not before the pause ends
+                # Each of those loads is ready later than its pause's end and load time say, by the hand-offs
+                # around it (admission after the pause, the agent's tasks): as much as the node's last ones were.
+                late = paced_late_s(client, view.node.id)
+                begins = refusal.paced_s + turn.own * (on_demand_start_s(load_s) + late)
+                due = max(due, begins + late + load_s)
+                # A recurring ask waits for a turn besides, whose timer starts its load. Asked again within the
+                # grace before its pause ends, its load is queued then and starts as the pause ends.
+                start = None if refusal.recurring else max(begins - PACED_GRACE_S / 2, room_s)
             if best is None or due < best[0]:
                 # The turn it waits for: the one its place among the waiting asks gives it, when that is a turn.
                 ranked = sorted(frees, key=lambda free: (max(0.0, free[0]), free[1] is None))
@@ -602,25 +608,46 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
     return None
 
 
-def turn_late(seconds: float) -> None:
-    """A turn's timer fired `seconds` after the turn's end (the worker busy with another task, the broker's
-    hand-off): kept, the last _LATE_SAMPLE of them, for `turn_late_s`."""
+def _keep_late(key: str, seconds: float) -> None:
+    """Keep how late something came (`seconds`), the last _LATE_SAMPLE of them under `key`, for `_late_s`."""
     import redis
 
     try:
         pipe = redis_client().pipeline(transaction=False)
-        pipe.lpush(LATE_KEY, f"{max(0.0, seconds):.3f}")
-        pipe.ltrim(LATE_KEY, 0, _LATE_SAMPLE - 1)
+        pipe.lpush(key, f"{max(0.0, seconds):.3f}")
+        pipe.ltrim(key, 0, _LATE_SAMPLE - 1)
         pipe.execute()
     except redis.RedisError as exc:
-        log.warning("residency: timer lateness not kept (%s)", exc)
+        log.warning("residency: lateness not kept (%s)", exc)
+
+
+def _late_s(client, key: str) -> float:
+    late = [float(v) for v in client.lrange(key, 0, -1)]
+    return statistics.median(late) if late else 0.0
+
+
+def turn_late(seconds: float) -> None:
+    """A turn's timer fired `seconds` after the turn's end (the worker busy with another task, the broker's
+    hand-off): kept for `turn_late_s`."""
+    _keep_late(LATE_KEY, seconds)
 
 
 def turn_late_s(client) -> float:
     """The median of how late turns' timers fired lately (0 before any): the load of a waiting ask starts that
     long after its turn's end."""
-    late = [float(v) for v in client.lrange(LATE_KEY, 0, -1)]
-    return statistics.median(late) if late else 0.0
+    return _late_s(client, LATE_KEY)
+
+
+def paced_late(*, node_id: int, seconds: float) -> None:
+    """A paced tenant's load on demand that waited for its pause (serving/services/admission.py) was ready
+    `seconds` later than the pause's end and its own load time: kept for `paced_late_s`."""
+    _keep_late(f"{PACED_LATE_PREFIX}:{node_id}", seconds)
+
+
+def paced_late_s(client, node_id: int) -> float:
+    """The median of how late paced loads on the node were lately (0 before any): each of a paced tenant's loads
+    there starts its pacing interval and that much after the one before."""
+    return _late_s(client, f"{PACED_LATE_PREFIX}:{node_id}")
 
 
 # Set while a timer asks again for a refused ask (`asked_again`): its client was told nothing new, so a refusal then

@@ -105,6 +105,7 @@ def clean_frequencies():
             residency.TURN_PREFIX,
             residency.PROMISE_PREFIX,
             residency.ROTATING_PREFIX,
+            residency.PACED_LATE_PREFIX,
         ):
             for key in client.scan_iter(f"{prefix}:*"):
                 client.delete(key)

@@ -381,6 +381,32 @@ def test_each_pause_gets_its_own_wake_up_however_short(
     assert Placement.objects.get(id=third.id).state == "queued"
 
 
+@pytest.mark.usefixtures("clean_frequencies")
+def test_a_paced_load_on_demand_keeps_how_late_it_was_ready_after_its_pause(node, make_revision, paced):
+    """A load on demand that waited for its tenant's pause to end is ready that end plus its own time plus the
+    hand-offs around it: that last part is kept per node, what refusals of paced asks add to each paced load."""
+    from serving.selectors.residency import redis_client
+    from serving.services import residency
+
+    def ready(number: int, *, queued_s: float, pause_ended_s: float) -> None:
+        """Load `number` (busy 0.2 s) was queued `queued_s` and its tenant's pause ended `pause_ended_s` ago."""
+        now = timezone.now()
+        revision = make_revision(number)
+        PrewarmTurn.objects.update_or_create(
+            node=node,
+            tenant_id=revision.adapter.tenant_id,
+            defaults={"started_at": now, "resting_until": now - timedelta(seconds=pause_ended_s)},
+        )
+        queued_at = now - timedelta(seconds=queued_s)
+        warming = place(node, revision, "warming", load_ms=100, queued_at=queued_at, priority=Priority.COLD_REQUEST)
+        assert placement_warmed(placement=warming, warm_ms=100)
+
+    ready(1, queued_s=2.0, pause_ended_s=0.7)  # waited for the pause: ready 0.5 s later than it and its load
+    ready(2, queued_s=0.5, pause_ended_s=2.0)  # asked for after the pause ended: not held by it
+    ready(3, queued_s=30.0, pause_ended_s=20.0)  # held by something else for many seconds: not pacing's
+    assert residency.paced_late_s(redis_client(), node.id) == pytest.approx(0.5, abs=0.1)
+
+
 def test_once_the_pause_is_over_the_next_prewarm_starts(node, make_revision, paced):
     just_prewarmed(node, make_revision(1), busy_ms=200, ago_s=0.7)
     waiting = place(node, make_revision(2), "queued", priority=Priority.ACTIVATION)

@@ -222,7 +222,8 @@ def test_a_tenant_paced_on_a_shared_node_is_refused_there_before_anything_is_evi
 ):
     """While its pause lasts (serving/services/admission.py), a tenant's load on demand would empty a slot that it
     may not fill yet: it is refused without an eviction and told when its turn comes, its own asks one interval
-    apart, and a timer asks again for each when its load may start. Another tenant's ask takes the room."""
+    apart (each later by what the node's paced loads lately were), and a timer asks again for each when its load
+    may start. Another tenant's ask takes the room."""
     from serving.models import AdapterRevision, PrewarmTurn
 
     settings.MINT_NODE_COLD_LOADS_PER_MIN = 30  # a start every 2 s
@@ -241,6 +242,8 @@ def test_a_tenant_paced_on_a_shared_node_is_refused_there_before_anything_is_evi
     PrewarmTurn.objects.create(
         node=node, tenant_id=tenant_id, started_at=now, resting_until=now + timedelta(seconds=1.8)
     )
+    for late in (0.2, 0.3, 0.9):  # paced loads here were ready 0.3 s later than their pause and load time said
+        residency.paced_late(node_id=node.id, seconds=late)
 
     first, second = make_revision(3), make_revision(4)
     with django_capture_on_commit_callbacks(execute=True):
@@ -248,14 +251,15 @@ def test_a_tenant_paced_on_a_shared_node_is_refused_there_before_anything_is_evi
         assert placement_request(revision=second, priority=Priority.COLD_REQUEST) is None
         assert placement_request(revision=second, priority=Priority.COLD_REQUEST) is None  # its client, early
     assert Placement.objects.get(id=idle.id).state == "ready"  # nothing was evicted for either
-    # Back half the grace before its pause ends (its load, 0.2 s as loads here have gone, then starts when the pause
-    # is over); the second ask one interval later.
-    told(first, 1.8 - PACED_GRACE_S / 2 + 0.2, since=now.timestamp(), tolerance=0.2)
-    told(second, 1.8 + 2 - PACED_GRACE_S / 2 + 0.2, since=now.timestamp(), tolerance=0.2)
-    # Each is asked again when its load may start, not when its client comes back: one timer each.
+    # Ready its load time (0.2 s as loads here have gone) and the lateness after its pause ends; the second ask one
+    # interval and that lateness later.
+    told(first, 1.8 + 0.3 + 0.2, since=now.timestamp(), tolerance=0.2)
+    told(second, 1.8 + 2.3 + 0.3 + 0.2, since=now.timestamp(), tolerance=0.2)
+    # Each is asked again when its load may start (half the grace before its pause ends: its load is queued then,
+    # and admission starts it as the pause ends), not when its client comes back: one timer each.
     timers = sent_of(sent, "residency_turn")
     assert [t["revision_id"] for t in timers] == [first.id, second.id]
-    starts = [1.8 - PACED_GRACE_S / 2, 1.8 + 2 - PACED_GRACE_S / 2]
+    starts = [1.8 - PACED_GRACE_S / 2, 1.8 + 2.3 - PACED_GRACE_S / 2]
     assert all(abs(t["countdown"] - start) < 0.3 for t, start in zip(timers, starts, strict=True)), timers
     # The first's timer fires once its pause is within the grace: its load is queued, admission starts it.
     PrewarmTurn.objects.filter(tenant_id=tenant_id).update(resting_until=timezone.now() + timedelta(seconds=0.4))
