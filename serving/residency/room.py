@@ -25,7 +25,7 @@ is not in use again has become free. No Django here; no clock but what the calle
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def room_in_s(
@@ -113,7 +113,7 @@ class RefusedAsks:
         rank, first = int(found[2] or 0), float(found[3] or now)
         others = [int(t) for t in found[7] if int(t) != tenant_id]
         if not others:
-            return Turn(rank, rank)
+            return Turn(rank, rank, first)
         pipe = redis.pipeline(transaction=False)
         for other in others:  # trimmed (its count), then its ask of this turn: O(log n) each, however many
             self._trimmed(pipe, base_model_id, other, now)
@@ -122,7 +122,7 @@ class RefusedAsks:
         counts, asks = found[0::2], found[1::2]
         # Each other tenant's asks of the turns before this one's, and of this turn the one refused before it.
         before = sum(min(n, rank) + bool(ask and ask[0][1] < first) for n, ask in zip(counts, asks, strict=True))
-        return Turn(rank + before, rank)
+        return Turn(rank + before, rank, first)
 
     def expect(self, pipe, base_model_id: int, tenant_id: int, revision_id: int, back_at: float) -> None:
         """Queue on `pipe` that the refused ask's client was told to come back at `back_at` (its latest refusal,
@@ -145,16 +145,23 @@ class RefusedAsks:
             return None
         return now - float(first)
 
-    def placed(self, redis, base_model_id: int, tenant_id: int, revision_id: int) -> None:
-        pipe = redis.pipeline(transaction=False)
+    def forget(self, pipe, base_model_id: int, tenant_id: int, revision_id: int) -> None:
+        """Queue on `pipe` that the ask of `revision_id` no longer waits (placed, or told to come back only after it
+        would be forgotten anyway)."""
         pipe.zrem(self._asks(base_model_id, tenant_id), str(revision_id))
         pipe.zrem(self._back(base_model_id, tenant_id), str(revision_id))
+
+    def placed(self, redis, base_model_id: int, tenant_id: int, revision_id: int) -> None:
+        pipe = redis.pipeline(transaction=False)
+        self.forget(pipe, base_model_id, tenant_id, revision_id)
         pipe.execute()
 
 
 @dataclass(frozen=True)
 class Turn:
-    """Where a refused ask waits: the asks that go before it (`ahead`), and of them its tenant's own (`own`)."""
+    """Where a refused ask waits: the asks that go before it (`ahead`), of them its tenant's own (`own`), and when
+    it was first refused (`first`: it is forgotten `keep_s` after)."""
 
     ahead: int
     own: int
+    first: float = field(default=0.0, compare=False)

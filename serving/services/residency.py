@@ -572,13 +572,22 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
         due, room_s, node_id, promised, start = best
         if promised is not None or start is not None:  # its load starts when the timer fires, a little late
             due += turn_late_s(client)
+        timer = promised is not None or (start is not None and start < asks.keep_s)
+        back_at = clock + max(1, math.ceil(due))
         pipe = client.pipeline(transaction=False)
         pipe.set(f"{ROOM_PREFIX}:{revision_id}", f"{clock + due:.3f}", ex=max(1, math.ceil(due) + 1))
         # Told to come back then (`Retry-After`, rounded up): a client that does not has given up, and its ask stops
         # holding back those behind it (after the thrash phase of benchmarks/long_tail, asks whose clients had run
         # out of retries kept first requests waiting for up to a minute).
         if not _ASKED_AGAIN.get():  # a timer's refusal tells the client nothing: one gone stays gone
-            asks.expect(pipe, base_model_id, tenant_id, revision_id, clock + max(1, math.ceil(due)))
+            if not timer and back_at + asks.grace_s > turn.first + asks.keep_s:
+                # Its client is told to come back only after the ask would be forgotten, and no timer loads it
+                # before: holding its place until then only holds back the asks behind it (benchmarks/long_tail:
+                # the thrash phase's asks told minutes held the first requests after it). Coming back, it starts
+                # again at the back, as it would have.
+                asks.forget(pipe, base_model_id, tenant_id, revision_id)
+            else:
+                asks.expect(pipe, base_model_id, tenant_id, revision_id, back_at)
         pipe.execute()
         if promised is None:
             # Asked again when its room should be there, or its place among a paced tenant's loads comes, so that
@@ -589,11 +598,7 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
             # Not when the ask would be forgotten before then, nor for a room no entry is known to free by then:
             # a tenant flooding cold asks would otherwise fill the shared worker with timers that find nothing to
             # do. So one timer per revision at most, and only for an entry known to free or a paced start.
-            if (
-                start is not None
-                and start < asks.keep_s
-                and client.set(f"{TURN_PREFIX}:{revision_id}", 1, nx=True, ex=math.ceil(start) + 1)
-            ):
+            if timer and client.set(f"{TURN_PREFIX}:{revision_id}", 1, nx=True, ex=math.ceil(start) + 1):
                 return start
             return None
         # That turn is kept for this ask a moment past its end (another ask coming then does not take it), and a

@@ -271,10 +271,16 @@ def test_a_tenant_paced_on_a_shared_node_is_refused_there_before_anything_is_evi
         assert placement_request(revision=recurring, priority=Priority.COLD_REQUEST) is None
     assert [t["revision_id"] for t in sent_of(sent, "residency_turn")] == [first.id, second.id]
     # Nor one whose load may start only after its ask is forgotten (a flood's far end): it would find nothing to do.
+    # Its client is told to come back after that: the ask leaves now, holding back nobody meanwhile.
     PrewarmTurn.objects.filter(tenant_id=tenant_id).update(resting_until=timezone.now() + timedelta(seconds=600))
+    far = make_revision(6)
     with django_capture_on_commit_callbacks(execute=True):
-        assert placement_request(revision=make_revision(6), priority=Priority.COLD_REQUEST) is None
+        assert placement_request(revision=far, priority=Priority.COLD_REQUEST) is None
     assert [t["revision_id"] for t in sent_of(sent, "residency_turn")] == [first.id, second.id]
+    asks, clock = residency.refused_asks(), time.time()
+    assert expected_ready_s(far.id) > asks.keep_s
+    assert not asks.waiting(redis_client(), node.base_model_id, tenant_id, far.id, clock)
+    assert asks.waiting(redis_client(), node.base_model_id, tenant_id, second.id, clock)  # its timer loads it
 
     placed = placement_request(revision=theirs(4), priority=Priority.COLD_REQUEST)
     assert placed is not None and placed.state == "queued"  # the neighbour is not paced: it takes the idle entry
