@@ -8,9 +8,9 @@
 - A request with `X-Mint-Wait: <seconds>` is held instead, up to that long within its tenant's plan
   (`max_cold_wait_s`), at most `max_held_requests` of a tenant at once in this process (429 past it), awaiting the
   revision's ready event (the live-events feed) or re-reading its route every HOLD_POLL_S: a held request is a
-  suspended coroutine, no thread. When the wait runs out it gets the 503 it would have had. A client's retry
-  that finds the load due within MINT_RESIDENCY_RETRY_HOLD_S is held that long without asking (its 503 at once
-  while the tenant has `max_held_requests` held): it came back when told to.
+  suspended coroutine, no thread. When the wait runs out it gets the 503 it would have had. A client's n-th
+  retry that finds the load due within n² times MINT_RESIDENCY_RETRY_HOLD_S is held that long without asking (its
+  503 at once while the tenant has `max_held_requests` held): it came back when told to.
 - Every request routed to a revision counts towards the revision's frequency (hits and misses alike), in memory,
   added to Redis at most every MINT_RESIDENCY_FLUSH_S from a database thread: the admission filter of every node
   reads them (serving/services/residency.py).

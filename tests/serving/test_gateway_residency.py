@@ -210,9 +210,9 @@ def test_a_retry_that_finds_its_load_due_soon_is_held_for_it_without_asking(worl
 
 def test_a_later_retry_is_held_longer(world, estimate, settings):
     """The second retry came back twice after an estimate that proved short: it is held for a load due within
-    twice the bound, where the first retry got its 503."""
+    four times the bound (the retry count squared), where the first retry got its 503."""
     settings.MINT_RESIDENCY_RETRY_HOLD_S = 2.0
-    estimate.return_value = 3.5  # Retry-After 4: past one bound, within two
+    estimate.return_value = 7.5  # Retry-After 8: past one bound and past twice it, within four times
     first_retry, took_first, second_retry = _sent_away_then_held(world, (1, 2))
     assert (first_retry, second_retry) == (503, 200) and took_first < 1
 
