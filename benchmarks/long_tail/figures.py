@@ -14,6 +14,10 @@ Definitions (also written into the results file under `definitions`):
 - `Retry-After` honesty: per 503 `adapter_not_ready`, the seconds it gave ÷ the seconds until its revision was
   next ready on the node (from the polled `ready_at`); a revision never ready again before the run ended counts as
   ratio 0, one already ready (the gateway's cached route lagging) is left out and counted.
+- The node's *load slot*: a load holds it from its admission to ready (`started_at` → `ready_at`: the agent's
+  hand-offs, fetch, load, warm-up and bookkeeping). `load_slot` gives, per phase, the share of the time at least
+  one load held it (`busy_share`) and a load's median time there: with a share well below one the node's load
+  rate is not what bounds that phase; what waits then waits for room or for its tenant's pacing.
 - LRU and Belady: the requests in the order they started, replayed through a plain LRU and Belady's optimum of
   `cpu_slots` entries (benchmarks/long_tail/offline.py), whatever the live node did.
 """
@@ -97,6 +101,31 @@ def _retry_after(records, revision_of, ready, intervals) -> dict:
         "given_s_median": _r(statistics.median(given_s)) if given_s else None,
         "median_by_kind": {k: _r(statistics.median(v)) for k, v in sorted(by_kind.items())},
     }
+
+
+def _load_slot(loads: list[list[float]], windows: list[dict]) -> dict:
+    """Per phase kind: the share of its windows' time at least one load held the node's load slot, the loads that
+    became ready in them, and their median time from admission to ready."""
+    found = {}
+    for kind in dict.fromkeys(w["kind"] for w in windows):
+        spans = [w for w in windows if w["kind"] == kind]
+        seconds = sum(w["end"] - w["start"] for w in spans)
+        busy, held = 0.0, []
+        for w in spans:
+            reach = w["start"]  # the union of the loads' spans inside the window, swept in start order
+            for started, ready in loads:
+                if w["start"] <= ready < w["end"]:
+                    held.append(ready - started)
+                lo, hi = max(started, reach), min(ready, w["end"])
+                if hi > lo:
+                    busy += hi - lo
+                    reach = hi
+        found[kind] = {
+            "busy_share": _r(busy / seconds, 3) if seconds else None,
+            "loads": len(held),
+            "slot_s_median": _r(statistics.median(held), 3) if held else None,
+        }
+    return found
 
 
 def live_figures(run: dict) -> dict:
@@ -254,6 +283,7 @@ def live_figures(run: dict) -> dict:
         },
         "loads_per_min": {k: per_minute(k, "loads") for k in ("quiet", "scan", "thrash", "recovery")},
         "evictions_per_min": {k: per_minute(k, "evictions") for k in ("quiet", "scan", "thrash", "recovery")},
+        "load_slot": _load_slot(run.get("loads", []), windows),
         "gateway_counters": delta,
         "gateway_gpu_share_of_routed": _r(gpu_share),
         "loads_from_disk_share": _r(disk_share),

@@ -90,12 +90,14 @@ class LiveParams:
 
 
 class ReadyPoller:
-    """When each revision became ready on the node, and until when it was seen ready: polled every 0.25 s. Every
-    5 s also a picture of the node's placements (how many in each state, how many tenants hold the ready ones, the
-    hot tenant's ready ones, the oldest queued load's age): what explains a phase's figures."""
+    """When each revision became ready on the node, and until when it was seen ready: polled every 0.25 s, with
+    when each of those loads started (admitted: the node's load slot taken). Every 5 s also a picture of the
+    node's placements (how many in each state, how many tenants hold the ready ones, the hot tenant's ready ones,
+    the oldest queued load's age): what explains a phase's figures."""
 
     def __init__(self, hot_tenant_id: int) -> None:
         self.seen: dict[tuple[int, float], float] = {}  # (revision id, ready_at epoch s) → last seen ready
+        self.started: dict[tuple[int, float], float] = {}  # the same → when its load started (epoch s)
         self.pictures: list[dict] = []
         self._hot = hot_tenant_id
         self._stop = threading.Event()
@@ -111,20 +113,22 @@ class ReadyPoller:
             now = time.time()
             rows = list(
                 Placement.objects.values_list(
-                    "revision_id", "ready_at", "state", "queued_at", "revision__adapter__tenant_id"
+                    "revision_id", "ready_at", "state", "queued_at", "revision__adapter__tenant_id", "started_at"
                 )
             )
-            for revision_id, ready_at, state, _, _ in rows:
+            for revision_id, ready_at, state, _, _, started_at in rows:
                 if state == "ready" and ready_at is not None:
                     self.seen[(revision_id, ready_at.timestamp())] = now
+                    if started_at is not None:
+                        self.started[(revision_id, ready_at.timestamp())] = started_at.timestamp()
             if now >= due:
                 due = now + 5.0
-                queued = [q.timestamp() for _, _, state, q, _ in rows if state == "queued" and q is not None]
-                ready_tenants = [t for _, _, state, _, t in rows if state == "ready"]
+                queued = [q.timestamp() for _, _, state, q, *_ in rows if state == "queued" and q is not None]
+                ready_tenants = [t for _, _, state, _, t, _ in rows if state == "ready"]
                 self.pictures.append(
                     {
                         "at": now,
-                        "states": dict(Counter(state for _, _, state, _, _ in rows)),
+                        "states": dict(Counter(state for _, _, state, *_ in rows)),
                         "ready_tenants": len(set(ready_tenants)),
                         "hot_tenant_ready": ready_tenants.count(self._hot),
                         "oldest_queued_s": round(now - min(queued), 1) if queued else 0.0,
@@ -135,6 +139,10 @@ class ReadyPoller:
     def start(self) -> ReadyPoller:
         self._thread.start()
         return self
+
+    def loads(self) -> list[tuple[float, float]]:
+        """Each load seen ready: (started, ready), epoch seconds, in the order they started."""
+        return sorted((started, key[1]) for key, started in self.started.items())
 
     def stop(self) -> tuple[dict[int, list[float]], dict[int, list[tuple[float, float]]]]:
         """Per revision: the times it became ready, and each stay as (ready_at, last seen ready)."""
@@ -406,6 +414,7 @@ def run(params: LiveParams, say) -> dict:
         "windows": windows,
         "ready": ready,
         "ready_intervals": stays,
+        "loads": poller.loads(),
         "pictures": [p | {"at": round(p["at"] - started, 1)} for p in poller.pictures],
         "revision_of": revision_of,
         "plan": {k: v for k, v in plan.items() if k != "ranks"},

@@ -115,12 +115,14 @@ def rows_long_tail(d: dict) -> list[Row]:
 
 
 def sections(d: dict, table) -> list[str]:
-    """Per phase of the live run: requests, success, first-attempt hits, loads and evictions a minute."""
+    """Per phase of the live run: requests, success, first-attempt hits, loads and evictions a minute, and the
+    share of the time the node's load slot was held."""
     by_phase = get(d, "success_ratio_by_phase", default={}) or {}
     if not by_phase:
         return []
     loads = get(d, "loads_per_min", default={}) or {}
     evictions = get(d, "evictions_per_min", default={}) or {}
+    slot = get(d, "load_slot", default={}) or {}
     hits = {
         "quiet": get(d, "quiet_phase.hit_ratio"),
         "scan": get(d, "scan_phase.all_hit_ratio"),
@@ -133,12 +135,14 @@ def sections(d: dict, table) -> list[str]:
             fmt(hits.get(phase), digits=3),
             fmt(loads.get(phase)),
             fmt(evictions.get(phase)),
+            fmt((slot.get(phase) or {}).get("busy_share"), digits=3),
         ]
         for phase in PHASES
         if phase in by_phase
     ]
     out = ["", "Per phase of the live run:", ""]
-    out += table(["phase", "success ratio", "first-attempt hit ratio", "loads / min", "evictions / min"], rows)
+    header = ["phase", "success ratio", "first-attempt hit ratio", "loads / min", "evictions / min"]
+    out += table([*header, "load slot held (share of time)"], rows)
     failures = get(d, "failures", default={}) or {}
     if failures:
         out += [

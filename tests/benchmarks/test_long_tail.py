@@ -144,6 +144,8 @@ def test_live_figures_follow_their_definitions():
         "started": 0.0,
         "ended": 30.0,
         "live_aliases": 3,
+        # Loads (started, ready): two overlapping in the quiet window, one across its end into the scan window.
+        "loads": [(1.0, 2.0), (1.5, 3.0), (9.0, 11.0)],
     }
     figures = live_figures(run)
     assert figures["openai_success_ratio"] == 1.0  # the thrashing phase's failure is not in it
@@ -153,6 +155,11 @@ def test_live_figures_follow_their_definitions():
     assert figures["retry_after_ratio_median"] == 0.0 and figures["retry_after"]["median_by_kind"]["zipf"] == 2.0
     assert figures["hot_pairs"][0]["ratio"] == pytest.approx(0.3 / 0.195, rel=1e-3)
     assert figures["thrash_phase"]["success_ratio"] == 0.0
+    # The load slot held 1-3 s and 9-11 s: 3 s of the quiet window, 1 s of the scan window, none of the thrashing.
+    slot = figures["load_slot"]
+    assert slot["quiet"] == {"busy_share": 0.3, "loads": 2, "slot_s_median": 1.25}
+    assert slot["scan"] == {"busy_share": 0.1, "loads": 1, "slot_s_median": 2.0}
+    assert slot["thrash"] == {"busy_share": 0.0, "loads": 0, "slot_s_median": None}
 
 
 def test_the_sustained_load_burst_takes_one_alias_of_each_tenant_in_turn():
