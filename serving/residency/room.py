@@ -10,7 +10,8 @@ too late costs it only time. So the estimate is the time the node should have ro
   client was not back by the time it was told, and a little more, has given up and leaves): an ask that is
   preceded by r asks of its own tenant goes after those, and after each other tenant's first r and its next one if
   refused earlier, so a tenant that floods cold requests pushes another's estimate back by one ask a turn, not by
-  its flood. The k-th ask in that order needs the k-th room;
+  its flood. The k-th ask in that order needs the k-th room (of the rooms a tenant at its cap may take, its own
+  entries', only the asks that may take them count: its own and those of tenants below their caps, `competing`);
 - room comes from entries loaded for a request (busy until that request's client comes back for them, at the
   latest `min_resident_s` after they became ready) and from loads under way (the same, once loaded): `frees` is
   when each should be free. Recurring entries in use are not counted (they are likely to be used again), but for
@@ -24,7 +25,7 @@ is not in use again has become free. No Django here; no clock but what the calle
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 
@@ -121,8 +122,11 @@ class RefusedAsks:
         found = pipe.execute()
         counts, asks = found[0::2], found[1::2]
         # Each other tenant's asks of the turns before this one's, and of this turn the one refused before it.
-        before = sum(min(n, rank) + bool(ask and ask[0][1] < first) for n, ask in zip(counts, asks, strict=True))
-        return Turn(rank + before, rank, first)
+        before = {
+            other: min(n, rank) + bool(ask and ask[0][1] < first)
+            for other, n, ask in zip(others, counts, asks, strict=True)
+        }
+        return Turn(rank + sum(before.values()), rank, first, tuple((t, n) for t, n in before.items() if n))
 
     def expect(self, pipe, base_model_id: int, tenant_id: int, revision_id: int, back_at: float) -> None:
         """Queue on `pipe` that the refused ask's client was told to come back at `back_at` (its latest refusal,
@@ -159,9 +163,16 @@ class RefusedAsks:
 
 @dataclass(frozen=True)
 class Turn:
-    """Where a refused ask waits: the asks that go before it (`ahead`), of them its tenant's own (`own`), and when
-    it was first refused (`first`: it is forgotten `keep_s` after)."""
+    """Where a refused ask waits: the asks that go before it (`ahead`), of them its tenant's own (`own`), when it
+    was first refused (`first`: it is forgotten `keep_s` after), and the others per tenant (`others`: (tenant id,
+    asks) for each tenant with any before it)."""
 
     ahead: int
     own: int
     first: float = field(default=0.0, compare=False)
+    others: tuple[tuple[int, int], ...] = field(default=(), compare=False)
+
+    def competing(self, at_cap: Callable[[int], bool]) -> int:
+        """For an ask whose tenant is at its cap (it takes only its own entries), the asks before it that may take
+        those too: its own, and those of the tenants not `at_cap` (one at its cap takes only its own as well)."""
+        return self.own + sum(n for tenant, n in self.others if not at_cap(tenant))

@@ -384,6 +384,7 @@ class Turns:
     over: list[int]
     ends_s: tuple[float, ...]
     keys: tuple[int, ...]  # the entries whose turns `ends_s` are, in the same order
+    own_only: bool = False  # its tenant at its cap there: these are its own entries' turns only
 
 
 NO_TURNS = Turns([], (), ())
@@ -438,7 +439,7 @@ def _turns(view: NodeView, revision_id: int, tenant_id: int, asked: Callable[[in
     peers.sort()
     ends = tuple(max(0.0, (ready_at - now).total_seconds() + quantum) for ready_at, _ in peers)
     over = [key for (_, key), end in zip(peers, ends, strict=True) if end == 0.0 and key in view.used]
-    return Turns(over, ends, tuple(key for _, key in peers))
+    return Turns(over, ends, tuple(key for _, key in peers), own_only)
 
 
 def _came_back(view: NodeView, tenant_id: int, revision_id: int) -> bool:
@@ -533,18 +534,26 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
         best = None
         for refusal in refused:
             view, load_s = refusal.view, node_load_s(refusal.view.node.id)
-            turns = refusal.turns
+            turns, ahead = refusal.turns, turn.ahead
+            if turns.own_only:
+                # Its tenant is at its cap here: it waits for its own entries only, and the asks before it that
+                # compete for those are its own and those of tenants below their caps here (one at its cap takes
+                # only its own). Counting every tenant's asks against its own few turns told it rounds that never
+                # came: up to 294 s in benchmarks/long_tail's thrash phase, ready within a minute.
+                ahead = turn.competing(view.cache.at_cap)
             # When each entry it may take should be free: at its turn's end, for a recurring ask (time-slicing);
             # loaded for a request whose client is not back yet, or loading, at the minimum residency.
             frees: list[tuple[float, int | None]] = list(zip(turns.ends_s, turns.keys, strict=True))
             for key in view.busy - view.used - set(turns.keys):
+                if turns.own_only and view.cache.tenant_of(key) != tenant_id:
+                    continue
                 ready_at = view.ready[key].ready_at if key in view.ready else None
                 frees.append(((ready_at - now).total_seconds() + min_s if ready_at else load_s + min_s, None))
             if refusal.idle:  # its idle entries may leave once the queued loads have started, or the pause is over
                 frees += [(0.0, None)] * len(view.ready.keys() - view.busy)
             room_s = room_in_s(
                 [free for free, _ in frees],
-                ahead=turn.ahead,
+                ahead=ahead,
                 pending=view.pending,
                 parallel=settings.MINT_NODE_COLD_LOADS,
                 load_s=load_s,
@@ -554,7 +563,7 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
             cold_s = node_cold_s(view.node.id, view.node.name, load_s=load_s)
             # When its load may start: when the room it waits for frees, if that is an entry known to free (not the
             # flat guess for more asks than entries freeing); a second at least, as a Retry-After.
-            due, start = room_s + cold_s, max(room_s, 1.0) if turn.ahead < len(frees) else None
+            due, start = room_s + cold_s, max(room_s, 1.0) if ahead < len(frees) else None
             if refusal.paced_s:  # the pause, the tenant's asks before it one start each, then its own load
                 # Each of those loads is ready later than its pause's end and load time say, by the hand-offs
                 # around it (admission after the pause, the agent's tasks): as much as the node's last ones were.
@@ -567,7 +576,7 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
             if best is None or due < best[0]:
                 # The turn it waits for: the one its place among the waiting asks gives it, when that is a turn.
                 ranked = sorted(frees, key=lambda free: (max(0.0, free[0]), free[1] is None))
-                promised = ranked[turn.ahead][1] if turn.ahead < len(ranked) and turns.ends_s else None
+                promised = ranked[ahead][1] if ahead < len(ranked) and turns.ends_s else None
                 best = (due, room_s, view.node.id, promised, start)
         due, room_s, node_id, promised, start = best
         if promised is not None or start is not None:  # its load starts when the timer fires, a little late

@@ -88,6 +88,11 @@ def test_a_tenant_that_floods_refused_asks_pushes_another_back_by_one_a_turn():
     assert asks.ahead(redis, 7, other, 2, now=102.1) == Turn(3, 1)  # its own first, and the flooder's second
     assert asks.ahead(redis, 7, third, 3, now=102.2) == Turn(2, 0)  # the first of each tenant refused before it
     assert asks.ahead(redis, 7, flooder, 1099, now=102.3).ahead == 99 + 2 + 1  # the flood's last: behind everyone
+    # Per tenant: the flooder's first two and the third's first go before it. When the flooder is at its cap (it
+    # takes only its own entries), only its own and the third's compete for the rooms it waits for.
+    turn = asks.ahead(redis, 7, other, 2, now=102.4)
+    assert turn.ahead == 4 and sorted(turn.others) == [(flooder, 2), (third, 1)]
+    assert turn.competing(lambda tenant: False) == 4 and turn.competing(lambda tenant: tenant == flooder) == 2
     asks.placed(redis, 7, flooder, 1000)
     assert asks.ahead(redis, 7, other, 1, now=103.0) == Turn(1, 0)  # the flooder's next one takes its turn
     asks.placed(redis, 7, other, 1)

@@ -14,12 +14,14 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from adapters.models import Adapter
 from serving.models import Placement, PlacementState, Priority
 from serving.residency.policy import Admission, NodeCache, Segment, Shape
 from serving.residency.room import room_in_s
 from serving.selectors.residency import DEFAULT_LOAD_S, expected_ready_s, redis_client
 from serving.services import residency
 from serving.services.placement import placement_request, placement_turn
+from tests.factories import TenantFactory
 from tests.serving.conftest import approved_revision, place
 from tests.serving.sent_tasks import sent_of
 
@@ -148,6 +150,52 @@ def test_a_tenant_at_its_cap_takes_turns_only_from_its_own_entries(busy_node, no
     assert placement_request(revision=a_ask, priority=Priority.COLD_REQUEST).state == P.QUEUED
     assert Placement.objects.get(id=oldest.id).state == P.EVICTING
     assert Placement.objects.filter(id__in=[p.id for p in b_entries], state=P.READY).count() == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sent", "clean_frequencies")
+def test_a_tenant_at_its_cap_is_told_its_own_turns_not_rounds_of_every_tenants_asks(
+    busy_node, node, adapter_b, settings
+):
+    """B at its cap waits for its own two entries' turns (each 20 s from its end). A's asks refused before B's
+    (A at its cap too) take only A's entries: they do not push B's second ask a round back (before, 20 s + a round
+    of a load and a quantum; benchmarks/long_tail's thrash phase was told up to 294 s for a minute's wait). An ask
+    of a tenant below its cap may take any entry whose turn is over, so C's ask before it still counts."""
+    settings.MINT_RESIDENCY_TENANT_CAP = 0.5
+    node.cpu_slots = 4
+    node.save(update_fields=["cpu_slots"])
+    oldest, middle, _ = busy_node
+    Placement.objects.filter(id=busy_node[2].id).delete()
+    now = timezone.now()
+    # A's turns some way from their end too: nothing is over, every ask here is refused.
+    for placement in (oldest, middle):
+        Placement.objects.filter(id=placement.id).update(ready_at=now - timedelta(seconds=5))
+    b_entries = [
+        place(node, approved_revision(adapter_b, n), "ready", ready_at=now - timedelta(seconds=10), last_used_at=now)
+        for n in (1, 2)
+    ]
+    b_asks = [approved_revision(adapter_b, n) for n in (3, 4)]
+    a_asks = [approved_revision(oldest.revision.adapter, n) for n in (7, 8, 9)]
+    residency.record_requests({**{p.revision_id: STEADY for p in b_entries}, **{r.id: ASK for r in b_asks + a_asks}})
+    client, asks = redis_client(), residency.refused_asks()
+    for k, revision in enumerate(a_asks):  # refused a moment before B's
+        asks.ahead(client, node.base_model_id, revision.adapter.tenant_id, revision.id, time.time() - 3 + k / 10)
+
+    since = time.time()
+    for revision in b_asks:
+        assert placement_request(revision=revision, priority=Priority.COLD_REQUEST) is None
+    expected = 20 + DEFAULT_LOAD_S  # B's own entries' turns end in 20 s, then its load
+    for revision in b_asks:
+        estimate = expected_ready_s(revision.id)
+        assert expected - (time.time() - since) - 0.5 <= estimate <= expected + 0.5, estimate
+
+    # C holds nothing here (below any cap): its ask, refused before, may take B's turns; B's second waits a round.
+    adapter_c = Adapter.objects.create(tenant=TenantFactory(slug="gamma"), base_model=adapter_b.base_model, name="c")
+    c_ask = approved_revision(adapter_c, 1)
+    asks.placed(client, node.base_model_id, adapter_b.tenant_id, b_asks[1].id)
+    asks.ahead(client, node.base_model_id, adapter_c.tenant_id, c_ask.id, time.time() - 2)
+    assert placement_request(revision=b_asks[1], priority=Priority.COLD_REQUEST) is None
+    assert expected_ready_s(b_asks[1].id) > 20 + 30  # a round of a load and a quantum more
 
 
 @pytest.mark.django_db
