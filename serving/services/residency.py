@@ -68,7 +68,11 @@ _LORA_NAME = re.compile(r"^t[0-9]+-a[0-9]+-r[0-9]+$")  # serving.models.lora_nam
 FREQUENCY_PREFIX = "mint:residency:freq"
 # The same requests over a short period (under FREQUENCY_PREFIX, so cleared with them): how steadily each is asked.
 STEADY_PREFIX = f"{FREQUENCY_PREFIX}:steady"
-STEADY_PERIOD_S = 60.0
+# Half a minute: a busy set's turns start about 20 s after its first requests, and stop as soon after its last
+# (benchmarks/long_tail, at a minute: the thrash phase's first 30 s held half its failures, asks told the flat
+# estimate while every entry was in use and none yet held a turn; after it, the recovery's first requests joined
+# turns of a set no longer asked for).
+STEADY_PERIOD_S = 30.0
 REFUSED_PREFIX = "mint:residency:refused"
 TURN_PREFIX = "mint:residency:turn"  # revision id → a timer asks again for it when its turn comes
 PROMISE_PREFIX = "mint:residency:promised"  # node id:entry → the revision whose waiting ask is told its turn's end
@@ -462,8 +466,8 @@ def _steady(keys: Collection[int]) -> set[int]:
     """Of `keys`, those asked for at least once per minimum residency on average over the last STEADY_PERIOD_S, so
     expected to be used again before they would free by themselves: each stays in use until its turn ends. One asked
     for less (a client going through its adapters one by one) frees soon after its last use, as before turns. The
-    short period lets a busy set's turns start within a minute of its first requests, where the frequency period's
-    counts (minutes) would not. Without Redis, none."""
+    short period lets a busy set's turns start within half a minute of its first requests, where the frequency
+    period's counts (minutes) would not. Without Redis, none."""
     import redis
 
     bar = STEADY_PERIOD_S / max(settings.MINT_RESIDENCY_MIN_RESIDENT_S, 1e-3)

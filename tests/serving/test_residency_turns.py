@@ -26,8 +26,8 @@ from tests.serving.conftest import approved_revision, place
 from tests.serving.sent_tasks import sent_of
 
 P = PlacementState
-# Requests in the last minute, one each 4 s: used again within the minimum residency (5 s), so in use. Fewer than the
-# frequency period's 60 (300 s ÷ 5 s): steadiness is judged over the last minute, not over the period.
+# Requests in the last 30 s, one each 2 s: used again within the minimum residency (5 s), so in use. Fewer than the
+# frequency period's 60 (300 s ÷ 5 s): steadiness is judged over the last 30 s, not over the period.
 STEADY = 15
 ASK = 10  # an ask at least half as frequent: a peer of the entries in use
 
@@ -343,6 +343,25 @@ def test_entries_used_now_but_asked_rarely_are_not_waited_for_a_turn(busy_node, 
     flat = settings.MINT_RESIDENCY_MIN_RESIDENT_S + 2 * DEFAULT_LOAD_S  # room (all but in use again), its load
     assert flat - (time.time() - since) - 0.5 <= expected_ready_s(ask.id) <= flat + 0.5
     assert sent_of(sent, "residency_turn") == []
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sent", "clean_frequencies")
+def test_a_busy_set_takes_turns_within_half_a_minute_of_its_first_requests(busy_node, make_revision):
+    """The entries in use asked for once every 3 s for the last 21 s, and never before: steady already, so a
+    recurring ask takes the oldest's turn (judged over a minute, 8 requests were under that minute's bar of 12:
+    turns started only after about 40 s, and the asks before then were told the flat estimate in vain)."""
+    client = redis_client()
+    for key in client.scan_iter(f"{residency.STEADY_PREFIX}:*"):
+        client.delete(key)
+    now, pipe = time.time(), client.pipeline()
+    for k in range(8):
+        residency.steadiness().add(pipe, {p.revision_id: 1 for p in busy_node}, now - 21 + 3 * k)
+    pipe.execute()
+    ask = make_revision(4)
+    residency.record_requests({ask.id: ASK})
+    assert placement_request(revision=ask, priority=Priority.COLD_REQUEST).state == P.QUEUED
+    assert Placement.objects.get(id=busy_node[0].id).state == P.EVICTING
 
 
 def test_steadiness_is_a_sliding_minute_over_two_periods_counts():
