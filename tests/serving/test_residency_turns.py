@@ -125,23 +125,31 @@ def test_an_entry_asked_for_much_more_often_keeps_its_slot(busy_node, make_revis
     assert Placement.objects.filter(id__in=[p.id for p in busy_node], state=P.READY).count() == 3
 
 
-@pytest.mark.django_db
-@pytest.mark.usefixtures("sent", "clean_frequencies")
-def test_a_tenant_at_its_cap_takes_turns_only_from_its_own_entries(busy_node, node, adapter_b, settings):
-    """Four slots: A's entries loaded 100 s and 50 s ago (turns over), B's two loaded 10 s ago. B holds its cap
-    (half): its ask waits for its own turns, not A's; A's ask, also at its cap, takes its own oldest."""
+@pytest.fixture
+def shared_node(busy_node, node, adapter_b, settings):
+    """Four slots, each tenant's cap half of them: A's entries loaded 100 s and 50 s ago (turns over), B's two
+    loaded 10 s ago (20 s of their turns left), all in use. Returns A's two and B's two."""
     settings.MINT_RESIDENCY_TENANT_CAP = 0.5
     node.cpu_slots = 4
     node.save(update_fields=["cpu_slots"])
-    oldest, middle, _ = busy_node
     Placement.objects.filter(id=busy_node[2].id).delete()
     now = timezone.now()
     b_entries = [
         place(node, approved_revision(adapter_b, n), "ready", ready_at=now - timedelta(seconds=10), last_used_at=now)
         for n in (1, 2)
     ]
+    residency.record_requests({p.revision_id: STEADY for p in b_entries})
+    return busy_node[:2], b_entries
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sent", "clean_frequencies")
+def test_a_tenant_at_its_cap_takes_turns_only_from_its_own_entries(shared_node, adapter_b):
+    """B holds its cap: its ask waits for its own turns, not A's; A's ask, also at its cap, takes its own
+    oldest."""
+    (oldest, middle), b_entries = shared_node
     b_ask = approved_revision(adapter_b, 3)
-    residency.record_requests({**{p.revision_id: STEADY for p in b_entries}, b_ask.id: ASK})
+    residency.record_requests({b_ask.id: ASK})
     assert placement_request(revision=b_ask, priority=Priority.COLD_REQUEST) is None
     assert Placement.objects.filter(id__in=(oldest.id, middle.id), state=P.READY).count() == 2
 
@@ -154,29 +162,17 @@ def test_a_tenant_at_its_cap_takes_turns_only_from_its_own_entries(busy_node, no
 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("sent", "clean_frequencies")
-def test_a_tenant_at_its_cap_is_told_its_own_turns_not_rounds_of_every_tenants_asks(
-    busy_node, node, adapter_b, settings
-):
+def test_a_tenant_at_its_cap_is_told_its_own_turns_not_rounds_of_every_tenants_asks(shared_node, node, adapter_b):
     """B at its cap waits for its own two entries' turns (each 20 s from its end). A's asks refused before B's
     (A at its cap too) take only A's entries: they do not push B's second ask a round back (before, 20 s + a round
     of a load and a quantum; benchmarks/long_tail's thrash phase was told up to 294 s for a minute's wait). An ask
     of a tenant below its cap may take any entry whose turn is over, so C's ask before it still counts."""
-    settings.MINT_RESIDENCY_TENANT_CAP = 0.5
-    node.cpu_slots = 4
-    node.save(update_fields=["cpu_slots"])
-    oldest, middle, _ = busy_node
-    Placement.objects.filter(id=busy_node[2].id).delete()
-    now = timezone.now()
+    (oldest, middle), _ = shared_node
     # A's turns some way from their end too: nothing is over, every ask here is refused.
-    for placement in (oldest, middle):
-        Placement.objects.filter(id=placement.id).update(ready_at=now - timedelta(seconds=5))
-    b_entries = [
-        place(node, approved_revision(adapter_b, n), "ready", ready_at=now - timedelta(seconds=10), last_used_at=now)
-        for n in (1, 2)
-    ]
+    Placement.objects.filter(id__in=(oldest.id, middle.id)).update(ready_at=timezone.now() - timedelta(seconds=5))
     b_asks = [approved_revision(adapter_b, n) for n in (3, 4)]
     a_asks = [approved_revision(oldest.revision.adapter, n) for n in (7, 8, 9)]
-    residency.record_requests({**{p.revision_id: STEADY for p in b_entries}, **{r.id: ASK for r in b_asks + a_asks}})
+    residency.record_requests({r.id: ASK for r in b_asks + a_asks})
     client, asks = redis_client(), residency.refused_asks()
     for k, revision in enumerate(a_asks):  # refused a moment before B's
         asks.ahead(client, node.base_model_id, revision.adapter.tenant_id, revision.id, time.time() - 3 + k / 10)
