@@ -542,8 +542,9 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
             if turns.own_only:
                 # Its tenant is at its cap here: it waits for its own entries only, and the asks before it that
                 # compete for those are its own and those of tenants below their caps here (one at its cap takes
-                # only its own). Counting every tenant's asks against its own few turns told it rounds that never
-                # came: up to 294 s in benchmarks/long_tail's thrash phase, ready within a minute.
+                # only its own). Counted against its own few turns, every tenant's asks made rounds that never
+                # came (benchmarks/long_tail's thrash phase: the tenant at its cap was told over 120 s, which the
+                # openai client does not wait for).
                 ahead = turn.competing(view.cache.at_cap)
             # When each entry it may take should be free: at its turn's end, for a recurring ask (time-slicing);
             # loaded for a request whose client is not back yet, or loading, at the minimum residency.

@@ -165,8 +165,8 @@ def test_a_tenant_at_its_cap_takes_turns_only_from_its_own_entries(shared_node, 
 def test_a_tenant_at_its_cap_is_told_its_own_turns_not_rounds_of_every_tenants_asks(shared_node, node, adapter_b):
     """B at its cap waits for its own two entries' turns (each 20 s from its end). A's asks refused before B's
     (A at its cap too) take only A's entries: they do not push B's second ask a round back (before, 20 s + a round
-    of a load and a quantum; benchmarks/long_tail's thrash phase was told up to 294 s for a minute's wait). An ask
-    of a tenant below its cap may take any entry whose turn is over, so C's ask before it still counts."""
+    of a load and a quantum). An ask of a tenant below its cap may take any entry whose turn is over, so C's ask
+    before it still counts."""
     (oldest, middle), _ = shared_node
     # A's turns some way from their end too: nothing is over, every ask here is refused.
     Placement.objects.filter(id__in=(oldest.id, middle.id)).update(ready_at=timezone.now() - timedelta(seconds=5))
