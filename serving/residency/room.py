@@ -11,7 +11,8 @@ too late costs it only time. So the estimate is the time the node should have ro
   preceded by r asks of its own tenant goes after those, and after each other tenant's first r and its next one if
   refused earlier, so a tenant that floods cold requests pushes another's estimate back by one ask a turn, not by
   its flood. The k-th ask in that order needs the k-th room (of the rooms a tenant at its cap may take, its own
-  entries', only the asks that may take them count: its own and those of tenants below their caps, `competing`);
+  entries', only the asks that may take them count: its own and those of tenants below their caps, `competing`;
+  while a busy set takes turns, the asks ahead also take the turns this ask may not, `place_of`);
 - room comes from entries loaded for a request (busy until that request's client comes back for them, at the
   latest `min_resident_s` after they became ready) and from loads under way (the same, once loaded): `frees` is
   when each should be free. Recurring entries in use are not counted (they are likely to be used again), but for
@@ -25,7 +26,7 @@ is not in use again has become free. No Django here; no clock but what the calle
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -38,22 +39,42 @@ def room_in_s(
     load_s: float,
     min_resident_s: float,
     quantum_s: float = 0.0,
+    theirs: Iterable[float] = (),
 ) -> float:
     """Seconds until the node should have room for an ask with `ahead` waiting asks before it: the `ahead`-th
     earliest of `frees` (seconds from now, each an entry that will be free by then), and not before the loads
     queued beyond `parallel` (of `pending`) and those of the asks ahead have started. When fewer entries free than
     asks wait: with turns (`quantum_s`, time-slicing), the asks loaded in the rooms before it hold them a turn each,
-    so it waits a round more per round of asks ahead; without, `min_resident_s` plus a load."""
+    so it waits a round more per round of asks ahead; without, `min_resident_s` plus a load. With turns, `theirs`
+    are the ends of turns the asks ahead may take and it may not (`place_of`)."""
     ordered = sorted(max(0.0, f) for f in frees)
-    if ahead < len(ordered):
+    place = place_of(ordered, sorted(max(0.0, f) for f in theirs), ahead) if quantum_s else None
+    if place is not None:
+        index, rounds = place
+        room = ordered[index] + rounds * (load_s + quantum_s)
+    elif ahead < len(ordered):
         room = ordered[ahead]
-    elif quantum_s and ordered:
-        rounds, place = divmod(ahead, len(ordered))
-        room = ordered[place] + rounds * (load_s + quantum_s)
     else:
         room = min_resident_s + load_s
     queue = max(0, pending + ahead - parallel) * load_s / max(1, parallel)
     return max(room, queue)
+
+
+def place_of(mine: Sequence[float], theirs: Sequence[float], ahead: int) -> tuple[int, int] | None:
+    """The room an ask gets while a busy set takes turns: (its index in `mine`, rounds later). The `ahead` asks
+    before it take the turns in the order they end, `mine` (sorted: those it may take) and `theirs` (sorted: those
+    only they may take) alike, its own first at the same time (they may take either), each turn coming round
+    again once taken; it takes the first of its own after them. Counted over its own turns only, every waiting
+    ask would make rounds of them (benchmarks/long_tail, a busy set's start: an ask with few peers was told 294 s
+    for a room it had in 58). None: it may take none."""
+    if not mine:
+        return None
+    turns = sorted([(end, 0, i) for i, end in enumerate(mine)] + [(end, 1, -1) for end in theirs])
+    for k in range(ahead, ahead + len(turns)):
+        rounds, at = divmod(k, len(turns))
+        if turns[at][2] >= 0:
+            return turns[at][2], rounds
+    return None  # not reached: `mine` holds one at least
 
 
 # A tenant's asks less those whose client was not back by when it was told (KEYS[2]: each ask's time, as score), and
