@@ -12,7 +12,7 @@ too late costs it only time. So the estimate is the time the node should have ro
   refused earlier, so a tenant that floods cold requests pushes another's estimate back by one ask a turn, not by
   its flood. The k-th ask in that order needs the k-th room (of the rooms a tenant at its cap may take, its own
   entries', only the asks that may take them count: its own and those of tenants below their caps, `competing`;
-  while a busy set takes turns, the asks ahead also take the turns this ask may not, `place_of`);
+  while a busy set takes turns, asks ahead beyond this ask's turns also take turns it may not, `place_of`);
 - room comes from entries loaded for a request (busy until that request's client comes back for them, at the
   latest `min_resident_s` after they became ready) and from loads under way (the same, once loaded): `frees` is
   when each should be free. Recurring entries in use are not counted (they are likely to be used again), but for
@@ -61,19 +61,25 @@ def room_in_s(
 
 
 def place_of(mine: Sequence[float], theirs: Sequence[float], ahead: int) -> tuple[int, int] | None:
-    """The room an ask gets while a busy set takes turns: (its index in `mine`, rounds later). The `ahead` asks
-    before it take the turns in the order they end, `mine` (sorted: those it may take) and `theirs` (sorted: those
-    only they may take) alike, its own first at the same time (they may take either), each turn coming round
-    again once taken; it takes the first of its own after them. Counted over its own turns only, every waiting
-    ask would make rounds of them (benchmarks/long_tail, a busy set's start: an ask with few peers was told 294 s
-    for a room it had in 58). None: it may take none."""
+    """The room an ask gets while a busy set takes turns: (its index in `mine`, rounds later). The k-th ask waiting
+    takes the k-th of the turns it may take (`mine`, sorted), as those before it may take them too. Asks before it
+    beyond those turns wait for later rounds, and may also take turns it may not (`theirs`, sorted: entries asked
+    for much more often than it): they take every turn in the order they end, its own first at the same time, each
+    coming round again once taken, and it takes the first of its own after them. Counted over its own turns only,
+    every waiting ask made a round of them (benchmarks/long_tail, a busy set's start: an ask with few peers was
+    told 294 s for a room it had in 58). In the first round, asks before it take its own turns first: spread there
+    too, the thrash phase's asks were told turns the asks before them took (told too early, a third of them ran out
+    of retries). None: it may take none."""
     if not mine:
         return None
+    if ahead < len(mine):
+        return ahead, 0
     turns = sorted([(end, 0, i) for i, end in enumerate(mine)] + [(end, 1, -1) for end in theirs])
-    for k in range(ahead, ahead + len(turns)):
+    beyond = ahead - len(mine)
+    for k in range(beyond, beyond + len(turns)):
         rounds, at = divmod(k, len(turns))
         if turns[at][2] >= 0:
-            return turns[at][2], rounds
+            return turns[at][2], rounds + 1
     return None  # not reached: `mine` holds one at least
 
 

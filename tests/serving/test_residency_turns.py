@@ -69,22 +69,16 @@ def test_asks_beyond_the_turns_ending_wait_a_round_more_each():
     assert room_in_s([3.0, 10.0], ahead=2, **kw) == 6.0  # without turns: the flat minimum residency and a load
 
 
-def test_asks_before_it_spread_over_the_turns_it_may_not_take_as_well():
-    """Of eight turns, the ask may take two (3 s and 10 s from their ends); the asks before it take the others as
-    well, in the order they end. Counted over its own two, four asks ahead were two rounds (3 s and two of 31 s)."""
+def test_asks_beyond_its_own_turns_spread_over_the_turns_it_may_not_take_as_well():
+    """Of eight turns, the ask may take two (3 s and 10 s from their ends). The first two asks before it take those;
+    the rest take the others as well, in the order they end, a round later. Counted over its own two, ten asks
+    ahead were five rounds (3 s and five of 31 s)."""
     kw = {"pending": 0, "parallel": 1, "load_s": 1.0, "min_resident_s": 5.0, "quantum_s": 30.0}
     theirs = [1.0, 2.0, 5.0, 7.0, 8.0, 9.0]
-    assert [room_in_s([3.0, 10.0], ahead=k, theirs=theirs, **kw) for k in (0, 2, 3, 4, 7, 8, 10)] == [
-        3.0,
-        3.0,
-        10.0,
-        10.0,
-        10.0,
-        3.0 + 31.0,  # round two: 1, 2 (theirs) taken again first
-        3.0 + 31.0,
-    ]
-    assert room_in_s([3.0, 10.0], ahead=11, theirs=theirs, **kw) == 10.0 + 31.0
-    assert place_of([3.0, 10.0], [3.0], 1) == (1, 0)  # the ask before it may take its turn of the same end
+    rooms = [room_in_s([3.0, 10.0], ahead=k, theirs=theirs, **kw) for k in (0, 1, 2, 4, 5, 9, 10)]
+    assert rooms == [3.0, 10.0, 3.0 + 31.0, 3.0 + 31.0, 10.0 + 31.0, 10.0 + 31.0, 3.0 + 62.0]
+    assert room_in_s([3.0, 10.0], ahead=10, **kw) == 3.0 + 5 * 31.0
+    assert place_of([3.0, 10.0], [3.0], 2) == (0, 1) and place_of([3.0, 10.0], [3.0], 3) == (1, 1)  # its own first
     assert place_of([], theirs, 0) is None
 
 
@@ -215,28 +209,29 @@ def test_a_tenant_at_its_cap_is_told_its_own_turns_not_rounds_of_every_tenants_a
 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("sent", "clean_frequencies")
-def test_an_ask_with_few_peers_is_told_its_turn_among_every_turn_the_asks_before_it_may_take(
-    busy_node, node, adapter_b
-):
+def test_an_ask_with_few_peers_is_told_rounds_of_every_turn_the_asks_before_it_may_take(busy_node, node, adapter_b):
     """A's two oldest entries are asked for far more often than B's ask (not its peers: it waits for the newest's
-    turn, 20 s away); C's ask, refused before B's and as frequent as them, may take theirs, which are over. So B's
-    ask is told the newest's turn, not a round later (before: counted over its one turn, C's ask took it first;
-    benchmarks/long_tail, a busy set's start: 294 s told for a room free in 58)."""
-    oldest, middle, _ = busy_node
+    turn, 20 s away). Three asks of other tenants, refused before B's and as frequent as those two, take the
+    newest's turn and, a round later, those two's (over now) as well: B's ask is told the newest's next turn, one
+    round later, not three (benchmarks/long_tail, a busy set's start: 294 s told for a room free in 58)."""
+    oldest, middle, newest = busy_node
     residency.record_requests({oldest.revision_id: 200, middle.revision_id: 200})
-    adapter_c = Adapter.objects.create(tenant=TenantFactory(slug="gamma"), base_model=adapter_b.base_model, name="c")
-    b_ask, c_ask = approved_revision(adapter_b, 1), approved_revision(adapter_c, 1)
-    residency.record_requests({b_ask.id: ASK, c_ask.id: 200})
-    client = redis_client()
-    residency.refused_asks().ahead(client, node.base_model_id, adapter_c.tenant_id, c_ask.id, time.time() - 2)
+    client, asks = redis_client(), residency.refused_asks()
+    for n, slug in enumerate(("gamma", "delta", "epsilon")):
+        other = Adapter.objects.create(tenant=TenantFactory(slug=slug), base_model=adapter_b.base_model, name="c")
+        ask = approved_revision(other, 1)
+        residency.record_requests({ask.id: 200})
+        asks.ahead(client, node.base_model_id, other.tenant_id, ask.id, time.time() - 3 + n / 10)
+    b_ask = approved_revision(adapter_b, 1)
+    residency.record_requests({b_ask.id: ASK})
 
     since = time.time()
     assert placement_request(revision=b_ask, priority=Priority.COLD_REQUEST) is None
     assert Placement.objects.filter(id__in=[p.id for p in busy_node], state=P.READY).count() == 3
-    expected = 20 + DEFAULT_LOAD_S  # the newest's turn ends in 20 s, then its load
+    expected = 20 + (DEFAULT_LOAD_S + 30) + DEFAULT_LOAD_S  # the newest's turn, a round, then its load
     estimate = expected_ready_s(b_ask.id)
     assert expected - (time.time() - since) - 0.5 <= estimate <= expected + 0.5, estimate
-    assert client.get(f"{residency.PROMISE_PREFIX}:{node.id}:{busy_node[2].revision_id}") == str(b_ask.id).encode()
+    assert not client.exists(f"{residency.PROMISE_PREFIX}:{node.id}:{newest.revision_id}")  # a later round's
 
 
 @pytest.mark.django_db
