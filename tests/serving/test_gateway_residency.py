@@ -179,16 +179,16 @@ async def _tried(world, token: str, retry: int, model: str = "support-bot@r2") -
     return response.status_code, time.monotonic() - started
 
 
-def _sent_away_then_held(world, tries: tuple[int, int]) -> tuple[int, float, int]:
-    """The first of `tries` (retry counts) alone, then the second until its revision is ready, which must hold it:
-    the first's status and time, and the second's status."""
+def _sent_away_then_held(world, tries: tuple[int, int], ready_after_s: float = 0.3) -> tuple[int, float, int]:
+    """The first of `tries` (retry counts) alone, then the second until its revision is ready (`ready_after_s`
+    later), which must hold it: the first's status and time, and the second's status."""
 
     token = world.token  # read here: it queries the database
 
     async def scenario():
         first = await _tried(world, token, tries[0])
         task = asyncio.ensure_future(_tried(world, token, tries[1]))
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(ready_after_s)
         assert not task.done()  # held, not sent away again
         await world.state.db.run(_ready, world)
         world.state.cold.ready()
@@ -215,6 +215,15 @@ def test_a_later_retry_is_held_longer(world, estimate, settings):
     estimate.return_value = 7.5  # Retry-After 8: past one bound and past twice it, within four times
     first_retry, took_first, second_retry = _sent_away_then_held(world, (1, 2))
     assert (first_retry, second_retry) == (503, 200) and took_first < 1
+
+
+def test_a_held_retry_waits_past_the_bound_that_let_it_in_within_the_plans(world, estimate, settings):
+    """Held for a load due within the bound (four times 0.25 s for a second retry), it still waits when that estimate
+    proves short once more: the load is ready after 1.5 s, within the plan's max_cold_wait_s (10 s)."""
+    settings.MINT_RESIDENCY_RETRY_HOLD_S = 0.25
+    estimate.return_value = 0.5  # Retry-After 1: within the second retry's bound, past the first's
+    first_retry, _, second_retry = _sent_away_then_held(world, (1, 2), ready_after_s=1.5)
+    assert (first_retry, second_retry) == (503, 200)
 
 
 def test_the_retry_count_is_read_bounded():
