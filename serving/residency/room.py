@@ -48,7 +48,7 @@ def room_in_s(
     so it waits a round more per round of asks ahead; without, `min_resident_s` plus a load. With turns, `theirs`
     are the ends of turns the asks ahead may take and it may not (`place_of`)."""
     ordered = sorted(max(0.0, f) for f in frees)
-    place = place_of(ordered, sorted(max(0.0, f) for f in theirs), ahead) if quantum_s else None
+    place = place_of(ordered, [max(0.0, f) for f in theirs], ahead) if quantum_s else None
     if place is not None:
         index, rounds = place
         room = ordered[index] + rounds * (load_s + quantum_s)
@@ -63,8 +63,8 @@ def room_in_s(
 def place_of(mine: Sequence[float], theirs: Sequence[float], ahead: int) -> tuple[int, int] | None:
     """The room an ask gets while a busy set takes turns: (its index in `mine`, rounds later). The k-th ask waiting
     takes the k-th of the turns it may take (`mine`, sorted), as those before it may take them too. Asks before it
-    beyond those turns wait for later rounds, and may also take turns it may not (`theirs`, sorted: entries asked
-    for much more often than it): they take every turn in the order they end, its own first at the same time, each
+    beyond those turns wait for later rounds, and may also take turns it may not (`theirs`, in any order: entries
+    asked for much more often than it): they take every turn in the order they end, its own first at the same time, each
     coming round again once taken, and it takes the first of its own after them. Counted over its own turns only,
     every waiting ask made a round of them (benchmarks/long_tail, a busy set's start: an ask with few peers was
     told 294 s for a room it had in 58). In the first round, asks before it take its own turns first: spread there

@@ -49,7 +49,7 @@ from serving.models import (
 from serving.residency import stats
 from serving.residency.frequency import SharedCounts
 from serving.residency.policy import ONE_OFF, Admission, NodeCache, Segment, Shape, choose_node
-from serving.residency.room import RefusedAsks, place_of, room_in_s
+from serving.residency.room import RefusedAsks, room_in_s
 from serving.selectors.residency import (
     DEFAULT_LOAD_S,
     ROOM_PREFIX,
@@ -455,7 +455,7 @@ def _turns(view: NodeView, revision_id: int, tenant_id: int, asked: Callable[[in
     peers.sort()
     ends = tuple(end for end, _ in peers)
     over = [key for end, key in peers if end == 0.0 and key in view.used]
-    return Turns(over, ends, tuple(key for _, key in peers), own_only, tuple(sorted(theirs)))
+    return Turns(over, ends, tuple(key for _, key in peers), own_only, tuple(theirs))
 
 
 def _came_back(view: NodeView, tenant_id: int, revision_id: int) -> bool:
@@ -568,12 +568,6 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
                 frees.append(((ready_at - now).total_seconds() + min_s if ready_at else load_s + min_s, None))
             if refusal.idle:  # its idle entries may leave once the queued loads have started, or the pause is over
                 frees += [(0.0, None)] * len(view.ready.keys() - view.busy)
-            # The asks before it may also take the turns of entries asked for much more often than it, so they
-            # spread over those as well (`place_of`): the room it gets, and whether it frees in this round.
-            ranked = sorted(frees, key=lambda free: (max(0.0, free[0]), free[1] is None))
-            theirs = turns.theirs_s if turns.ends_s else ()
-            place = place_of([max(0.0, free) for free, _ in ranked], theirs, ahead)
-            this_round = place is not None and place[1] == 0
             room_s = room_in_s(
                 [free for free, _ in frees],
                 ahead=ahead,
@@ -582,12 +576,12 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
                 load_s=load_s,
                 min_resident_s=min_s,
                 quantum_s=quantum_s() if turns.ends_s else 0.0,
-                theirs=theirs,
+                theirs=turns.theirs_s,  # asks ahead beyond its own turns spread over these too (`place_of`)
             )
             cold_s = node_cold_s(view.node.id, view.node.name, load_s=load_s)
             # When its load may start: when the room it waits for frees, if that is an entry known to free (not the
             # flat guess for more asks than entries freeing); a second at least, as a Retry-After.
-            due, start = room_s + cold_s, max(room_s, 1.0) if this_round else None
+            due, start = room_s + cold_s, max(room_s, 1.0) if ahead < len(frees) else None
             if refusal.paced_s:  # the pause, the tenant's asks before it one start each, then its own load
                 # Each of those loads is ready later than its pause's end and load time say, by the hand-offs
                 # around it (admission after the pause, the agent's tasks): as much as the node's last ones were.
@@ -599,7 +593,8 @@ def _refused(revision_id: int, tenant_id: int, refused: list[Refusal]) -> float 
                 start = None if refusal.recurring else max(begins - PACED_GRACE_S / 2, room_s)
             if best is None or due < best[0]:
                 # The turn it waits for: the one its place among the waiting asks gives it, when that is a turn.
-                promised = ranked[place[0]][1] if this_round and turns.ends_s else None
+                ranked = sorted(frees, key=lambda free: (max(0.0, free[0]), free[1] is None))
+                promised = ranked[ahead][1] if ahead < len(ranked) and turns.ends_s else None
                 best = (due, room_s, view.node.id, promised, start)
         due, room_s, node_id, promised, start = best
         if promised is not None or start is not None:  # its load starts when the timer fires, a little late
